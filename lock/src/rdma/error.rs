@@ -1,0 +1,57 @@
+//! Errors of the verbs layer.
+
+use serde::{Deserialize, Serialize};
+
+use super::addr::{ClientAddr, RegionId, RemoteAddr};
+
+/// Why a single verb failed. These travel on the wire, so a remote host's
+/// refusal reaches the client as the same value a local check would give.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum VerbError {
+    #[error("no region {0:?} is registered on this host")]
+    UnknownRegion(RegionId),
+    #[error("{addr} + {len} bytes is outside the region ({region_len} bytes)")]
+    OutOfBounds { addr: RemoteAddr, len: u64, region_len: u64 },
+    #[error("{addr} is not aligned to {align} bytes")]
+    Misaligned { addr: RemoteAddr, align: u64 },
+    #[error("transfer of {len} bytes exceeds the {max}-byte limit")]
+    TooLarge { len: u64, max: u64 },
+    #[error("the host could not decode the request: {0}")]
+    Malformed(String),
+}
+
+/// Why a round trip (a verb, a batch or a message) could not be completed at
+/// all. Distinct from [`VerbError`], which is a verb the host refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("connection to the host failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the host closed the connection")]
+    Disconnected,
+    #[error("no reply from the host within {0:?}")]
+    Timeout(std::time::Duration),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("no route to client {0}")]
+    UnknownClient(ClientAddr),
+    #[error("shared-memory fabric: {0}")]
+    Shm(String),
+    #[error("the host has no lock-free 16-byte atomics; the shm backend needs them")]
+    No128BitAtomics,
+}
+
+/// The error of a single-verb convenience call: either the round trip failed
+/// or the host refused the verb.
+#[derive(Debug, thiserror::Error)]
+pub enum RdmaError {
+    #[error(transparent)]
+    Verb(#[from] VerbError),
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+impl From<std::io::Error> for RdmaError {
+    fn from(e: std::io::Error) -> Self {
+        RdmaError::Transport(TransportError::Io(e))
+    }
+}

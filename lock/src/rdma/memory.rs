@@ -1,0 +1,330 @@
+//! Registered memory: one region, its bounds and alignment checks, and the
+//! execution of verbs on it.
+//!
+//! Every backend ends here. The shm backend maps the same region file in every
+//! process and calls these methods from the client; the tcp host calls them
+//! from its connection threads; the host's own threads (ALock's local cohort)
+//! use [`RegionMemory::word`] directly. One implementation, one set of checks.
+//!
+//! # Memory model
+//!
+//! All atomics and word accesses use `SeqCst`. The verbs layer models an RNIC
+//! executing verbs one after another on coherent memory, and the lock
+//! algorithms above it argue in terms of verb order, not CPU fences; giving
+//! every verb the strongest ordering makes that reasoning valid on the shm
+//! backend as it is on the wire. The price (an `xchg` for a word store on
+//! x86) is small next to what a verb costs on any real transport.
+//!
+//! Reads and writes that are 8-aligned, a multiple of 8 bytes and at most
+//! [`WORD_ACCESS_LIMIT`] long are done word by word with atomic loads and
+//! stores, so a lock word read by `read` is never torn. Longer or unaligned
+//! transfers are bulk copies: like an RDMA READ or WRITE, they are not atomic,
+//! and the data they move must be protected by a lock (file data under the
+//! Citron range lock).
+
+use std::fs::File;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+use memmap2::{MmapOptions, MmapRaw};
+use portable_atomic::AtomicU128;
+
+use super::addr::{RegionId, RemoteAddr};
+use super::arith;
+use super::error::VerbError;
+use super::verb::{Verb, VerbReply, MAX_TRANSFER};
+
+/// Transfers up to this many bytes (8-aligned, multiple of 8) are word-atomic.
+pub const WORD_ACCESS_LIMIT: usize = 4096;
+
+/// One region of registered memory, mapped into this process.
+pub struct RegionMemory {
+    id: RegionId,
+    map: MmapRaw,
+    len: u64,
+}
+
+impl std::fmt::Debug for RegionMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionMemory").field("id", &self.id).field("len", &self.len).finish()
+    }
+}
+
+impl RegionMemory {
+    /// A zeroed region in private anonymous memory (the tcp host's default).
+    pub fn anonymous(id: RegionId, len: u64) -> std::io::Result<Self> {
+        check_region_len(len)?;
+        let map = MmapOptions::new().len(len as usize).map_anon()?;
+        Ok(Self { id, map: MmapRaw::from(map), len })
+    }
+
+    /// Maps `file` shared: the shm backend's regions, visible to every process
+    /// that maps the same file.
+    pub fn from_file(id: RegionId, file: &File) -> std::io::Result<Self> {
+        let len = file.metadata()?.len();
+        check_region_len(len)?;
+        let map = MmapOptions::new().len(len as usize).map_raw(file)?;
+        Ok(Self { id, map, len })
+    }
+
+    pub fn id(&self) -> RegionId {
+        self.id
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, addr: RemoteAddr, len: u64, align: u64) -> Result<usize, VerbError> {
+        debug_assert_eq!(addr.region, self.id);
+        let end = addr.offset.checked_add(len);
+        if end.is_none_or(|end| end > self.len) {
+            return Err(VerbError::OutOfBounds { addr, len, region_len: self.len });
+        }
+        if !addr.is_aligned(align) {
+            return Err(VerbError::Misaligned { addr, align });
+        }
+        Ok(addr.offset as usize)
+    }
+
+    /// The 8-byte word at `offset`, for the host's own threads.
+    pub fn word(&self, addr: RemoteAddr) -> Result<&AtomicU64, VerbError> {
+        let off = self.check(addr, 8, 8)?;
+        // SAFETY: `check` proved off..off+8 lies inside the mapping and is
+        // 8-aligned (the mapping itself is page-aligned). The mapping lives as
+        // long as `self`, and all access to region words goes through atomics.
+        Ok(unsafe { &*(self.map.as_mut_ptr().add(off) as *const AtomicU64) })
+    }
+
+    /// The 16-byte word at `offset` (extended atomics).
+    pub fn word128(&self, addr: RemoteAddr) -> Result<&AtomicU128, VerbError> {
+        let off = self.check(addr, 16, 16)?;
+        // SAFETY: as in `word`, with 16 bytes and 16-byte alignment, which is
+        // what `AtomicU128` requires.
+        Ok(unsafe { &*(self.map.as_mut_ptr().add(off) as *const AtomicU128) })
+    }
+
+    pub fn read_into(&self, addr: RemoteAddr, buf: &mut [u8]) -> Result<(), VerbError> {
+        let len = buf.len() as u64;
+        if len > MAX_TRANSFER {
+            return Err(VerbError::TooLarge { len, max: MAX_TRANSFER });
+        }
+        let off = self.check(addr, len, 1)?;
+        if is_word_access(off, buf.len()) {
+            for (i, chunk) in buf.chunks_exact_mut(8).enumerate() {
+                // SAFETY: in bounds and aligned: `off` is 8-aligned and the
+                // whole range was checked.
+                let w = unsafe { &*(self.map.as_mut_ptr().add(off + 8 * i) as *const AtomicU64) };
+                chunk.copy_from_slice(&w.load(SeqCst).to_le_bytes());
+            }
+        } else {
+            // SAFETY: the source range is inside the mapping (checked) and the
+            // destination is a distinct Rust buffer. Other processes may write
+            // the source concurrently; the bytes are then torn, exactly as an
+            // RDMA READ racing a WRITE would be (see the module comment).
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.map.as_ptr().add(off), buf.as_mut_ptr(), buf.len())
+            };
+        }
+        Ok(())
+    }
+
+    pub fn write_from(&self, addr: RemoteAddr, data: &[u8]) -> Result<(), VerbError> {
+        let len = data.len() as u64;
+        if len > MAX_TRANSFER {
+            return Err(VerbError::TooLarge { len, max: MAX_TRANSFER });
+        }
+        let off = self.check(addr, len, 1)?;
+        if is_word_access(off, data.len()) {
+            for (i, chunk) in data.chunks_exact(8).enumerate() {
+                // SAFETY: as in `read_into`.
+                let w = unsafe { &*(self.map.as_mut_ptr().add(off + 8 * i) as *const AtomicU64) };
+                w.store(u64::from_le_bytes(chunk.try_into().expect("8-byte chunk")), SeqCst);
+            }
+        } else {
+            // SAFETY: destination in bounds (checked), source a distinct Rust
+            // slice; concurrent access by others is the caller's lock's job.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.as_mut_ptr().add(off), data.len())
+            };
+        }
+        Ok(())
+    }
+
+    pub fn cas(&self, addr: RemoteAddr, expect: u64, new: u64) -> Result<u64, VerbError> {
+        let w = self.word(addr)?;
+        Ok(match w.compare_exchange(expect, new, SeqCst, SeqCst) {
+            Ok(old) | Err(old) => old,
+        })
+    }
+
+    pub fn faa(&self, addr: RemoteAddr, add: u64) -> Result<u64, VerbError> {
+        Ok(self.word(addr)?.fetch_add(add, SeqCst))
+    }
+
+    pub fn masked_cas(
+        &self,
+        addr: RemoteAddr,
+        cmp: u64,
+        cmp_mask: u64,
+        swap: u64,
+        swap_mask: u64,
+    ) -> Result<u64, VerbError> {
+        let w = self.word(addr)?;
+        // A CAS loop: the masked update succeeds or the compare fails on the
+        // value we read, which is then the returned old value.
+        let mut old = w.load(SeqCst);
+        loop {
+            let Some(new) = arith::masked_cas_u64(old, cmp, cmp_mask, swap, swap_mask) else {
+                return Ok(old);
+            };
+            if new == old {
+                return Ok(old);
+            }
+            match w.compare_exchange_weak(old, new, SeqCst, SeqCst) {
+                Ok(_) => return Ok(old),
+                Err(actual) => old = actual,
+            }
+        }
+    }
+
+    pub fn masked_faa(&self, addr: RemoteAddr, add: u64, boundary_mask: u64) -> Result<u64, VerbError> {
+        let w = self.word(addr)?;
+        if boundary_mask == 0 {
+            return Ok(w.fetch_add(add, SeqCst));
+        }
+        let mut old = w.load(SeqCst);
+        loop {
+            let new = arith::masked_faa_u64(old, add, boundary_mask);
+            match w.compare_exchange_weak(old, new, SeqCst, SeqCst) {
+                Ok(_) => return Ok(old),
+                Err(actual) => old = actual,
+            }
+        }
+    }
+
+    pub fn ext_cas(
+        &self,
+        addr: RemoteAddr,
+        cmp: u128,
+        cmp_mask: u128,
+        swap: u128,
+        swap_mask: u128,
+    ) -> Result<u128, VerbError> {
+        let w = self.word128(addr)?;
+        let mut old = w.load(SeqCst);
+        loop {
+            let Some(new) = arith::masked_cas_u128(old, cmp, cmp_mask, swap, swap_mask) else {
+                return Ok(old);
+            };
+            match w.compare_exchange_weak(old, new, SeqCst, SeqCst) {
+                Ok(_) => return Ok(old),
+                Err(actual) => old = actual,
+            }
+        }
+    }
+
+    pub fn ext_faa(&self, addr: RemoteAddr, add: u128, boundary_mask: u128) -> Result<u128, VerbError> {
+        let w = self.word128(addr)?;
+        let mut old = w.load(SeqCst);
+        loop {
+            let new = arith::masked_faa_u128(old, add, boundary_mask);
+            match w.compare_exchange_weak(old, new, SeqCst, SeqCst) {
+                Ok(_) => return Ok(old),
+                Err(actual) => old = actual,
+            }
+        }
+    }
+
+    /// Executes one verb. The region of `verb.addr()` must be this one.
+    pub fn execute(&self, verb: &Verb) -> Result<VerbReply, VerbError> {
+        match *verb {
+            Verb::Read { addr, len } => {
+                if u64::from(len) > MAX_TRANSFER {
+                    return Err(VerbError::TooLarge { len: len.into(), max: MAX_TRANSFER });
+                }
+                // Check before allocating: a hostile length must not make us allocate.
+                self.check(addr, len.into(), 1)?;
+                let mut buf = vec![0u8; len as usize];
+                self.read_into(addr, &mut buf)?;
+                Ok(VerbReply::Data(buf))
+            }
+            Verb::Write { addr, ref data } => self.write_from(addr, data).map(|()| VerbReply::Written),
+            Verb::Cas { addr, expect, new } => self.cas(addr, expect, new).map(VerbReply::Old),
+            Verb::Faa { addr, add } => self.faa(addr, add).map(VerbReply::Old),
+            Verb::MaskedCas { addr, cmp, cmp_mask, swap, swap_mask } => {
+                self.masked_cas(addr, cmp, cmp_mask, swap, swap_mask).map(VerbReply::Old)
+            }
+            Verb::MaskedFaa { addr, add, boundary_mask } => {
+                self.masked_faa(addr, add, boundary_mask).map(VerbReply::Old)
+            }
+            Verb::ExtCas { addr, cmp, cmp_mask, swap, swap_mask } => {
+                self.ext_cas(addr, cmp, cmp_mask, swap, swap_mask).map(VerbReply::Old128)
+            }
+            Verb::ExtFaa { addr, add, boundary_mask } => {
+                self.ext_faa(addr, add, boundary_mask).map(VerbReply::Old128)
+            }
+        }
+    }
+}
+
+fn is_word_access(off: usize, len: usize) -> bool {
+    off % 8 == 0 && len % 8 == 0 && len <= WORD_ACCESS_LIMIT
+}
+
+fn check_region_len(len: u64) -> std::io::Result<()> {
+    if len == 0 || len % 16 != 0 || usize::try_from(len).is_err() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("region length {len} must be a non-zero multiple of 16 bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// The regions a host serves, indexed by id.
+///
+/// Regions are only ever added (a host registers memory as it allocates it),
+/// so readers clone an `Arc` under a short read lock.
+#[derive(Default)]
+pub struct RegionTable {
+    regions: parking_lot::RwLock<std::collections::HashMap<RegionId, std::sync::Arc<RegionMemory>>>,
+}
+
+impl RegionTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a region; an id already in use is refused.
+    pub fn insert(&self, region: RegionMemory) -> std::io::Result<std::sync::Arc<RegionMemory>> {
+        let mut map = self.regions.write();
+        if map.contains_key(&region.id) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("region {:?} is already registered", region.id),
+            ));
+        }
+        let region = std::sync::Arc::new(region);
+        map.insert(region.id, region.clone());
+        Ok(region)
+    }
+
+    pub fn get(&self, id: RegionId) -> Result<std::sync::Arc<RegionMemory>, VerbError> {
+        self.regions.read().get(&id).cloned().ok_or(VerbError::UnknownRegion(id))
+    }
+
+    /// Executes a verb on whichever region it names.
+    pub fn execute(&self, verb: &Verb) -> Result<VerbReply, VerbError> {
+        self.get(verb.addr().region)?.execute(verb)
+    }
+
+    pub fn list(&self) -> Vec<(RegionId, u64)> {
+        let mut v: Vec<_> = self.regions.read().values().map(|r| (r.id, r.len)).collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,274 @@
+//! The `shm` backend: every process on one host maps the same region files
+//! (under `/dev/shm`) and executes verbs with CPU atomics. No host thread takes
+//! part; the "NIC" is the client's own CPU.
+//!
+//! Layout of a fabric directory `/dev/shm/citronfs-<name>/`:
+//!
+//! | file | what |
+//! |---|---|
+//! | `control` | 4 KiB; word 0 is the next node id (taken with fetch-and-add) |
+//! | `region-<id>` | one registered region, published by rename once sized |
+//! | `node-<id>.sock` | the node's datagram socket for two-sided messages |
+//!
+//! Two-sided messages are Unix datagrams, one per message, so a send is one
+//! system call and needs no connection.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use portable_atomic::AtomicU128;
+
+use super::addr::{ClientAddr, NodeId, RegionId, RemoteAddr};
+use super::codec;
+use super::error::{TransportError, VerbError};
+use super::mailbox::{Envelope, MailboxRouter, Message, MAX_MESSAGE};
+use super::memory::{RegionMemory, RegionTable};
+
+const CONTROL_LEN: u64 = 4096;
+const NEXT_NODE_WORD: RemoteAddr = RemoteAddr::new(RegionId(u32::MAX), 0);
+
+/// The directory of the fabric called `name`.
+pub fn fabric_dir(name: &str) -> PathBuf {
+    PathBuf::from("/dev/shm").join(format!("citronfs-{name}"))
+}
+
+fn shm_err(what: impl std::fmt::Display, path: &Path, e: std::io::Error) -> TransportError {
+    TransportError::Shm(format!("{what} {}: {e}", path.display()))
+}
+
+fn check_atomics() -> Result<(), TransportError> {
+    // Another process must see our 16-byte atomics as atomic, which rules out
+    // portable-atomic's in-process lock fallback.
+    if AtomicU128::is_lock_free() {
+        Ok(())
+    } else {
+        Err(TransportError::No128BitAtomics)
+    }
+}
+
+/// The host side of a shm fabric: creates the directory and registers regions.
+/// Dropping it removes the directory (clients keep their mappings).
+pub struct ShmHost {
+    dir: PathBuf,
+    regions: Arc<RegionTable>,
+}
+
+impl ShmHost {
+    /// Creates the fabric `name`, replacing a stale one of the same name.
+    pub fn create(name: &str) -> Result<Self, TransportError> {
+        check_atomics()?;
+        let dir = fabric_dir(name);
+        if dir.exists() {
+            log::warn!("replacing stale shm fabric {}", dir.display());
+            fs::remove_dir_all(&dir).map_err(|e| shm_err("cannot remove", &dir, e))?;
+        }
+        fs::create_dir_all(&dir).map_err(|e| shm_err("cannot create", &dir, e))?;
+        let host = Self { dir, regions: Arc::new(RegionTable::new()) };
+        let control = host.dir.join("control");
+        create_sized(&control, CONTROL_LEN)?;
+        let ctl = RegionMemory::from_file(NEXT_NODE_WORD.region, &open_rw(&control)?)
+            .map_err(|e| shm_err("cannot map", &control, e))?;
+        // Node ids start at 1; 0 is never a node.
+        ctl.write_from(NEXT_NODE_WORD, &1u64.to_le_bytes()).map_err(|e| TransportError::Shm(e.to_string()))?;
+        Ok(host)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Registers a zeroed region of `len` bytes (a multiple of 16).
+    pub fn add_region(&self, id: RegionId, len: u64) -> Result<Arc<RegionMemory>, TransportError> {
+        let path = self.dir.join(format!("region-{}", id.0));
+        if path.exists() {
+            return Err(TransportError::Shm(format!("region {id:?} already exists")));
+        }
+        let tmp = self.dir.join(format!(".region-{}.tmp", id.0));
+        create_sized(&tmp, len)?;
+        let mem = RegionMemory::from_file(id, &open_rw(&tmp)?).map_err(|e| shm_err("cannot map", &tmp, e))?;
+        // Publish only once the file has its full size, so a client never maps a short file.
+        fs::rename(&tmp, &path).map_err(|e| shm_err("cannot publish", &path, e))?;
+        self.regions.insert(mem).map_err(|e| TransportError::Shm(e.to_string()))
+    }
+
+    /// The regions, as the host's own threads see them.
+    pub fn regions(&self) -> &Arc<RegionTable> {
+        &self.regions
+    }
+}
+
+impl Drop for ShmHost {
+    fn drop(&mut self) {
+        if let Err(e) = fs::remove_dir_all(&self.dir) {
+            log::warn!("cannot remove shm fabric {}: {e}", self.dir.display());
+        }
+    }
+}
+
+fn open_rw(path: &Path) -> Result<File, TransportError> {
+    OpenOptions::new().read(true).write(true).open(path).map_err(|e| shm_err("cannot open", path, e))
+}
+
+fn create_sized(path: &Path, len: u64) -> Result<(), TransportError> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| shm_err("cannot create", path, e))?;
+    f.set_len(len).map_err(|e| shm_err("cannot size", path, e))
+}
+
+/// A process's attachment to a shm fabric.
+pub(crate) struct ShmNode {
+    pub id: NodeId,
+    dir: PathBuf,
+    socket: Arc<UnixDatagram>,
+    mapped: Mutex<HashMap<RegionId, Arc<RegionMemory>>>,
+    stopping: Arc<AtomicBool>,
+}
+
+impl ShmNode {
+    pub fn join(name: &str, router: Arc<MailboxRouter>) -> Result<Self, TransportError> {
+        check_atomics()?;
+        let dir = fabric_dir(name);
+        let control = dir.join("control");
+        let ctl = RegionMemory::from_file(NEXT_NODE_WORD.region, &open_rw(&control)?)
+            .map_err(|e| shm_err("cannot map", &control, e))?;
+        let id = ctl.faa(NEXT_NODE_WORD, 1).map_err(|e| TransportError::Shm(e.to_string()))?;
+        let id = NodeId(u32::try_from(id).map_err(|_| TransportError::Shm("node ids exhausted".into()))?);
+        let sock_path = dir.join(format!("node-{}.sock", id.0));
+        let _ = fs::remove_file(&sock_path);
+        let socket =
+            Arc::new(UnixDatagram::bind(&sock_path).map_err(|e| shm_err("cannot bind", &sock_path, e))?);
+        let stopping = Arc::new(AtomicBool::new(false));
+        {
+            let socket = socket.clone();
+            let stopping = stopping.clone();
+            std::thread::Builder::new()
+                .name(format!("shm-mbox-{}", id.0))
+                .spawn(move || receive_loop(&socket, &router, &stopping))
+                .map_err(TransportError::Io)?;
+        }
+        Ok(Self { id, dir, socket, mapped: Mutex::new(HashMap::new()), stopping })
+    }
+
+    /// The mapping of region `id`, mapping it on first use.
+    pub fn region(&self, id: RegionId) -> Result<Arc<RegionMemory>, VerbError> {
+        if let Some(r) = self.mapped.lock().get(&id) {
+            return Ok(r.clone());
+        }
+        let path = self.dir.join(format!("region-{}", id.0));
+        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(|_| VerbError::UnknownRegion(id))?;
+        let mem = RegionMemory::from_file(id, &file).map_err(|e| {
+            log::warn!("cannot map {}: {e}", path.display());
+            VerbError::UnknownRegion(id)
+        })?;
+        let mem = Arc::new(mem);
+        self.mapped.lock().insert(id, mem.clone());
+        Ok(mem)
+    }
+
+    pub fn send(&self, to: ClientAddr, message: Message) -> Result<(), TransportError> {
+        if message.payload.len() > MAX_MESSAGE {
+            return Err(TransportError::Protocol(format!(
+                "message of {} bytes exceeds {MAX_MESSAGE}",
+                message.payload.len()
+            )));
+        }
+        let bytes = codec::encode(&Envelope { to: to.mailbox, message });
+        let path = self.dir.join(format!("node-{}.sock", to.node.0));
+        match self.socket.send_to(&bytes, &path) {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+                Err(TransportError::UnknownClient(to))
+            }
+            Err(e) => Err(TransportError::Io(e)),
+        }
+    }
+}
+
+impl Drop for ShmNode {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wake the receive loop with an empty datagram, then remove our name.
+        let path = self.dir.join(format!("node-{}.sock", self.id.0));
+        let _ = self.socket.send_to(&[], &path);
+        let _ = fs::remove_file(&path);
+    }
+}
+
+fn receive_loop(socket: &UnixDatagram, router: &MailboxRouter, stopping: &AtomicBool) {
+    let mut buf = vec![0u8; MAX_MESSAGE + 1024];
+    loop {
+        let n = match socket.recv(&mut buf) {
+            Ok(n) => n,
+            Err(e) => {
+                log::warn!("shm mailbox socket failed: {e}");
+                return;
+            }
+        };
+        if stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        match codec::decode::<Envelope>(&buf[..n]) {
+            Ok(env) => router.deliver(env),
+            Err(e) => log::warn!("dropping malformed message ({n} bytes): {e}"),
+        }
+    }
+}
+
+/// The per-endpoint queue pair of the shm backend: a cache of region mappings
+/// so a verb costs a vector index, not a lock.
+pub(crate) struct ShmQp {
+    node: Arc<ShmNode>,
+    cache: RefCell<Vec<Option<Arc<RegionMemory>>>>,
+}
+
+impl ShmQp {
+    pub fn new(node: Arc<ShmNode>) -> Self {
+        Self { node, cache: RefCell::new(Vec::new()) }
+    }
+
+    #[inline]
+    pub fn with_region<R>(
+        &self,
+        id: RegionId,
+        f: impl FnOnce(&RegionMemory) -> Result<R, VerbError>,
+    ) -> Result<R, VerbError> {
+        let idx = id.0 as usize;
+        {
+            let cache = self.cache.borrow();
+            if let Some(Some(r)) = cache.get(idx) {
+                return f(r);
+            }
+        }
+        self.with_region_slow(id, f)
+    }
+
+    #[cold]
+    fn with_region_slow<R>(
+        &self,
+        id: RegionId,
+        f: impl FnOnce(&RegionMemory) -> Result<R, VerbError>,
+    ) -> Result<R, VerbError> {
+        let region = self.node.region(id)?;
+        let idx = id.0 as usize;
+        // Small ids (the common case) are cached in the vector; a huge id from
+        // a buggy caller must not make us allocate gigabytes.
+        if idx < 4096 {
+            let mut cache = self.cache.borrow_mut();
+            if cache.len() <= idx {
+                cache.resize(idx + 1, None);
+            }
+            cache[idx] = Some(region.clone());
+        }
+        f(&region)
+    }
+}

@@ -1,0 +1,374 @@
+//! The client side of the tcp backend: queue pairs (one connection each) and
+//! the node's mailbox listener and peer connections for two-sided messages.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, ErrorKind, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use super::wire::{self, FrameError, Response};
+use crate::rdma::addr::{ClientAddr, NodeId, RegionId};
+use crate::rdma::codec;
+use crate::rdma::error::{TransportError, VerbError};
+use crate::rdma::mailbox::{Envelope, MailboxRouter, Message, MAX_MESSAGE};
+use crate::rdma::verb::{Verb, VerbReply};
+
+/// Timeouts of the tcp backend.
+#[derive(Clone, Copy, Debug)]
+pub struct TcpOptions {
+    /// How long to wait for a host to accept a connection.
+    pub connect_timeout: Duration,
+    /// How long to wait for a reply before declaring the host gone. A
+    /// vanished host must give an error, never a hang.
+    pub reply_timeout: Duration,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        Self { connect_timeout: Duration::from_secs(3), reply_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// Replies of at most this many bytes may be outstanding while we are still
+/// sending: far below a loopback socket's buffers, so the host can always
+/// finish writing the replies we have not read yet and never blocks on us
+/// while we block on it.
+const REPLY_WINDOW: usize = 64 * 1024;
+
+/// A request, borrowed: encodes exactly as [`wire::Request`] (same variants,
+/// same order), so a large write is not copied to be sent.
+#[derive(Serialize)]
+pub(crate) enum RequestRef<'a> {
+    Join { mailbox: SocketAddr },
+    Resolve(NodeId),
+    ListRegions,
+    Verb(&'a Verb),
+}
+
+struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+    body: Vec<u8>,
+    out: Vec<u8>,
+}
+
+/// One connection to the host: the tcp backend's queue pair. Verbs on it are
+/// executed by the host in the order they were sent.
+pub(crate) struct TcpQp {
+    host: SocketAddr,
+    options: TcpOptions,
+    conn: RefCell<Option<Conn>>,
+    next_seq: Cell<u64>,
+}
+
+impl TcpQp {
+    pub fn connect(host: SocketAddr, options: TcpOptions) -> Result<Self, TransportError> {
+        let qp = Self { host, options, conn: RefCell::new(None), next_seq: Cell::new(1) };
+        qp.ensure_connected()?;
+        Ok(qp)
+    }
+
+    /// Our address as the host sees it: where peers can reach this machine.
+    pub fn local_ip(&self) -> Result<std::net::IpAddr, TransportError> {
+        self.ensure_connected()?;
+        let conn = self.conn.borrow();
+        let conn = conn.as_ref().ok_or(TransportError::Disconnected)?;
+        Ok(conn.writer.get_ref().local_addr()?.ip())
+    }
+
+    fn ensure_connected(&self) -> Result<(), TransportError> {
+        if self.conn.borrow().is_some() {
+            return Ok(());
+        }
+        let stream = TcpStream::connect_timeout(&self.host, self.options.connect_timeout)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(self.options.reply_timeout))?;
+        stream.set_write_timeout(Some(self.options.reply_timeout))?;
+        let reader = BufReader::with_capacity(256 * 1024, stream.try_clone()?);
+        let writer = BufWriter::with_capacity(256 * 1024, stream);
+        *self.conn.borrow_mut() = Some(Conn { reader, writer, body: Vec::new(), out: Vec::new() });
+        Ok(())
+    }
+
+    /// Runs `f` on the connection; any transport failure drops the
+    /// connection (its stream position is unknown), and the next call
+    /// reconnects.
+    fn with_conn<R>(&self, f: impl FnOnce(&mut Conn, &Cell<u64>) -> Result<R, TransportError>) -> Result<R, TransportError> {
+        self.ensure_connected()?;
+        let mut slot = self.conn.borrow_mut();
+        let conn = slot.as_mut().ok_or(TransportError::Disconnected)?;
+        let result = f(conn, &self.next_seq);
+        if result.is_err() {
+            *slot = None;
+        }
+        result
+    }
+
+    /// Sends one request and waits for its response.
+    pub fn request(&self, request: &RequestRef<'_>) -> Result<Response, TransportError> {
+        let timeout = self.options.reply_timeout;
+        self.with_conn(|conn, seq| {
+            let s = send(conn, seq, request)?;
+            conn.writer.flush()?;
+            receive(conn, s, timeout)
+        })
+    }
+
+    /// Executes `verbs` in order, pipelined, and appends one result per verb
+    /// to `out`. Returns the number of round trips it took (more than one only
+    /// when the replies would not fit the reply window).
+    pub fn execute(
+        &self,
+        verbs: &[Verb],
+        out: &mut Vec<Result<VerbReply, VerbError>>,
+    ) -> Result<u64, TransportError> {
+        let timeout = self.options.reply_timeout;
+        self.with_conn(|conn, seq| {
+            let mut round_trips = 0;
+            let mut in_flight: Vec<u64> = Vec::with_capacity(verbs.len());
+            let mut window = 0usize;
+            for verb in verbs {
+                let reply_bytes = expected_reply_bytes(verb);
+                if !in_flight.is_empty() && window + reply_bytes > REPLY_WINDOW {
+                    conn.writer.flush()?;
+                    drain(conn, &mut in_flight, out, timeout)?;
+                    round_trips += 1;
+                    window = 0;
+                }
+                in_flight.push(send(conn, seq, &RequestRef::Verb(verb))?);
+                window += reply_bytes;
+            }
+            if !in_flight.is_empty() {
+                conn.writer.flush()?;
+                drain(conn, &mut in_flight, out, timeout)?;
+                round_trips += 1;
+            }
+            Ok(round_trips)
+        })
+    }
+}
+
+fn expected_reply_bytes(verb: &Verb) -> usize {
+    match verb {
+        Verb::Read { len, .. } => *len as usize + 32,
+        _ => 48,
+    }
+}
+
+fn send(conn: &mut Conn, seq: &Cell<u64>, request: &RequestRef<'_>) -> Result<u64, TransportError> {
+    let s = seq.get();
+    seq.set(s + 1);
+    conn.out.clear();
+    codec::encode_into(&mut conn.out, request);
+    wire::write_frame(&mut conn.writer, s, &conn.out)?;
+    Ok(s)
+}
+
+fn receive(conn: &mut Conn, expect_seq: u64, timeout: Duration) -> Result<Response, TransportError> {
+    let seq = match wire::read_frame(&mut conn.reader, &mut conn.body) {
+        Ok(seq) => seq,
+        Err(FrameError::Closed) => return Err(TransportError::Disconnected),
+        Err(FrameError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+            return Err(TransportError::Timeout(timeout))
+        }
+        Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => return Err(TransportError::Disconnected),
+        Err(FrameError::Io(e)) => return Err(TransportError::Io(e)),
+        Err(FrameError::BadLength(n)) => return Err(TransportError::Protocol(format!("reply frame length {n}"))),
+    };
+    let response: Response =
+        codec::decode(&conn.body).map_err(|e| TransportError::Protocol(format!("undecodable reply: {e}")))?;
+    if seq != expect_seq {
+        return Err(TransportError::Protocol(format!("reply {seq} where {expect_seq} was due")));
+    }
+    Ok(response)
+}
+
+fn drain(
+    conn: &mut Conn,
+    in_flight: &mut Vec<u64>,
+    out: &mut Vec<Result<VerbReply, VerbError>>,
+    timeout: Duration,
+) -> Result<(), TransportError> {
+    for s in in_flight.drain(..) {
+        match receive(conn, s, timeout)? {
+            Response::Verb(r) => out.push(r),
+            Response::Refused(e) => out.push(Err(e)),
+            other => return Err(TransportError::Protocol(format!("unexpected reply to a verb: {other:?}"))),
+        }
+    }
+    Ok(())
+}
+
+/// A process's attachment to a tcp fabric.
+pub(crate) struct TcpNode {
+    pub id: NodeId,
+    listen: SocketAddr,
+    control: Mutex<TcpQp>,
+    peers: Mutex<HashMap<NodeId, Arc<Mutex<TcpStream>>>>,
+    router: Arc<MailboxRouter>,
+    stopping: Arc<AtomicBool>,
+    pub host: SocketAddr,
+    pub options: TcpOptions,
+}
+
+impl TcpNode {
+    pub fn join(host: SocketAddr, options: TcpOptions, router: Arc<MailboxRouter>) -> Result<Self, TransportError> {
+        let control = TcpQp::connect(host, options)?;
+        let listener = TcpListener::bind(SocketAddr::new(control.local_ip()?, 0))?;
+        let listen = listener.local_addr()?;
+        let id = match control.request(&RequestRef::Join { mailbox: listen })? {
+            Response::Joined(id) => id,
+            other => return Err(TransportError::Protocol(format!("unexpected reply to join: {other:?}"))),
+        };
+        let stopping = Arc::new(AtomicBool::new(false));
+        {
+            let router = router.clone();
+            let stopping = stopping.clone();
+            std::thread::Builder::new()
+                .name(format!("tcp-mbox-{}", id.0))
+                .spawn(move || listen_loop(listener, router, stopping))?;
+        }
+        Ok(Self {
+            id,
+            listen,
+            control: Mutex::new(control),
+            peers: Mutex::new(HashMap::new()),
+            router,
+            stopping,
+            host,
+            options,
+        })
+    }
+
+    pub fn list_regions(&self) -> Result<Vec<(RegionId, u64)>, TransportError> {
+        match self.control.lock().request(&RequestRef::ListRegions)? {
+            Response::Regions(r) => Ok(r),
+            other => Err(TransportError::Protocol(format!("unexpected reply: {other:?}"))),
+        }
+    }
+
+    fn peer(&self, node: NodeId) -> Result<Arc<Mutex<TcpStream>>, TransportError> {
+        if let Some(p) = self.peers.lock().get(&node) {
+            return Ok(p.clone());
+        }
+        let addr = match self.control.lock().request(&RequestRef::Resolve(node))? {
+            Response::Resolved(Some(addr)) => addr,
+            Response::Resolved(None) => {
+                return Err(TransportError::UnknownClient(ClientAddr { node, mailbox: crate::rdma::MailboxId(0) }))
+            }
+            other => return Err(TransportError::Protocol(format!("unexpected reply to resolve: {other:?}"))),
+        };
+        let stream = TcpStream::connect_timeout(&addr, self.options.connect_timeout)?;
+        stream.set_nodelay(true)?;
+        stream.set_write_timeout(Some(self.options.reply_timeout))?;
+        let stream = Arc::new(Mutex::new(stream));
+        self.peers.lock().insert(node, stream.clone());
+        Ok(stream)
+    }
+
+    pub fn send(&self, to: ClientAddr, message: Message) -> Result<(), TransportError> {
+        if message.payload.len() > MAX_MESSAGE {
+            return Err(TransportError::Protocol(format!(
+                "message of {} bytes exceeds {MAX_MESSAGE}",
+                message.payload.len()
+            )));
+        }
+        let envelope = Envelope { to: to.mailbox, message };
+        if to.node == self.id {
+            self.router.deliver(envelope);
+            return Ok(());
+        }
+        let body = codec::encode(&envelope);
+        // One retry on a fresh connection: the peer may have restarted.
+        for attempt in 0..2 {
+            let peer = self.peer(to.node).map_err(|e| match e {
+                TransportError::UnknownClient(_) => TransportError::UnknownClient(to),
+                e => e,
+            })?;
+            let result = {
+                let mut stream = peer.lock();
+                let mut frame = Vec::with_capacity(body.len() + wire::HEADER_LEN);
+                wire::write_frame(&mut frame, 0, &body)?;
+                stream.write_all(&frame)
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    self.peers.lock().remove(&to.node);
+                    if attempt == 1 {
+                        return Err(TransportError::Io(e));
+                    }
+                }
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+}
+
+impl Drop for TcpNode {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect_timeout(&self.listen, Duration::from_millis(200));
+    }
+}
+
+fn listen_loop(listener: TcpListener, router: Arc<MailboxRouter>, stopping: Arc<AtomicBool>) {
+    for stream in listener.incoming() {
+        if stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        let router = router.clone();
+        let stopping = stopping.clone();
+        let spawned = std::thread::Builder::new().name("tcp-mbox-peer".into()).spawn(move || {
+            let mut reader = BufReader::new(stream);
+            let mut body = Vec::new();
+            while !stopping.load(Ordering::SeqCst) {
+                match wire::read_frame(&mut reader, &mut body) {
+                    Ok(_) => match codec::decode::<Envelope>(&body) {
+                        Ok(env) => router.deliver(env),
+                        Err(e) => log::warn!("dropping malformed message: {e}"),
+                    },
+                    Err(FrameError::Closed) => return,
+                    Err(e) => {
+                        log::debug!("peer message stream ended: {e:?}");
+                        return;
+                    }
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            log::warn!("cannot start a mailbox thread: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rdma::addr::{RegionId, RemoteAddr};
+
+    #[test]
+    fn borrowed_request_encodes_like_owned() {
+        let verb = Verb::Write { addr: RemoteAddr::new(RegionId(3), 16), data: vec![1, 2, 3] };
+        let owned = codec::encode(&wire::Request::Verb(verb.clone()));
+        let borrowed = codec::encode(&RequestRef::Verb(&verb));
+        assert_eq!(owned, borrowed);
+        let mailbox: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert_eq!(
+            codec::encode(&wire::Request::Join { mailbox }),
+            codec::encode(&RequestRef::Join { mailbox })
+        );
+        assert_eq!(codec::encode(&wire::Request::ListRegions), codec::encode(&RequestRef::ListRegions));
+        assert_eq!(
+            codec::encode(&wire::Request::Resolve(NodeId(7))),
+            codec::encode(&RequestRef::Resolve(NodeId(7)))
+        );
+    }
+}
