@@ -1,4 +1,5 @@
 //! CitronFS's lowest layer: the one-sided verbs layer ([`rdma`]) and, on top
-//! of it, the distributed lock algorithms.
+//! of it, the distributed lock algorithms behind one interface ([`rwlock`]).
 
 pub mod rdma;
+pub mod rwlock;

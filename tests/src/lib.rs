@@ -1,0 +1,92 @@
+//! Harness for CitronFS's integration tests: fabrics on either backend, and
+//! helpers to run worker processes.
+//!
+//! The workers are binaries of this crate (`src/bin/`), so a test can run the
+//! same code in several processes, which is how clients on several nodes are
+//! modelled on one machine.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use citron_lock::rdma::{FabricAddr, RegionId, RegionMemory, RegionTable, ShmHost, TcpHost};
+
+/// The backends every conformance and stress test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Shm,
+    Tcp,
+}
+
+pub const BACKENDS: [Backend; 2] = [Backend::Shm, Backend::Tcp];
+
+/// The region every test fabric registers.
+pub const TEST_REGION: RegionId = RegionId(1);
+
+/// A fabric served by this process: a shm host or a tcp software NIC with one
+/// zeroed region of the requested size. Dropping it tears the fabric down.
+pub struct TestFabric {
+    pub addr: FabricAddr,
+    pub backend: Backend,
+    pub regions: Arc<RegionTable>,
+    shm: Option<ShmHost>,
+    tcp: Option<TcpHost>,
+}
+
+impl TestFabric {
+    pub fn new(backend: Backend, region_len: u64) -> Self {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        match backend {
+            Backend::Shm => {
+                let name = format!("test-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+                let host = ShmHost::create(&name).expect("create shm fabric");
+                host.add_region(TEST_REGION, region_len).expect("add region");
+                Self {
+                    addr: FabricAddr::Shm(name),
+                    backend,
+                    regions: host.regions().clone(),
+                    shm: Some(host),
+                    tcp: None,
+                }
+            }
+            Backend::Tcp => {
+                let regions = Arc::new(RegionTable::new());
+                regions.insert(RegionMemory::anonymous(TEST_REGION, region_len).expect("map")).expect("insert");
+                let host = TcpHost::spawn("127.0.0.1:0".parse().unwrap(), regions.clone()).expect("spawn host");
+                Self {
+                    addr: FabricAddr::Tcp(host.local_addr()),
+                    backend,
+                    regions,
+                    shm: None,
+                    tcp: Some(host),
+                }
+            }
+        }
+    }
+
+    pub fn tcp_host(&mut self) -> Option<&mut TcpHost> {
+        self.tcp.as_mut()
+    }
+
+    pub fn shm_host(&self) -> Option<&ShmHost> {
+        self.shm.as_ref()
+    }
+}
+
+/// Starts a worker binary of this crate with `args`; its output is inherited
+/// so a failing worker explains itself in the test log.
+pub fn spawn_worker(exe: &str, args: &[String]) -> Child {
+    Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {exe}: {e}"))
+}
+
+/// Waits for every worker and fails the test if any exited unsuccessfully.
+pub fn wait_all(children: Vec<Child>) {
+    for mut c in children {
+        let status = c.wait().expect("wait for worker");
+        assert!(status.success(), "worker failed: {status}");
+    }
+}
