@@ -88,7 +88,11 @@ pub struct RwLockGuard<'a> {
 }
 
 impl<'a> RwLockGuard<'a> {
-    pub fn acquire(client: &'a mut dyn RwLockClient, ep: &'a Endpoint, mode: Mode) -> Result<Self, LockError> {
+    pub fn acquire(
+        client: &'a mut dyn RwLockClient,
+        ep: &'a Endpoint,
+        mode: Mode,
+    ) -> Result<Self, LockError> {
         client.acquire(ep, mode)?;
         Ok(Self { client, ep, held: true })
     }

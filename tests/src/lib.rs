@@ -51,8 +51,11 @@ impl TestFabric {
             }
             Backend::Tcp => {
                 let regions = Arc::new(RegionTable::new());
-                regions.insert(RegionMemory::anonymous(TEST_REGION, region_len).expect("map")).expect("insert");
-                let host = TcpHost::spawn("127.0.0.1:0".parse().unwrap(), regions.clone()).expect("spawn host");
+                regions
+                    .insert(RegionMemory::anonymous(TEST_REGION, region_len).expect("map"))
+                    .expect("insert");
+                let host =
+                    TcpHost::spawn("127.0.0.1:0".parse().unwrap(), regions.clone()).expect("spawn host");
                 Self {
                     addr: FabricAddr::Tcp(host.local_addr()),
                     backend,

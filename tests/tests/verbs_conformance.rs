@@ -295,7 +295,11 @@ fn linearizable_under_multi_process_stress() {
         assert_eq!(ep.read_u64(at(0)).unwrap(), total, "{backend:?}: faa");
         let masked = ep.read_u64(at(8)).unwrap();
         assert_eq!(masked & 0xFFFF_FFFF, total, "{backend:?}: masked faa low field");
-        assert_eq!(masked >> 32, (total as u32).wrapping_neg() as u64, "{backend:?}: high field wrapped inside itself");
+        assert_eq!(
+            masked >> 32,
+            (total as u32).wrapping_neg() as u64,
+            "{backend:?}: high field wrapped inside itself"
+        );
         assert_eq!(ep.read_u64(at(16)).unwrap(), total, "{backend:?}: cas loop");
         let ext = ep.read_u128(at(32)).unwrap();
         assert_eq!(ext as u64, total, "{backend:?}: ext faa low");

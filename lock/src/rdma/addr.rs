@@ -32,10 +32,7 @@ impl RemoteAddr {
     /// If the offset overflows `u64`: that is a bug in the caller's layout
     /// arithmetic, never a consequence of remote input.
     pub fn add(self, bytes: u64) -> Self {
-        let offset = self
-            .offset
-            .checked_add(bytes)
-            .expect("remote address offset overflow");
+        let offset = self.offset.checked_add(bytes).expect("remote address offset overflow");
         Self { region: self.region, offset }
     }
 

@@ -31,13 +31,7 @@ pub fn masked_cas_u64(old: u64, cmp: u64, cmp_mask: u64, swap: u64, swap_mask: u
 
 /// 128-bit form of [`masked_cas_u64`].
 #[inline]
-pub fn masked_cas_u128(
-    old: u128,
-    cmp: u128,
-    cmp_mask: u128,
-    swap: u128,
-    swap_mask: u128,
-) -> Option<u128> {
+pub fn masked_cas_u128(old: u128, cmp: u128, cmp_mask: u128, swap: u128, swap_mask: u128) -> Option<u128> {
     if (old ^ cmp) & cmp_mask == 0 {
         Some((old & !swap_mask) | (swap & swap_mask))
     } else {

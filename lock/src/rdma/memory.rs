@@ -125,9 +125,7 @@ impl RegionMemory {
             // destination is a distinct Rust buffer. Other processes may write
             // the source concurrently; the bytes are then torn, exactly as an
             // RDMA READ racing a WRITE would be (see the module comment).
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.map.as_ptr().add(off), buf.as_mut_ptr(), buf.len())
-            };
+            unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(off), buf.as_mut_ptr(), buf.len()) };
         }
         Ok(())
     }

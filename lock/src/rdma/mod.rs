@@ -251,10 +251,10 @@ impl Endpoint {
         let len = u32::try_from(buf.len())
             .map_err(|_| VerbError::TooLarge { len: buf.len() as u64, max: MAX_TRANSFER })?;
         one_verb!(self, VerbKind::Read, |m| m.read_into(addr, buf), Verb::Read { addr, len },
-            reply => match reply {
-                VerbReply::Data(d) if d.len() == buf.len() => { buf.copy_from_slice(&d); Ok(()) }
-                other => Err(unexpected(other)),
-            })
+        reply => match reply {
+            VerbReply::Data(d) if d.len() == buf.len() => { buf.copy_from_slice(&d); Ok(()) }
+            other => Err(unexpected(other)),
+        })
     }
 
     pub fn read_u64(&self, addr: RemoteAddr) -> Result<u64, RdmaError> {
@@ -423,7 +423,9 @@ impl Endpoint {
     pub fn list_regions(&self) -> Result<Vec<(RegionId, u64)>, TransportError> {
         match &self.node.inner.kind {
             NodeKind::Tcp(tcp) => tcp.list_regions(),
-            NodeKind::Shm(_) => Err(TransportError::Shm("regions of a shm fabric are files; list its directory".into())),
+            NodeKind::Shm(_) => {
+                Err(TransportError::Shm("regions of a shm fabric are files; list its directory".into()))
+            }
         }
     }
 
@@ -518,7 +520,8 @@ impl BatchReplies {
 
     pub fn u64(&self, slot: BatchSlot) -> Result<u64, RdmaError> {
         let d = self.data(slot)?;
-        let b: [u8; 8] = d.try_into().map_err(|_| TransportError::Protocol(format!("{}-byte read as u64", d.len())))?;
+        let b: [u8; 8] =
+            d.try_into().map_err(|_| TransportError::Protocol(format!("{}-byte read as u64", d.len())))?;
         Ok(u64::from_le_bytes(b))
     }
 

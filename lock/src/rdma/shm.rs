@@ -75,7 +75,8 @@ impl ShmHost {
         let ctl = RegionMemory::from_file(NEXT_NODE_WORD.region, &open_rw(&control)?)
             .map_err(|e| shm_err("cannot map", &control, e))?;
         // Node ids start at 1; 0 is never a node.
-        ctl.write_from(NEXT_NODE_WORD, &1u64.to_le_bytes()).map_err(|e| TransportError::Shm(e.to_string()))?;
+        ctl.write_from(NEXT_NODE_WORD, &1u64.to_le_bytes())
+            .map_err(|e| TransportError::Shm(e.to_string()))?;
         Ok(host)
     }
 
@@ -165,7 +166,11 @@ impl ShmNode {
             return Ok(r.clone());
         }
         let path = self.dir.join(format!("region-{}", id.0));
-        let file = OpenOptions::new().read(true).write(true).open(&path).map_err(|_| VerbError::UnknownRegion(id))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|_| VerbError::UnknownRegion(id))?;
         let mem = RegionMemory::from_file(id, &file).map_err(|e| {
             log::warn!("cannot map {}: {e}", path.display());
             VerbError::UnknownRegion(id)
@@ -186,7 +191,12 @@ impl ShmNode {
         let path = self.dir.join(format!("node-{}.sock", to.node.0));
         match self.socket.send_to(&bytes, &path) {
             Ok(_) => Ok(()),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
                 Err(TransportError::UnknownClient(to))
             }
             Err(e) => Err(TransportError::Io(e)),

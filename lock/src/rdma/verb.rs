@@ -15,20 +15,53 @@ pub const MAX_TRANSFER: u64 = 8 << 20;
 /// length up to [`MAX_TRANSFER`] inside the region.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Verb {
-    Read { addr: RemoteAddr, len: u32 },
-    Write { addr: RemoteAddr, data: Vec<u8> },
+    Read {
+        addr: RemoteAddr,
+        len: u32,
+    },
+    Write {
+        addr: RemoteAddr,
+        data: Vec<u8>,
+    },
     /// Compare-and-swap of the whole word; returns the old value.
-    Cas { addr: RemoteAddr, expect: u64, new: u64 },
+    Cas {
+        addr: RemoteAddr,
+        expect: u64,
+        new: u64,
+    },
     /// Fetch-and-add on the whole word; returns the old value.
-    Faa { addr: RemoteAddr, add: u64 },
+    Faa {
+        addr: RemoteAddr,
+        add: u64,
+    },
     /// Masked compare-and-swap ([`super::arith::masked_cas_u64`]); returns the old value.
-    MaskedCas { addr: RemoteAddr, cmp: u64, cmp_mask: u64, swap: u64, swap_mask: u64 },
+    MaskedCas {
+        addr: RemoteAddr,
+        cmp: u64,
+        cmp_mask: u64,
+        swap: u64,
+        swap_mask: u64,
+    },
     /// Masked fetch-and-add ([`super::arith::masked_faa_u64`]); returns the old value.
-    MaskedFaa { addr: RemoteAddr, add: u64, boundary_mask: u64 },
+    MaskedFaa {
+        addr: RemoteAddr,
+        add: u64,
+        boundary_mask: u64,
+    },
     /// 16-byte masked compare-and-swap; returns the old value.
-    ExtCas { addr: RemoteAddr, cmp: u128, cmp_mask: u128, swap: u128, swap_mask: u128 },
+    ExtCas {
+        addr: RemoteAddr,
+        cmp: u128,
+        cmp_mask: u128,
+        swap: u128,
+        swap_mask: u128,
+    },
     /// 16-byte masked fetch-and-add; returns the old value.
-    ExtFaa { addr: RemoteAddr, add: u128, boundary_mask: u128 },
+    ExtFaa {
+        addr: RemoteAddr,
+        add: u128,
+        boundary_mask: u128,
+    },
 }
 
 impl Verb {

@@ -99,7 +99,10 @@ impl TcpQp {
     /// Runs `f` on the connection; any transport failure drops the
     /// connection (its stream position is unknown), and the next call
     /// reconnects.
-    fn with_conn<R>(&self, f: impl FnOnce(&mut Conn, &Cell<u64>) -> Result<R, TransportError>) -> Result<R, TransportError> {
+    fn with_conn<R>(
+        &self,
+        f: impl FnOnce(&mut Conn, &Cell<u64>) -> Result<R, TransportError>,
+    ) -> Result<R, TransportError> {
         self.ensure_connected()?;
         let mut slot = self.conn.borrow_mut();
         let conn = slot.as_mut().ok_or(TransportError::Disconnected)?;
@@ -177,9 +180,13 @@ fn receive(conn: &mut Conn, expect_seq: u64, timeout: Duration) -> Result<Respon
         Err(FrameError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
             return Err(TransportError::Timeout(timeout))
         }
-        Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => return Err(TransportError::Disconnected),
+        Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
+            return Err(TransportError::Disconnected)
+        }
         Err(FrameError::Io(e)) => return Err(TransportError::Io(e)),
-        Err(FrameError::BadLength(n)) => return Err(TransportError::Protocol(format!("reply frame length {n}"))),
+        Err(FrameError::BadLength(n)) => {
+            return Err(TransportError::Protocol(format!("reply frame length {n}")))
+        }
     };
     let response: Response =
         codec::decode(&conn.body).map_err(|e| TransportError::Protocol(format!("undecodable reply: {e}")))?;
@@ -218,7 +225,11 @@ pub(crate) struct TcpNode {
 }
 
 impl TcpNode {
-    pub fn join(host: SocketAddr, options: TcpOptions, router: Arc<MailboxRouter>) -> Result<Self, TransportError> {
+    pub fn join(
+        host: SocketAddr,
+        options: TcpOptions,
+        router: Arc<MailboxRouter>,
+    ) -> Result<Self, TransportError> {
         let control = TcpQp::connect(host, options)?;
         let listener = TcpListener::bind(SocketAddr::new(control.local_ip()?, 0))?;
         let listen = listener.local_addr()?;
@@ -260,7 +271,10 @@ impl TcpNode {
         let addr = match self.control.lock().request(&RequestRef::Resolve(node))? {
             Response::Resolved(Some(addr)) => addr,
             Response::Resolved(None) => {
-                return Err(TransportError::UnknownClient(ClientAddr { node, mailbox: crate::rdma::MailboxId(0) }))
+                return Err(TransportError::UnknownClient(ClientAddr {
+                    node,
+                    mailbox: crate::rdma::MailboxId(0),
+                }))
             }
             other => return Err(TransportError::Protocol(format!("unexpected reply to resolve: {other:?}"))),
         };

@@ -159,7 +159,8 @@ fn serve(stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
             Err(FrameError::BadLength(len)) => {
                 shared.stats.refused_frames.fetch_add(1, Ordering::Relaxed);
                 // We cannot find the next frame boundary: say why, then hang up.
-                let refusal = Response::Refused(VerbError::Malformed(format!("impossible frame length {len}")));
+                let refusal =
+                    Response::Refused(VerbError::Malformed(format!("impossible frame length {len}")));
                 out.clear();
                 codec::encode_into(&mut out, &refusal);
                 wire::write_frame(&mut writer, 0, &out)?;

@@ -26,7 +26,9 @@ pub const HEADER_LEN: usize = 12;
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Request {
     /// Join the fabric as a new node whose mailbox listener is at `mailbox`.
-    Join { mailbox: SocketAddr },
+    Join {
+        mailbox: SocketAddr,
+    },
     /// Where does this node receive messages?
     Resolve(NodeId),
     /// The regions this host serves.
