@@ -1,1 +1,42 @@
-fn main() {}
+//! The `citronfs` command.
+
+mod bench;
+mod plot;
+mod region_host;
+mod report;
+mod size;
+
+use clap::{Parser, Subcommand};
+
+/// CitronFS: a distributed in-DRAM file system with decentralised byte-range locks.
+#[derive(Parser, Debug)]
+#[command(name = "citronfs", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve regions of memory over the tcp software NIC and/or as a shm fabric.
+    RegionHost(region_host::RegionHostArgs),
+    /// Run a benchmark.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+fn main() -> std::process::ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::RegionHost(a) => region_host::run(a),
+        Command::Bench(b) => bench::run(b),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("citronfs: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -26,12 +26,12 @@ impl RemoteAddr {
         Self { region, offset }
     }
 
-    /// The address `bytes` further into the same region.
+    /// The address `bytes` further into the same region (also `addr + bytes`).
     ///
     /// # Panics
     /// If the offset overflows `u64`: that is a bug in the caller's layout
     /// arithmetic, never a consequence of remote input.
-    pub fn add(self, bytes: u64) -> Self {
+    pub fn offset_by(self, bytes: u64) -> Self {
         let offset = self.offset.checked_add(bytes).expect("remote address offset overflow");
         Self { region: self.region, offset }
     }
@@ -40,6 +40,13 @@ impl RemoteAddr {
     pub fn is_aligned(self, align: u64) -> bool {
         debug_assert!(align.is_power_of_two());
         self.offset & (align - 1) == 0
+    }
+}
+
+impl std::ops::Add<u64> for RemoteAddr {
+    type Output = RemoteAddr;
+    fn add(self, bytes: u64) -> RemoteAddr {
+        self.offset_by(bytes)
     }
 }
 

@@ -270,11 +270,11 @@ impl RegionMemory {
 }
 
 fn is_word_access(off: usize, len: usize) -> bool {
-    off % 8 == 0 && len % 8 == 0 && len <= WORD_ACCESS_LIMIT
+    off.is_multiple_of(8) && len.is_multiple_of(8) && len <= WORD_ACCESS_LIMIT
 }
 
 fn check_region_len(len: u64) -> std::io::Result<()> {
-    if len == 0 || len % 16 != 0 || usize::try_from(len).is_err() {
+    if len == 0 || !len.is_multiple_of(16) || usize::try_from(len).is_err() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             format!("region length {len} must be a non-zero multiple of 16 bytes"),

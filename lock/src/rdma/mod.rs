@@ -24,7 +24,7 @@
 
 pub mod addr;
 pub mod arith;
-mod codec;
+pub mod codec;
 pub mod error;
 mod mailbox;
 pub mod memory;

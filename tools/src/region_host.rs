@@ -1,0 +1,95 @@
+//! `citronfs region-host`: serves regions of memory over the tcp software NIC
+//! and/or as a shm fabric, until interrupted. The servers of later issues
+//! embed the same host; this command exposes it alone, for benchmarks and
+//! for clients on other machines.
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use citron_lock::rdma::{RegionId, RegionMemory, RegionTable, ShmHost, TcpHost};
+use clap::Args;
+
+use crate::size::ByteSize;
+
+/// `ID:SIZE`, e.g. `1:64MiB`.
+#[derive(Clone, Debug)]
+pub struct RegionSpec {
+    id: RegionId,
+    len: ByteSize,
+}
+
+impl FromStr for RegionSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (id, len) =
+            s.split_once(':').ok_or_else(|| format!("region {s:?} is not ID:SIZE (e.g. 1:64MiB)"))?;
+        let id = id.parse().map_err(|_| format!("region id {id:?} is not a number"))?;
+        Ok(Self { id: RegionId(id), len: len.parse()? })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RegionHostArgs {
+    /// Serve the regions over tcp on this address (e.g. 127.0.0.1:7100).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Also publish the regions as the shm fabric NAME (same memory: shm
+    /// clients on this host and tcp clients elsewhere see the same words).
+    #[arg(long, value_name = "NAME")]
+    shm: Option<String>,
+    /// A region to register, ID:SIZE; repeatable.
+    #[arg(long = "region", default_value = "1:64MiB")]
+    regions: Vec<RegionSpec>,
+}
+
+pub fn run(args: RegionHostArgs) -> Result<()> {
+    if args.listen.is_none() && args.shm.is_none() {
+        bail!("nothing to serve: give --listen ADDR, --shm NAME, or both");
+    }
+    let (shm, table) = match &args.shm {
+        Some(name) => {
+            let host = ShmHost::create(name).with_context(|| format!("cannot create shm fabric {name}"))?;
+            for r in &args.regions {
+                host.add_region(r.id, r.len.0).with_context(|| format!("region {}", r.id.0))?;
+            }
+            let table = host.regions().clone();
+            (Some(host), table)
+        }
+        None => {
+            let table = Arc::new(RegionTable::new());
+            for r in &args.regions {
+                let mem =
+                    RegionMemory::anonymous(r.id, r.len.0).with_context(|| format!("region {}", r.id.0))?;
+                table.insert(mem)?;
+            }
+            (None, table)
+        }
+    };
+    let tcp = match args.listen {
+        Some(addr) => {
+            Some(TcpHost::spawn(addr, table.clone()).with_context(|| format!("cannot listen on {addr}"))?)
+        }
+        None => None,
+    };
+    for (id, len) in table.list() {
+        println!("region {}: {}", id.0, ByteSize(len));
+    }
+    if let Some(t) = &tcp {
+        println!("serving tcp:{}", t.local_addr());
+    }
+    if let Some(name) = &args.shm {
+        println!("serving shm:{name}");
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    ctrlc::set_handler(move || {
+        let _ = tx.send(());
+    })
+    .context("cannot install the signal handler")?;
+    let _ = rx.recv();
+    println!("stopping");
+    drop(tcp);
+    drop(shm);
+    Ok(())
+}
