@@ -1,6 +1,14 @@
-//! File-system types (inode, attributes, layouts), the wire protocol and the
-//! client-side file logic of CitronFS (DESIGN.md §2, §5).
+//! File-system types, the meta-server protocol and the client-side file logic
+//! of CitronFS (DESIGN.md §2, §5).
 //!
-//! This crate is a member of the workspace from the start so that the crate
-//! graph of DESIGN.md §2 holds; it has no contents yet. Its code arrives with
-//! the issue "The file system: meta-server, data servers, citronfs mount".
+//! * [`types`]: inode numbers, attributes, chunk locations — the vocabulary.
+//! * [`proto`]: requests to the meta-server and its answers (serde + bincode).
+//! * [`layout`]: the arithmetic of splitting byte ranges over chunks.
+//! * [`client`]: what a mount does: metadata by RPC, file data by one-sided
+//!   verbs straight to data-server memory (Octopus's client-active I/O).
+
+pub mod error;
+pub mod layout;
+pub mod types;
+
+pub use error::FsError;

@@ -11,7 +11,17 @@ const EXE: &str = env!("CARGO_BIN_EXE_citronfs");
 fn region_host_serves_both_backends_and_cleans_up_on_sigterm() {
     let name = format!("cli-{}", std::process::id());
     let mut child = Command::new(EXE)
-        .args(["region-host", "--listen", "127.0.0.1:0", "--shm", &name, "--region", "1:1MiB", "--region", "2:64KiB"])
+        .args([
+            "region-host",
+            "--listen",
+            "127.0.0.1:0",
+            "--shm",
+            &name,
+            "--region",
+            "1:1MiB",
+            "--region",
+            "2:64KiB",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

@@ -224,7 +224,7 @@ pub fn run(args: VerbsArgs) -> Result<()> {
         println!(
             "host: {} connections, {} verbs executed, {} frames refused",
             st.connections.load(Ordering::Relaxed),
-            st.verbs.load(Ordering::Relaxed),
+            h.verbs_executed(),
             st.refused_frames.load(Ordering::Relaxed)
         );
     }

@@ -3,7 +3,9 @@
 
 pub(crate) mod client;
 pub mod host;
+pub mod rpc;
 pub mod wire;
 
 pub use client::TcpOptions;
-pub use host::{HostStats, TcpHost};
+pub use host::TcpHost;
+pub use rpc::{RpcClient, RpcServer, RpcService, ServerStats};

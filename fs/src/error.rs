@@ -1,0 +1,53 @@
+//! Errors of file-system operations. They cross the wire from the
+//! meta-server; the FUSE adapter maps them to errno in one place.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("is a directory")]
+    IsDir,
+    #[error("not a directory")]
+    NotDir,
+    #[error("permission denied")]
+    Access,
+    #[error("operation not permitted")]
+    Perm,
+    #[error("file name too long")]
+    NameTooLong,
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("no space left on the data servers")]
+    NoSpace,
+    #[error("file too large")]
+    FileTooBig,
+    #[error("no such attribute")]
+    NoAttr,
+    #[error("attribute value too large for the buffer")]
+    Range,
+    #[error("not supported: {0}")]
+    NotSupported(String),
+    #[error("would create a loop in the directory tree")]
+    Loop,
+    /// A server could not be reached or answered garbage.
+    #[error("i/o error: {0}")]
+    Io(String),
+}
+
+impl From<citron_lock::rdma::RdmaError> for FsError {
+    fn from(e: citron_lock::rdma::RdmaError) -> Self {
+        FsError::Io(e.to_string())
+    }
+}
+
+impl From<citron_lock::rdma::TransportError> for FsError {
+    fn from(e: citron_lock::rdma::TransportError) -> Self {
+        FsError::Io(e.to_string())
+    }
+}

@@ -1,0 +1,166 @@
+//! The vocabulary of the file system: ids, attributes, where chunks live.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use citron_lock::rdma::RemoteAddr;
+use serde::{Deserialize, Serialize};
+
+/// An inode number. [`Ino::ROOT`] is the root directory, as FUSE expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Ino(pub u64);
+
+impl Ino {
+    pub const ROOT: Ino = Ino(1);
+}
+
+/// A client (a mount) registered with the meta-server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ClientId(pub u64);
+
+/// A data server registered with the meta-server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DataServerId(pub u32);
+
+/// The index of a chunk in a file: byte offset / chunk size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ChunkIndex(pub u64);
+
+/// Where one chunk of file data lives: a data server and an address in its
+/// memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkLoc {
+    pub server: DataServerId,
+    pub addr: RemoteAddr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+/// A point in time as seconds and nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Self {
+        Self::from(SystemTime::now())
+    }
+
+    /// Nanoseconds since the epoch, as kept in the one-sided attribute words.
+    pub fn as_nanos(self) -> u64 {
+        (self.secs.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(self.nanos.into())
+    }
+
+    pub fn from_nanos(n: u64) -> Self {
+        Self { secs: (n / 1_000_000_000) as i64, nanos: (n % 1_000_000_000) as u32 }
+    }
+}
+
+impl From<SystemTime> for Timestamp {
+    fn from(t: SystemTime) -> Self {
+        match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => Self { secs: d.as_secs() as i64, nanos: d.subsec_nanos() },
+            Err(e) => {
+                let d = e.duration();
+                let mut secs = -(d.as_secs() as i64);
+                let mut nanos = d.subsec_nanos();
+                if nanos > 0 {
+                    secs -= 1;
+                    nanos = 1_000_000_000 - nanos;
+                }
+                Self { secs, nanos }
+            }
+        }
+    }
+}
+
+impl From<Timestamp> for SystemTime {
+    fn from(t: Timestamp) -> Self {
+        if t.secs >= 0 {
+            UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
+        } else {
+            UNIX_EPOCH - Duration::from_secs(t.secs.unsigned_abs()) + Duration::from_nanos(t.nanos.into())
+        }
+    }
+}
+
+/// An inode's attributes as the meta-server reports them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits (and set-id/sticky bits): `mode & 0o7777`.
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub nlink: u32,
+    pub rdev: u32,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub crtime: Timestamp,
+}
+
+/// Which attributes a `setattr` changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    pub perm: Option<u16>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+    pub ctime: Option<Timestamp>,
+}
+
+/// Who asks: the caller's credentials, for permission checks and ownership.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+impl Caller {
+    pub const ROOT: Caller = Caller { uid: 0, gid: 0, pid: 0 };
+}
+
+/// A directory entry as `readdir` returns it. `cookie` is the offset to
+/// resume after this entry; cookies of live entries never change, so a
+/// listing stays consistent while the directory changes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub cookie: u64,
+    pub ino: Ino,
+    pub kind: FileKind,
+    pub name: Vec<u8>,
+}
+
+/// File-system totals for `statfs`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsStats {
+    pub chunk_size: u64,
+    pub total_chunks: u64,
+    pub free_chunks: u64,
+    pub inodes: u64,
+}
+
+/// Longest name in a directory, as ext4 and POSIX's usual NAME_MAX.
+pub const NAME_MAX: usize = 255;
+/// Largest file: 4 TiB.
+pub const MAX_FILE_SIZE: u64 = 1 << 42;
+/// Largest symlink target.
+pub const SYMLINK_MAX: usize = 4095;
+/// Largest xattr value.
+pub const XATTR_SIZE_MAX: usize = 64 * 1024;

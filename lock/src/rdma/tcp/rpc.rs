@@ -1,0 +1,278 @@
+//! Framed request/response over tcp, shared by every server of the project:
+//! the software NIC ([`super::host`]), the meta-server, lock-host services.
+//!
+//! Frames are those of [`super::wire`] with a bincode body. The server runs a
+//! thread per connection, answers in arrival order, and flushes when no
+//! further request is already buffered (so a pipelined burst costs one write
+//! each way). A body that does not decode gets [`RpcService::malformed`]'s
+//! answer under its sequence number and the connection goes on; an impossible
+//! length or a stream ending inside a frame closes that connection only.
+//! Nothing a client sends can panic the server.
+
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter, ErrorKind, Write};
+use std::marker::PhantomData;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::wire::{self, FrameError};
+use crate::rdma::codec;
+use crate::rdma::error::TransportError;
+
+/// What a server does with requests.
+pub trait RpcService: Send + Sync + 'static {
+    type Request: DeserializeOwned;
+    type Response: Serialize;
+    /// Answers one request from `peer`.
+    fn handle(&self, request: Self::Request, peer: SocketAddr) -> Self::Response;
+    /// The answer to a request that could not be decoded.
+    fn malformed(&self, error: String) -> Self::Response;
+    /// Called once when a connection from `peer` ends, however it ends.
+    fn disconnected(&self, _peer: SocketAddr) {}
+}
+
+/// Counters of a server.
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub connections: AtomicU64,
+    pub requests: AtomicU64,
+    pub refused_frames: AtomicU64,
+    pub broken_connections: AtomicU64,
+}
+
+struct Shared<S> {
+    service: S,
+    stopping: AtomicBool,
+    open: Mutex<HashMap<u64, TcpStream>>,
+    stats: ServerStats,
+}
+
+/// A running server. Dropping it stops accepting and cuts every connection.
+pub struct RpcServer<S: RpcService> {
+    addr: SocketAddr,
+    shared: Arc<Shared<S>>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl<S: RpcService> RpcServer<S> {
+    pub fn spawn(listen: SocketAddr, service: S, name: &str) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(listen)?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            service,
+            stopping: AtomicBool::new(false),
+            open: Mutex::new(HashMap::new()),
+            stats: ServerStats::default(),
+        });
+        let acceptor = {
+            let shared = shared.clone();
+            let name = name.to_string();
+            std::thread::Builder::new()
+                .name(format!("{name}-accept"))
+                .spawn(move || accept_loop(listener, shared, &name))?
+        };
+        Ok(Self { addr, shared, acceptor: Some(acceptor) })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn service(&self) -> &S {
+        &self.shared.service
+    }
+
+    pub fn stats(&self) -> &ServerStats {
+        &self.shared.stats
+    }
+
+    /// Stops accepting and cuts every open connection, as a crash would.
+    pub fn shutdown(&mut self) {
+        if self.shared.stopping.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Wake the acceptor; it sees `stopping` and returns.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(h) = self.acceptor.take() {
+            let _ = h.join();
+        }
+        for (_, s) in self.shared.open.lock().drain() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl<S: RpcService> Drop for RpcServer<S> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn accept_loop<S: RpcService>(listener: TcpListener, shared: Arc<Shared<S>>, name: &str) {
+    let mut next_conn = 0u64;
+    for stream in listener.incoming() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn!("{name}: accept failed: {e}");
+                continue;
+            }
+        };
+        next_conn += 1;
+        let conn = next_conn;
+        if let Ok(clone) = stream.try_clone() {
+            shared.open.lock().insert(conn, clone);
+        }
+        shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+        let shared = shared.clone();
+        let spawned = std::thread::Builder::new().name(format!("{name}-{conn}")).spawn(move || {
+            let Ok(peer) = stream.peer_addr() else { return };
+            if let Err(e) = serve(stream, peer, &shared) {
+                shared.stats.broken_connections.fetch_add(1, Ordering::Relaxed);
+                log::debug!("connection {conn} from {peer} ended: {e}");
+            }
+            shared.open.lock().remove(&conn);
+            shared.service.disconnected(peer);
+        });
+        if let Err(e) = spawned {
+            log::warn!("{name}: cannot start a connection thread: {e}");
+        }
+    }
+}
+
+fn serve<S: RpcService>(stream: TcpStream, peer: SocketAddr, shared: &Shared<S>) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let mut reader = BufReader::with_capacity(256 * 1024, stream.try_clone()?);
+    let mut writer = BufWriter::with_capacity(256 * 1024, stream);
+    let mut body = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        let seq = match wire::read_frame(&mut reader, &mut body) {
+            Ok(seq) => seq,
+            Err(FrameError::Closed) => return Ok(()),
+            Err(FrameError::Io(e)) => return Err(e),
+            Err(FrameError::BadLength(len)) => {
+                shared.stats.refused_frames.fetch_add(1, Ordering::Relaxed);
+                // The next frame boundary cannot be found: say why, hang up.
+                out.clear();
+                codec::encode_into(
+                    &mut out,
+                    &shared.service.malformed(format!("impossible frame length {len}")),
+                );
+                wire::write_frame(&mut writer, 0, &out)?;
+                writer.flush()?;
+                return Err(std::io::Error::other(format!("bad frame length {len}")));
+            }
+        };
+        shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let response = match codec::decode::<S::Request>(&body) {
+            Ok(request) => shared.service.handle(request, peer),
+            Err(e) => {
+                shared.stats.refused_frames.fetch_add(1, Ordering::Relaxed);
+                shared.service.malformed(e)
+            }
+        };
+        out.clear();
+        codec::encode_into(&mut out, &response);
+        wire::write_frame(&mut writer, seq, &out)?;
+        if reader.buffer().is_empty() {
+            writer.flush()?;
+        }
+    }
+}
+
+/// A client of an [`RpcServer`]: one request at a time per connection, with a
+/// small pool of connections so several threads can call at once. A
+/// connection that fails is dropped; the next call opens a new one.
+pub struct RpcClient<Req, Resp> {
+    server: SocketAddr,
+    timeout: Duration,
+    idle: Mutex<Vec<Conn>>,
+    next_seq: AtomicU64,
+    _types: PhantomData<fn(Req) -> Resp>,
+}
+
+struct Conn {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+    body: Vec<u8>,
+}
+
+impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
+    /// A client of `server`; connects on first use. `timeout` bounds both
+    /// connecting and waiting for an answer: an unreachable server is an
+    /// error after it, never a hang.
+    pub fn new(server: SocketAddr, timeout: Duration) -> Self {
+        Self {
+            server,
+            timeout,
+            idle: Mutex::new(Vec::new()),
+            next_seq: AtomicU64::new(1),
+            _types: PhantomData,
+        }
+    }
+
+    pub fn server(&self) -> SocketAddr {
+        self.server
+    }
+
+    fn connect(&self) -> Result<Conn, TransportError> {
+        let stream = TcpStream::connect_timeout(&self.server, self.timeout)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(self.timeout))?;
+        stream.set_write_timeout(Some(self.timeout))?;
+        Ok(Conn {
+            reader: BufReader::with_capacity(64 * 1024, stream.try_clone()?),
+            writer: BufWriter::with_capacity(64 * 1024, stream),
+            body: Vec::new(),
+        })
+    }
+
+    /// Sends `request` and waits for its answer.
+    pub fn call(&self, request: &Req) -> Result<Resp, TransportError> {
+        let pooled = self.idle.lock().pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => self.connect()?,
+        };
+        let result = self.call_on(&mut conn, request);
+        if result.is_ok() {
+            self.idle.lock().push(conn);
+        }
+        result
+    }
+
+    fn call_on(&self, conn: &mut Conn, request: &Req) -> Result<Resp, TransportError> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        wire::write_frame(&mut conn.writer, seq, &codec::encode(request))?;
+        conn.writer.flush()?;
+        let got = match wire::read_frame(&mut conn.reader, &mut conn.body) {
+            Ok(s) => s,
+            Err(FrameError::Closed) => return Err(TransportError::Disconnected),
+            Err(FrameError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(TransportError::Timeout(self.timeout))
+            }
+            Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
+                return Err(TransportError::Disconnected)
+            }
+            Err(FrameError::Io(e)) => return Err(TransportError::Io(e)),
+            Err(FrameError::BadLength(n)) => {
+                return Err(TransportError::Protocol(format!("reply length {n}")))
+            }
+        };
+        if got != seq {
+            return Err(TransportError::Protocol(format!("reply {got} where {seq} was due")));
+        }
+        codec::decode(&conn.body).map_err(|e| TransportError::Protocol(format!("undecodable reply: {e}")))
+    }
+}
