@@ -7,8 +7,10 @@
 //! * [`client`]: what a mount does: metadata by RPC, file data by one-sided
 //!   verbs straight to data-server memory (Octopus's client-active I/O).
 
+pub mod client;
 pub mod error;
 pub mod layout;
+pub mod proto;
 pub mod types;
 
 pub use error::FsError;

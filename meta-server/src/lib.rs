@@ -1,6 +1,12 @@
-//! The servers of CitronFS: namespace and inodes, chunk and lock-memory
-//! allocation, client leases, and the data-server role (DESIGN.md §2, §6).
-//!
-//! A member of the workspace from the start so the crate graph of DESIGN.md
-//! §2 holds; it has no contents yet. Its code arrives with the file-system
-//! issue; the memory it serves is already `citron_lock::rdma`'s regions.
+//! The servers of CitronFS (DESIGN.md §2, §5, §6): the meta-server
+//! (namespace, chunk allocation, attribute slots, client leases) and the data
+//! server (DRAM for file chunks, served by a software NIC; its CPU does no
+//! per-I/O work).
+
+pub mod chunks;
+pub mod data_server;
+pub mod namespace;
+pub mod service;
+
+pub use data_server::DataServer;
+pub use service::{MetaServer, MetaServerConfig};

@@ -38,6 +38,22 @@ pub trait RpcService: Send + Sync + 'static {
     fn disconnected(&self, _peer: SocketAddr) {}
 }
 
+/// A service shared with other owners (the server holds one `Arc`, the
+/// owner another, e.g. for a background thread).
+impl<S: RpcService> RpcService for Arc<S> {
+    type Request = S::Request;
+    type Response = S::Response;
+    fn handle(&self, request: Self::Request, peer: SocketAddr) -> Self::Response {
+        (**self).handle(request, peer)
+    }
+    fn malformed(&self, error: String) -> Self::Response {
+        (**self).malformed(error)
+    }
+    fn disconnected(&self, peer: SocketAddr) {
+        (**self).disconnected(peer)
+    }
+}
+
 /// Counters of a server.
 #[derive(Debug, Default)]
 pub struct ServerStats {

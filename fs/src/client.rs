@@ -1,0 +1,605 @@
+//! The client side of the file system: what a mount does.
+//!
+//! Metadata operations are RPCs to the meta-server. File data never goes
+//! through a server's CPU: a client opens a file once (learning where its
+//! chunks live, [`FileLayout`]) and then reads and writes chunk memory on the
+//! data servers with one-sided verbs, and the file's size and mtime in its
+//! attribute slot on the meta-server with one-sided atomics (Octopus's
+//! client-active I/O; Citron paper §4.3's cacheless I/O: no data is cached).
+//!
+//! Verbs per operation, with the layout cached:
+//! * read: 1 read of the slot (size, epoch) + 1 batch per data server touched;
+//! * write: 1 read of the slot + 1 batch per data server + 1 batch on the
+//!   slot (size CAS when the file grows, mtime store).
+//!
+//! A layout is refetched when the slot's epoch differs from the cached one
+//! (the meta-server bumps it whenever chunks are freed).
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use citron_lock::rdma::tcp::RpcClient;
+use citron_lock::rdma::{Endpoint, Node, TcpOptions, Verb, VerbCounts, VerbReply};
+use parking_lot::{Mutex, RwLock};
+
+use crate::error::FsError;
+use crate::layout::ChunkGeometry;
+use crate::proto::{
+    AttrSlot, ClusterInfo, DataServerInfo, FileLayout, MetaRequest, MetaResponse, RenameMode, XattrMode,
+};
+use crate::types::{
+    Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino, SetAttr,
+    Timestamp, MAX_FILE_SIZE,
+};
+
+/// How to reach a cluster and how long to wait for it.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub meta: SocketAddr,
+    /// Bound on every wait for a server: an unreachable one is an error
+    /// (EIO at the mount) after this, never a hang.
+    pub timeout: Duration,
+}
+
+/// The endpoints one thread uses: one to the meta-server's NIC, one per data
+/// server. Checked out of a pool for the duration of an operation.
+struct Endpoints {
+    meta: Endpoint,
+    data: HashMap<DataServerId, Endpoint>,
+}
+
+struct CachedLayout {
+    slot: AttrSlot,
+    epoch: u64,
+    chunks: HashMap<ChunkIndex, ChunkLoc>,
+}
+
+struct Shared {
+    rpc: RpcClient<MetaRequest, MetaResponse>,
+    client: AtomicU64,
+    fenced: AtomicBool,
+    stop: AtomicBool,
+    lease: Duration,
+    hostname: String,
+}
+
+pub struct FsClient {
+    shared: Arc<Shared>,
+    geometry: ChunkGeometry,
+    timeout: Duration,
+    meta_node: Node,
+    data_nodes: RwLock<HashMap<DataServerId, (DataServerInfo, Node)>>,
+    pool: Mutex<Vec<Endpoints>>,
+    layouts: RwLock<HashMap<Ino, Arc<RwLock<CachedLayout>>>>,
+    /// Verbs of endpoints returned to the pool and dropped, for statistics.
+    retired_counts: Mutex<VerbCounts>,
+    heartbeat: Option<std::thread::JoinHandle<()>>,
+}
+
+fn answer(r: Result<MetaResponse, citron_lock::rdma::TransportError>) -> Result<MetaResponse, FsError> {
+    match r? {
+        MetaResponse::Failed(e) => Err(e),
+        ok => Ok(ok),
+    }
+}
+
+fn unexpected(r: MetaResponse) -> FsError {
+    FsError::Io(format!("unexpected answer from the meta-server: {r:?}"))
+}
+
+/// A server address the meta-server reported, with an unspecified IP
+/// replaced by the one we reach the meta-server at.
+fn reachable(addr: SocketAddr, meta: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        SocketAddr::new(meta.ip(), addr.port())
+    } else {
+        addr
+    }
+}
+
+impl FsClient {
+    /// Registers with the meta-server and joins its NIC and every data server.
+    pub fn connect(config: ClientConfig) -> Result<Self, FsError> {
+        // Fail fast with a clear message if nobody listens there.
+        TcpStream::connect_timeout(&config.meta, config.timeout)
+            .map_err(|e| FsError::Io(format!("cannot reach the meta-server at {}: {e}", config.meta)))?;
+        let rpc = RpcClient::new(config.meta, config.timeout);
+        let hostname =
+            std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+        let info = match answer(
+            rpc.call(&MetaRequest::RegisterClient { hostname: hostname.clone(), pid: std::process::id() }),
+        )? {
+            MetaResponse::Registered(info) => info,
+            other => return Err(unexpected(other)),
+        };
+        let ClusterInfo { client, chunk_size, meta_nic, data_servers, lease_ms, .. } = info;
+        let geometry = ChunkGeometry::new(chunk_size).map_err(FsError::Invalid)?;
+        let options = TcpOptions { connect_timeout: config.timeout, reply_timeout: config.timeout };
+        let meta_node = Node::join_tcp(reachable(meta_nic, config.meta), options)?;
+        let shared = Arc::new(Shared {
+            rpc,
+            client: AtomicU64::new(client.0),
+            fenced: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            lease: Duration::from_millis(lease_ms),
+            hostname,
+        });
+        let mut c = Self {
+            shared: shared.clone(),
+            geometry,
+            timeout: config.timeout,
+            meta_node,
+            data_nodes: RwLock::new(HashMap::new()),
+            pool: Mutex::new(Vec::new()),
+            layouts: RwLock::new(HashMap::new()),
+            retired_counts: Mutex::new(VerbCounts::default()),
+            heartbeat: None,
+        };
+        c.add_data_servers(data_servers)?;
+        c.heartbeat = Some(
+            std::thread::Builder::new()
+                .name("citronfs-lease".into())
+                .spawn(move || heartbeat_loop(&shared))
+                .map_err(|e| FsError::Io(e.to_string()))?,
+        );
+        Ok(c)
+    }
+
+    pub fn client_id(&self) -> ClientId {
+        ClientId(self.shared.client.load(Ordering::Relaxed))
+    }
+
+    pub fn chunk_size(&self) -> u64 {
+        self.geometry.chunk_size()
+    }
+
+    fn add_data_servers(&self, servers: Vec<DataServerInfo>) -> Result<(), FsError> {
+        let options = TcpOptions { connect_timeout: self.timeout, reply_timeout: self.timeout };
+        let mut nodes = self.data_nodes.write();
+        for info in servers {
+            if nodes.contains_key(&info.id) {
+                continue;
+            }
+            let node = Node::join_tcp(reachable(info.nic, self.shared.rpc.server()), options)?;
+            nodes.insert(info.id, (info, node));
+        }
+        Ok(())
+    }
+
+    fn call(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
+        if self.shared.fenced.load(Ordering::Relaxed) {
+            return Err(FsError::Io(
+                "this client's lease expired; it is fenced until it re-registers".into(),
+            ));
+        }
+        answer(self.shared.rpc.call(request))
+    }
+
+    fn call_attr(&self, request: &MetaRequest) -> Result<Attr, FsError> {
+        match self.call(request)? {
+            MetaResponse::Attr(a) => Ok(a),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn call_done(&self, request: &MetaRequest) -> Result<(), FsError> {
+        match self.call(request)? {
+            MetaResponse::Done => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    // ---- metadata ----
+
+    pub fn lookup(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<Attr, FsError> {
+        self.call_attr(&MetaRequest::Lookup { caller, parent, name: name.to_vec() })
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr, FsError> {
+        self.call_attr(&MetaRequest::GetAttr { ino })
+    }
+
+    pub fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, FsError> {
+        let attr = self.call_attr(&MetaRequest::SetAttr { caller, ino, set })?;
+        Ok(attr)
+    }
+
+    pub fn create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        perm: u16,
+        rdev: u32,
+    ) -> Result<Attr, FsError> {
+        self.call_attr(&MetaRequest::Create { caller, parent, name: name.to_vec(), kind, perm, rdev })
+    }
+
+    pub fn symlink(&self, caller: Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, FsError> {
+        self.call_attr(&MetaRequest::Symlink { caller, parent, name: name.to_vec(), target: target.to_vec() })
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, FsError> {
+        match self.call(&MetaRequest::ReadLink { ino })? {
+            MetaResponse::Target(t) => Ok(t),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn link(&self, caller: Caller, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, FsError> {
+        self.call_attr(&MetaRequest::Link { caller, ino, new_parent, new_name: new_name.to_vec() })
+    }
+
+    pub fn unlink(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::Unlink { caller, parent, name: name.to_vec() })
+    }
+
+    pub fn rmdir(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::Rmdir { caller, parent, name: name.to_vec() })
+    }
+
+    pub fn rename(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameMode,
+    ) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::Rename {
+            caller,
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            flags,
+        })
+    }
+
+    /// Entries after cookie `after` (0: from the start).
+    pub fn readdir(&self, caller: Caller, ino: Ino, after: u64, max: u32) -> Result<Vec<DirEntry>, FsError> {
+        match self.call(&MetaRequest::ReadDir { caller, ino, after, max })? {
+            MetaResponse::Entries(e) => Ok(e),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn statfs(&self) -> Result<FsStats, FsError> {
+        match self.call(&MetaRequest::StatFs)? {
+            MetaResponse::Stats(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn set_xattr(
+        &self,
+        caller: Caller,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::SetXattr {
+            caller,
+            ino,
+            name: name.to_vec(),
+            value: value.to_vec(),
+            mode,
+        })
+    }
+
+    pub fn get_xattr(&self, caller: Caller, ino: Ino, name: &[u8]) -> Result<Vec<u8>, FsError> {
+        match self.call(&MetaRequest::GetXattr { caller, ino, name: name.to_vec() })? {
+            MetaResponse::Xattr(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn list_xattr(&self, caller: Caller, ino: Ino) -> Result<Vec<Vec<u8>>, FsError> {
+        match self.call(&MetaRequest::ListXattr { caller, ino })? {
+            MetaResponse::XattrNames(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn remove_xattr(&self, caller: Caller, ino: Ino, name: &[u8]) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::RemoveXattr { caller, ino, name: name.to_vec() })
+    }
+
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::Fallocate { ino, offset, len, keep_size })?;
+        self.refresh_layout(ino)?;
+        Ok(())
+    }
+
+    // ---- data ----
+
+    /// Opens a regular file for I/O (counted by the meta-server until
+    /// [`FsClient::release`]).
+    pub fn open(&self, ino: Ino) -> Result<(), FsError> {
+        match self.call(&MetaRequest::Open { client: self.client_id(), ino })? {
+            MetaResponse::Layout(l) => {
+                self.install_layout(l);
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn release(&self, ino: Ino) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::Release { client: self.client_id(), ino })
+    }
+
+    fn install_layout(&self, l: FileLayout) -> Arc<RwLock<CachedLayout>> {
+        let cached = Arc::new(RwLock::new(CachedLayout {
+            slot: l.slot,
+            epoch: l.epoch,
+            chunks: l.chunks.into_iter().collect(),
+        }));
+        self.layouts.write().insert(l.ino, cached.clone());
+        cached
+    }
+
+    fn refresh_layout(&self, ino: Ino) -> Result<Arc<RwLock<CachedLayout>>, FsError> {
+        match self.call(&MetaRequest::Layout { ino })? {
+            MetaResponse::Layout(l) => Ok(self.install_layout(l)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn layout(&self, ino: Ino) -> Result<Arc<RwLock<CachedLayout>>, FsError> {
+        if let Some(l) = self.layouts.read().get(&ino) {
+            return Ok(l.clone());
+        }
+        self.refresh_layout(ino)
+    }
+
+    fn with_endpoints<R>(&self, f: impl FnOnce(&mut Endpoints) -> Result<R, FsError>) -> Result<R, FsError> {
+        if self.shared.fenced.load(Ordering::Relaxed) {
+            return Err(FsError::Io(
+                "this client's lease expired; it is fenced until it re-registers".into(),
+            ));
+        }
+        let mut eps = match self.pool.lock().pop() {
+            Some(e) => e,
+            None => Endpoints { meta: self.meta_node.endpoint()?, data: HashMap::new() },
+        };
+        let result = f(&mut eps);
+        if result.is_ok() {
+            self.pool.lock().push(eps);
+        } else {
+            let mut c = eps.meta.counts();
+            for e in eps.data.values() {
+                c += e.counts();
+            }
+            *self.retired_counts.lock() += c;
+        }
+        result
+    }
+
+    /// Reads the slot: (size, epoch). One verb.
+    fn read_slot(eps: &Endpoints, slot: AttrSlot) -> Result<(u64, u64), FsError> {
+        let mut b = [0u8; 24];
+        eps.meta.read(slot.0, &mut b)?;
+        let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        Ok((word(0), word(2)))
+    }
+
+    /// The cached layout, refetched if its epoch is stale; and the size.
+    fn current_layout(&self, eps: &Endpoints, ino: Ino) -> Result<(Arc<RwLock<CachedLayout>>, u64), FsError> {
+        let layout = self.layout(ino)?;
+        let (slot, epoch) = {
+            let l = layout.read();
+            (l.slot, l.epoch)
+        };
+        let (size, now_epoch) = Self::read_slot(eps, slot)?;
+        if now_epoch != epoch {
+            return Ok((self.refresh_layout(ino)?, size));
+        }
+        Ok((layout, size))
+    }
+
+    /// The size of a regular file as its slot says (one verb).
+    pub fn file_size(&self, ino: Ino) -> Result<u64, FsError> {
+        self.with_endpoints(|eps| Ok(self.current_layout(eps, ino)?.1))
+    }
+
+    /// Runs one batch per data server; `verbs` are tagged with their server.
+    fn execute_grouped(
+        &self,
+        eps: &mut Endpoints,
+        verbs: Vec<(DataServerId, Verb, usize)>,
+    ) -> Result<Vec<(usize, VerbReply)>, FsError> {
+        let mut by_server: HashMap<DataServerId, (Vec<Verb>, Vec<usize>)> = HashMap::new();
+        for (s, v, tag) in verbs {
+            let e = by_server.entry(s).or_default();
+            e.0.push(v);
+            e.1.push(tag);
+        }
+        let mut out = Vec::new();
+        for (server, (verbs, tags)) in by_server {
+            let ep = match eps.data.entry(server) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(self.data_endpoint(server)?),
+            };
+            let replies = ep.execute(&verbs)?;
+            for (r, tag) in replies.into_iter().zip(tags) {
+                out.push((tag, r.map_err(|e| FsError::Io(format!("data server {}: {e}", server.0)))?));
+            }
+        }
+        Ok(out)
+    }
+
+    fn data_endpoint(&self, server: DataServerId) -> Result<Endpoint, FsError> {
+        if let Some((_, node)) = self.data_nodes.read().get(&server) {
+            return Ok(node.endpoint()?);
+        }
+        // A data server that joined after us.
+        match self.call(&MetaRequest::DataServers)? {
+            MetaResponse::DataServers(list) => self.add_data_servers(list)?,
+            other => return Err(unexpected(other)),
+        }
+        let nodes = self.data_nodes.read();
+        let (_, node) =
+            nodes.get(&server).ok_or_else(|| FsError::Io(format!("unknown data server {}", server.0)))?;
+        Ok(node.endpoint()?)
+    }
+
+    /// Reads up to `len` bytes at `offset`; short at end of file; holes read
+    /// as zeros.
+    pub fn read(&self, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
+        self.with_endpoints(|eps| {
+            let (layout, size) = self.current_layout(eps, ino)?;
+            let end = offset.saturating_add(len.into()).min(size);
+            if offset >= end {
+                return Ok(Vec::new());
+            }
+            let mut buf = vec![0u8; (end - offset) as usize];
+            let mut verbs = Vec::new();
+            {
+                let l = layout.read();
+                for (i, p) in self.geometry.split(offset, end - offset).enumerate() {
+                    if let Some(loc) = l.chunks.get(&p.chunk) {
+                        verbs.push((
+                            loc.server,
+                            Verb::Read { addr: loc.addr + p.offset_in_chunk, len: p.len as u32 },
+                            i,
+                        ));
+                    }
+                }
+            }
+            let pieces: Vec<_> = self.geometry.split(offset, end - offset).collect();
+            let replies = self.execute_grouped(eps, verbs)?;
+            for (i, reply) in replies {
+                let p = pieces[i];
+                match reply {
+                    VerbReply::Data(d) if d.len() as u64 == p.len => {
+                        buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize].copy_from_slice(&d)
+                    }
+                    other => return Err(FsError::Io(format!("unexpected read reply {other:?}"))),
+                }
+            }
+            Ok(buf)
+        })
+    }
+
+    /// Writes `data` at `offset` (or at the end of the file with `append`)
+    /// and returns the offset written at.
+    pub fn write(&self, ino: Ino, offset: u64, data: &[u8], append: bool) -> Result<u64, FsError> {
+        self.with_endpoints(|eps| {
+            let (mut layout, size) = self.current_layout(eps, ino)?;
+            let offset = if append { size } else { offset };
+            let end = offset
+                .checked_add(data.len() as u64)
+                .filter(|e| *e <= MAX_FILE_SIZE)
+                .ok_or(FsError::FileTooBig)?;
+            if data.is_empty() {
+                return Ok(offset);
+            }
+            let pieces: Vec<_> = self.geometry.split(offset, data.len() as u64).collect();
+            let missing: Vec<ChunkIndex> = {
+                let l = layout.read();
+                pieces.iter().map(|p| p.chunk).filter(|c| !l.chunks.contains_key(c)).collect()
+            };
+            if !missing.is_empty() {
+                match self.call(&MetaRequest::AllocChunks { ino, chunks: missing })? {
+                    MetaResponse::Chunks(locs) => {
+                        let mut l = layout.write();
+                        l.chunks.extend(locs);
+                    }
+                    other => return Err(unexpected(other)),
+                }
+                layout = self.layout(ino)?;
+            }
+            let verbs: Vec<_> = {
+                let l = layout.read();
+                pieces
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        let loc =
+                            l.chunks.get(&p.chunk).ok_or_else(|| FsError::Io("chunk vanished".into()))?;
+                        let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+                        Ok((
+                            loc.server,
+                            Verb::Write { addr: loc.addr + p.offset_in_chunk, data: bytes.to_vec() },
+                            i,
+                        ))
+                    })
+                    .collect::<Result<_, FsError>>()?
+            };
+            self.execute_grouped(eps, verbs)?;
+            // Publish: size up to our end (a CAS loop, only if we grew the
+            // file), and the mtime, in one batch when the size CAS succeeds.
+            let slot = layout.read().slot;
+            let now = Timestamp::now().as_nanos();
+            let mut seen = size;
+            loop {
+                let mut batch = eps.meta.batch();
+                let cas =
+                    (end > seen).then(|| batch.push(Verb::Cas { addr: slot.size(), expect: seen, new: end }));
+                batch.push(Verb::Write { addr: slot.mtime(), data: now.to_le_bytes().to_vec() });
+                let replies = batch.submit()?;
+                let Some(cas) = cas else { break };
+                let old = replies.old(cas)?;
+                if old == seen || old >= end {
+                    break;
+                }
+                seen = old;
+            }
+            Ok(offset)
+        })
+    }
+
+    /// Verbs issued so far by this client's I/O (pooled and retired endpoints).
+    pub fn verb_counts(&self) -> VerbCounts {
+        let mut c = *self.retired_counts.lock();
+        for eps in self.pool.lock().iter() {
+            c += eps.meta.counts();
+            for e in eps.data.values() {
+                c += e.counts();
+            }
+        }
+        c
+    }
+}
+
+fn heartbeat_loop(shared: &Shared) {
+    let tick = (shared.lease / 3).max(Duration::from_millis(10));
+    while !shared.stop.load(Ordering::Relaxed) {
+        std::thread::sleep(tick);
+        let client = ClientId(shared.client.load(Ordering::Relaxed));
+        match shared.rpc.call(&MetaRequest::Heartbeat { client }) {
+            Ok(MetaResponse::Done) => {}
+            Ok(MetaResponse::Failed(e)) => {
+                log::warn!("lease of client {} lost: {e}", client.0);
+                shared.fenced.store(true, Ordering::Relaxed);
+                let again = shared.rpc.call(&MetaRequest::RegisterClient {
+                    hostname: shared.hostname.clone(),
+                    pid: std::process::id(),
+                });
+                if let Ok(MetaResponse::Registered(info)) = again {
+                    shared.client.store(info.client.0, Ordering::Relaxed);
+                    shared.fenced.store(false, Ordering::Relaxed);
+                    log::warn!("re-registered as client {}", info.client.0);
+                }
+            }
+            Ok(other) => log::warn!("unexpected heartbeat answer {other:?}"),
+            Err(e) => log::warn!("heartbeat failed: {e}"),
+        }
+    }
+}
+
+impl Drop for FsClient {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Requests to the meta-server and its answers (serde + bincode over the
+//! framed RPC of `citron_lock::rdma::tcp::rpc`).
+//!
+//! Metadata goes through the meta-server; file data never does. A client
+//! learns where each chunk of a file lives ([`FileLayout`]) and then reads and
+//! writes chunk memory with one-sided verbs. The size and mtime of a regular
+//! file live in an attribute slot in the meta-server's memory
+//! ([`AttrSlot`]), which clients read and update one-sidedly, so a read or
+//! write needs no RPC at all once the layout is cached.
+
+use std::net::SocketAddr;
+
+use citron_lock::rdma::RemoteAddr;
+use serde::{Deserialize, Serialize};
+
+use crate::error::FsError;
+use crate::types::{
+    Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino, SetAttr,
+};
+
+/// Layout of a regular file's attribute slot in meta-server memory. Clients
+/// read it with one verb and update it with atomics.
+///
+/// | offset | word | updated by |
+/// |---|---|---|
+/// | 0 | size in bytes | clients: CAS up to a write's end; meta-server: truncate |
+/// | 8 | mtime, ns since the epoch | clients: fetch-and-store after a write |
+/// | 16 | layout epoch | meta-server: +1 whenever chunks are freed |
+/// | 24 | reserved (zero) | |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttrSlot(pub RemoteAddr);
+
+impl AttrSlot {
+    pub const BYTES: u64 = 32;
+    pub const SIZE: u64 = 0;
+    pub const MTIME: u64 = 8;
+    pub const EPOCH: u64 = 16;
+
+    pub fn size(self) -> RemoteAddr {
+        self.0 + Self::SIZE
+    }
+    pub fn mtime(self) -> RemoteAddr {
+        self.0 + Self::MTIME
+    }
+    pub fn epoch(self) -> RemoteAddr {
+        self.0 + Self::EPOCH
+    }
+}
+
+/// Where a data server's memory can be reached.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataServerInfo {
+    pub id: DataServerId,
+    /// Its software NIC (tcp backend).
+    pub nic: SocketAddr,
+    /// Its shm fabric name, for clients on the same host.
+    pub shm: Option<String>,
+}
+
+/// What a client needs to do I/O on a regular file without the meta-server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileLayout {
+    pub ino: Ino,
+    pub slot: AttrSlot,
+    /// Bumped by the meta-server whenever chunks of the file are freed; a
+    /// client whose cached layout has an older epoch refetches it.
+    pub epoch: u64,
+    /// The allocated chunks, sorted by index (holes are absent).
+    pub chunks: Vec<(ChunkIndex, ChunkLoc)>,
+}
+
+/// What a client learns when it registers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    pub client: ClientId,
+    pub chunk_size: u64,
+    /// The meta-server's own software NIC (attribute slots, lock memory).
+    pub meta_nic: SocketAddr,
+    pub meta_shm: Option<String>,
+    pub data_servers: Vec<DataServerInfo>,
+    /// How often the client must renew its lease, in milliseconds.
+    pub lease_ms: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum MetaRequest {
+    /// A mount joins the cluster.
+    RegisterClient {
+        hostname: String,
+        pid: u32,
+    },
+    /// The data servers registered so far (they may join after a client).
+    DataServers,
+    /// Renews the client's lease.
+    Heartbeat {
+        client: ClientId,
+    },
+    /// A data server offers `capacity` bytes of region `region` on its NIC.
+    RegisterDataServer {
+        nic: SocketAddr,
+        shm: Option<String>,
+        region: u32,
+        capacity: u64,
+    },
+    Lookup {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    GetAttr {
+        ino: Ino,
+    },
+    SetAttr {
+        caller: Caller,
+        ino: Ino,
+        set: SetAttr,
+    },
+    /// mknod / create / mkdir.
+    Create {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        kind: FileKind,
+        perm: u16,
+        rdev: u32,
+    },
+    Symlink {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        target: Vec<u8>,
+    },
+    ReadLink {
+        ino: Ino,
+    },
+    Link {
+        caller: Caller,
+        ino: Ino,
+        new_parent: Ino,
+        new_name: Vec<u8>,
+    },
+    Unlink {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+    },
+    Rename {
+        caller: Caller,
+        parent: Ino,
+        name: Vec<u8>,
+        new_parent: Ino,
+        new_name: Vec<u8>,
+        flags: RenameMode,
+    },
+    ReadDir {
+        caller: Caller,
+        ino: Ino,
+        after: u64,
+        max: u32,
+    },
+    /// Checks `caller` may open `ino` with `access` (R_OK/W_OK/X_OK bits).
+    Access {
+        caller: Caller,
+        ino: Ino,
+        access: u32,
+    },
+    /// Opens a regular file for I/O and returns its layout. The meta-server
+    /// counts opens, so an unlinked file's data lives until its last release.
+    Open {
+        client: ClientId,
+        ino: Ino,
+    },
+    /// The layout again (after an epoch change), without counting an open.
+    Layout {
+        ino: Ino,
+    },
+    Release {
+        client: ClientId,
+        ino: Ino,
+    },
+    /// Allocates the missing chunks among `chunks` (a write into holes).
+    AllocChunks {
+        ino: Ino,
+        chunks: Vec<ChunkIndex>,
+    },
+    /// Allocates the chunks backing `[offset, offset + len)` and grows the
+    /// size to cover it unless `keep_size`.
+    Fallocate {
+        ino: Ino,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    },
+    StatFs,
+    SetXattr {
+        caller: Caller,
+        ino: Ino,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        mode: XattrMode,
+    },
+    GetXattr {
+        caller: Caller,
+        ino: Ino,
+        name: Vec<u8>,
+    },
+    ListXattr {
+        caller: Caller,
+        ino: Ino,
+    },
+    RemoveXattr {
+        caller: Caller,
+        ino: Ino,
+        name: Vec<u8>,
+    },
+}
+
+/// How `rename` treats an existing target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RenameMode {
+    /// Replace it (POSIX rename).
+    Replace,
+    /// Fail with EEXIST (RENAME_NOREPLACE).
+    NoReplace,
+    /// Swap the two entries (RENAME_EXCHANGE).
+    Exchange,
+}
+
+/// `setxattr` flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum XattrMode {
+    Any,
+    /// XATTR_CREATE: fail if it exists.
+    Create,
+    /// XATTR_REPLACE: fail if it does not.
+    Replace,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum MetaResponse {
+    Registered(ClusterInfo),
+    DataServerRegistered(DataServerId),
+    DataServers(Vec<DataServerInfo>),
+    Attr(Attr),
+    Entries(Vec<DirEntry>),
+    Target(Vec<u8>),
+    Layout(FileLayout),
+    Chunks(Vec<(ChunkIndex, ChunkLoc)>),
+    Stats(FsStats),
+    Xattr(Vec<u8>),
+    XattrNames(Vec<Vec<u8>>),
+    Done,
+    Failed(FsError),
+}
