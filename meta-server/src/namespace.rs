@@ -52,6 +52,22 @@ struct Inode {
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
+/// What `create` makes.
+pub struct NewInode {
+    pub kind: FileKind,
+    pub perm: u16,
+    pub rdev: u32,
+    /// The target, for a symlink.
+    pub symlink_target: Option<Vec<u8>>,
+}
+
+/// Chunks handed out by `alloc_chunks`, and recycled memory to zero before
+/// the client may use them.
+pub struct Allocation {
+    pub chunks: Vec<(ChunkIndex, ChunkLoc)>,
+    pub zero: Vec<ZeroRange>,
+}
+
 /// Memory a chunk must have zeroed before the operation's answer is given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ZeroRange {
@@ -236,11 +252,9 @@ impl Namespace {
         caller: Caller,
         parent: Ino,
         name: &[u8],
-        kind: FileKind,
-        perm: u16,
-        rdev: u32,
-        symlink_target: Option<Vec<u8>>,
+        new: NewInode,
     ) -> Result<Attr, FsError> {
+        let NewInode { kind, perm, rdev, symlink_target } = new;
         check_name(name)?;
         let pdir = self.dir(parent)?;
         if pdir.by_name.contains_key(name) {
@@ -542,11 +556,7 @@ impl Namespace {
 
     /// Allocates the missing chunks among `wanted`. Returns every requested
     /// chunk's location and the recycled memory to zero first.
-    pub fn alloc_chunks(
-        &mut self,
-        ino: Ino,
-        wanted: &[ChunkIndex],
-    ) -> Result<(Vec<(ChunkIndex, ChunkLoc)>, Vec<ZeroRange>), FsError> {
+    pub fn alloc_chunks(&mut self, ino: Ino, wanted: &[ChunkIndex]) -> Result<Allocation, FsError> {
         let max_chunk = MAX_FILE_SIZE / self.geometry.chunk_size();
         if wanted.iter().any(|c| c.0 >= max_chunk) {
             return Err(FsError::FileTooBig);
@@ -574,7 +584,7 @@ impl Namespace {
             fresh.push((c, a.loc));
             out.push((c, a.loc));
         }
-        Ok((out, zero))
+        Ok(Allocation { chunks: out, zero })
     }
 
     /// Sets the size (truncate). Shrinking frees whole chunks past the end,
@@ -593,7 +603,7 @@ impl Namespace {
             let keep = self.geometry.chunks_for_size(size);
             let f = self.file_mut(ino)?;
             let freed: Vec<ChunkLoc> = f.chunks.split_off(&ChunkIndex(keep)).into_values().collect();
-            if size % cs != 0 {
+            if !size.is_multiple_of(cs) {
                 if let Some(loc) = f.chunks.get(&ChunkIndex(size / cs)) {
                     zero.push(ZeroRange { loc: *loc, offset_in_chunk: size % cs, len: cs - size % cs });
                 }
@@ -657,7 +667,7 @@ impl Namespace {
         }
         let wanted: Vec<ChunkIndex> =
             (self.geometry.chunk_of(offset).0..=self.geometry.chunk_of(end - 1).0).map(ChunkIndex).collect();
-        let (_, zero) = self.alloc_chunks(ino, &wanted)?;
+        let zero = self.alloc_chunks(ino, &wanted)?.zero;
         if !keep_size {
             let slot = self.file(ino)?.slot;
             self.slots.word(slot.size()).fetch_max(end, SeqCst);

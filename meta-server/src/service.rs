@@ -17,7 +17,7 @@ use citronfs_core::FsError;
 use parking_lot::Mutex;
 
 use crate::chunks::ChunkAllocator;
-use crate::namespace::{Namespace, ZeroRange};
+use crate::namespace::{Namespace, NewInode, ZeroRange};
 
 /// The region of the meta-server's NIC that holds attribute slots.
 pub const SLOT_REGION: RegionId = RegionId(1);
@@ -166,7 +166,8 @@ impl MetaService {
                 if kind == FileKind::Symlink {
                     return Err(FsError::Invalid("symlinks are made with Symlink".into()));
                 }
-                A::Attr(self.ns.lock().create(caller, parent, &name, kind, perm, rdev, None)?)
+                let new = NewInode { kind, perm, rdev, symlink_target: None };
+                A::Attr(self.ns.lock().create(caller, parent, &name, new)?)
             }
             R::Symlink { caller, parent, name, target } => A::Attr(self.ns.lock().create(
                 caller,
@@ -209,9 +210,9 @@ impl MetaService {
                 A::Done
             }
             R::AllocChunks { ino, chunks } => {
-                let (locs, zero) = self.ns.lock().alloc_chunks(ino, &chunks)?;
-                self.zero(&zero)?;
-                A::Chunks(locs)
+                let allocation = self.ns.lock().alloc_chunks(ino, &chunks)?;
+                self.zero(&allocation.zero)?;
+                A::Chunks(allocation.chunks)
             }
             R::Fallocate { ino, offset, len, keep_size } => {
                 let zero = self.ns.lock().fallocate(ino, offset, len, keep_size)?;
