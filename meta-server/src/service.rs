@@ -169,15 +169,11 @@ impl MetaService {
                 let new = NewInode { kind, perm, rdev, symlink_target: None };
                 A::Attr(self.ns.lock().create(caller, parent, &name, new)?)
             }
-            R::Symlink { caller, parent, name, target } => A::Attr(self.ns.lock().create(
-                caller,
-                parent,
-                &name,
-                FileKind::Symlink,
-                0o777,
-                0,
-                Some(target),
-            )?),
+            R::Symlink { caller, parent, name, target } => {
+                let new =
+                    NewInode { kind: FileKind::Symlink, perm: 0o777, rdev: 0, symlink_target: Some(target) };
+                A::Attr(self.ns.lock().create(caller, parent, &name, new)?)
+            }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
             R::Link { ino, new_parent, new_name, .. } => {
                 A::Attr(self.ns.lock().link(ino, new_parent, &new_name)?)
