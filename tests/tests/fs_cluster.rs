@@ -199,7 +199,7 @@ fn readdir_offsets_stay_valid_while_the_directory_changes() {
     for i in 0..n {
         assert!(seen.contains(format!("f{i:05}").as_bytes()), "f{i:05} missing");
     }
-    assert!(seen.contains(&b".".to_vec()) && seen.contains(&b"..".to_vec()));
+    assert!(seen.contains(b".".as_slice()) && seen.contains(b"..".as_slice()));
 }
 
 #[test]
