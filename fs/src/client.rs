@@ -571,8 +571,14 @@ impl FsClient {
 
 fn heartbeat_loop(shared: &Shared) {
     let tick = (shared.lease / 3).max(Duration::from_millis(10));
+    let mut last = std::time::Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
-        std::thread::sleep(tick);
+        // Short naps, so dropping the client does not wait a whole tick.
+        std::thread::sleep(Duration::from_millis(20).min(tick));
+        if last.elapsed() < tick {
+            continue;
+        }
+        last = std::time::Instant::now();
         let client = ClientId(shared.client.load(Ordering::Relaxed));
         match shared.rpc.call(&MetaRequest::Heartbeat { client }) {
             Ok(MetaResponse::Done) => {}

@@ -1,5 +1,512 @@
-//! The FUSE adapter of CitronFS over `fuser` (DESIGN.md §2, §7).
+//! The FUSE adapter of CitronFS over `fuser` (DESIGN.md §2, §5, §7).
 //!
-//! A member of the workspace from the start so the crate graph of DESIGN.md
-//! §2 holds; it has no contents yet. Its code arrives with the file-system
-//! issue (`citronfs mount`).
+//! Each FUSE request becomes one call of [`FsClient`]; errors become errno in
+//! exactly one place ([`errno`]). Files are opened with direct I/O so every
+//! read and write reaches the daemon (and from there the data servers'
+//! memory, uncached); attribute and entry caching default to zero for strict
+//! coherence between mounts. The session is multi-threaded.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use citronfs_core::client::FsClient;
+use citronfs_core::proto::{RenameMode, XattrMode};
+use citronfs_core::types::{Attr, Caller, FileKind, Ino, SetAttr, Timestamp};
+use citronfs_core::FsError;
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use parking_lot::Mutex;
+
+/// Mount settings.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// How long the kernel may cache attributes and entries (0: never).
+    pub attr_ttl: Duration,
+    /// FUSE worker threads.
+    pub threads: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        Self { attr_ttl: Duration::ZERO, threads: 4 }
+    }
+}
+
+/// The errno of every file-system error: the one place they are mapped.
+pub fn errno(e: &FsError) -> Errno {
+    match e {
+        FsError::NotFound => Errno::ENOENT,
+        FsError::Exists => Errno::EEXIST,
+        FsError::NotEmpty => Errno::ENOTEMPTY,
+        FsError::IsDir => Errno::EISDIR,
+        FsError::NotDir => Errno::ENOTDIR,
+        FsError::Access => Errno::EACCES,
+        FsError::Perm => Errno::EPERM,
+        FsError::NameTooLong => Errno::ENAMETOOLONG,
+        FsError::Invalid(_) => Errno::EINVAL,
+        FsError::NoSpace => Errno::ENOSPC,
+        FsError::FileTooBig => Errno::EFBIG,
+        FsError::NoAttr => Errno::NO_XATTR,
+        FsError::Range => Errno::ERANGE,
+        FsError::NotSupported(_) => Errno::EOPNOTSUPP,
+        FsError::Loop => Errno::ELOOP,
+        FsError::Io(_) => Errno::EIO,
+    }
+}
+
+fn file_type(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+fn kind_of_mode(mode: u32) -> Result<FileKind, FsError> {
+    Ok(match mode & libc::S_IFMT {
+        libc::S_IFREG | 0 => FileKind::File,
+        libc::S_IFDIR => FileKind::Dir,
+        libc::S_IFIFO => FileKind::Fifo,
+        libc::S_IFSOCK => FileKind::Socket,
+        libc::S_IFCHR => FileKind::CharDevice,
+        libc::S_IFBLK => FileKind::BlockDevice,
+        _ => return Err(FsError::Invalid(format!("mknod of mode {mode:o}"))),
+    })
+}
+
+fn fuse_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino.0),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: a.atime.into(),
+        mtime: a.mtime.into(),
+        ctime: a.ctime.into(),
+        crtime: a.crtime.into(),
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller { uid: req.uid(), gid: req.gid(), pid: req.pid() }
+}
+
+fn time(t: TimeOrNow) -> Timestamp {
+    match t {
+        TimeOrNow::Now => Timestamp::now(),
+        TimeOrNow::SpecificTime(t) => Timestamp::from(t),
+    }
+}
+
+/// An open file: what `write` needs to know of the open.
+struct OpenFile {
+    ino: Ino,
+    append: bool,
+}
+
+/// The FUSE file system: a [`FsClient`] and the open-file table.
+pub struct CitronFuse {
+    client: FsClient,
+    options: MountOptions,
+    open_files: Mutex<HashMap<u64, OpenFile>>,
+    next_fh: AtomicU64,
+}
+
+impl CitronFuse {
+    pub fn new(client: FsClient, options: MountOptions) -> Self {
+        Self { client, options, open_files: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1) }
+    }
+
+    fn entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
+        match r {
+            Ok(a) => reply.entry(&self.options.attr_ttl, &fuse_attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open_fh(&self, ino: Ino, flags: i32) -> Result<FileHandle, FsError> {
+        self.client.open(ino)?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.open_files.lock().insert(fh, OpenFile { ino, append: flags & libc::O_APPEND != 0 });
+        Ok(FileHandle(fh))
+    }
+}
+
+fn done(reply: ReplyEmpty, r: Result<(), FsError>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn name(n: &OsStr) -> &[u8] {
+    n.as_bytes()
+}
+
+impl Filesystem for CitronFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Bigger writes: fewer round trips per MiB.
+        let _ = config.set_max_write(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        self.entry(reply, self.client.lookup(caller(req), Ino(parent.0), name(n)))
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.client.getattr(Ino(ino.0)) {
+            Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            perm: mode.map(|m| (m & 0o7777) as u16),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time),
+            mtime: mtime.map(time),
+            ctime: ctime.map(Timestamp::from),
+        };
+        match self.client.setattr(caller(req), Ino(ino.0), set) {
+            Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.client.readlink(Ino(ino.0)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = kind_of_mode(mode).and_then(|kind| {
+            let perm = (mode & !umask & 0o7777) as u16;
+            self.client.create(caller(req), Ino(parent.0), name(n), kind, perm, rdev)
+        });
+        self.entry(reply, r)
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let perm = (mode & !umask & 0o7777) as u16;
+        self.entry(reply, self.client.create(caller(req), Ino(parent.0), name(n), FileKind::Dir, perm, 0))
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        done(reply, self.client.unlink(caller(req), Ino(parent.0), name(n)))
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        done(reply, self.client.rmdir(caller(req), Ino(parent.0), name(n)))
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
+        let target = target.as_os_str().as_bytes();
+        self.entry(reply, self.client.symlink(caller(req), Ino(parent.0), name(link), target))
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let mode = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            RenameMode::Exchange
+        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            RenameMode::NoReplace
+        } else if flags.is_empty() {
+            RenameMode::Replace
+        } else {
+            return reply.error(Errno::EINVAL);
+        };
+        done(
+            reply,
+            self.client.rename(caller(req), Ino(parent.0), name(n), Ino(newparent.0), name(newname), mode),
+        )
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        self.entry(reply, self.client.link(caller(req), Ino(ino.0), Ino(newparent.0), name(newname)))
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let ino = Ino(ino.0);
+        let r = self.client.getattr(ino).and_then(|a| match a.kind {
+            FileKind::File => self.open_fh(ino, flags.0),
+            FileKind::Dir => Err(FsError::IsDir),
+            // Devices, fifos and sockets are opened by the kernel, not us.
+            _ => Ok(FileHandle(0)),
+        });
+        match r {
+            Ok(fh) => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.client.read(Ino(ino.0), offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let append = self.open_files.lock().get(&fh.0).is_some_and(|f| f.append);
+        match self.client.write(Ino(ino.0), offset, data, append) {
+            Ok(_) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
+        // Data is in the data servers' memory when `write` answers.
+        reply.ok()
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let open = self.open_files.lock().remove(&fh.0);
+        match open {
+            Some(f) => done(reply, self.client.release(f.ino)),
+            None => reply.ok(),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        reply.ok()
+    }
+
+    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let mut after = offset;
+        loop {
+            let page = match self.client.readdir(caller(req), Ino(ino.0), after, 512) {
+                Ok(p) => p,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            if page.is_empty() {
+                break;
+            }
+            for e in page {
+                if reply.add(INodeNo(e.ino.0), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name)) {
+                    return reply.ok();
+                }
+                after = e.cookie;
+            }
+        }
+        reply.ok()
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.client.statfs() {
+            Ok(s) => {
+                let per = s.chunk_size / 4096;
+                let blocks = s.total_chunks * per;
+                let free = s.free_chunks * per;
+                reply.statfs(blocks, free, free, s.inodes + 1_000_000, 1_000_000, 4096, 255, 4096)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        n: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags {
+            0 => XattrMode::Any,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        done(reply, self.client.set_xattr(caller(req), Ino(ino.0), name(n), value, mode))
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.client.get_xattr(caller(req), Ino(ino.0), name(n)) {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.client.list_xattr(caller(req), Ino(ino.0)) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                if size == 0 {
+                    reply.size(buf.len() as u32)
+                } else if buf.len() > size as usize {
+                    reply.error(Errno::ERANGE)
+                } else {
+                    reply.data(&buf)
+                }
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        done(reply, self.client.remove_xattr(caller(req), Ino(ino.0), name(n)))
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Only called without default_permissions; existence is what we know.
+        done(reply, self.client.getattr(Ino(ino.0)).map(|_| ()))
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let perm = (mode & !umask & 0o7777) as u16;
+        let r = self
+            .client
+            .create(caller(req), Ino(parent.0), name(n), FileKind::File, perm, 0)
+            .and_then(|a| Ok((self.open_fh(a.ino, flags)?, a)));
+        match r {
+            Ok((fh, a)) => reply.created(
+                &self.options.attr_ttl,
+                &fuse_attr(&a),
+                Generation(0),
+                fh,
+                FopenFlags::FOPEN_DIRECT_IO,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let keep_size = match mode {
+            0 => false,
+            libc::FALLOC_FL_KEEP_SIZE => true,
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        done(reply, self.client.fallocate(Ino(ino.0), offset, length, keep_size))
+    }
+}
+
+/// Mounts `fs` at `mountpoint` and serves it on `threads` workers until it
+/// is unmounted; returns the background session.
+pub fn spawn_mount(fs: CitronFuse, mountpoint: &Path) -> std::io::Result<fuser::BackgroundSession> {
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName("citronfs".into()),
+        fuser::MountOption::Subtype("citronfs".into()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::Dev,
+        fuser::MountOption::Suid,
+    ];
+    config.acl = fuser::SessionACL::All;
+    config.n_threads = Some(fs.options.threads.max(1));
+    config.clone_fd = true;
+    fuser::spawn_mount(fs, mountpoint, &config)
+}

@@ -1,9 +1,11 @@
 //! The `citronfs` command.
 
 mod bench;
+mod mount_cmd;
 mod plot;
 mod region_host;
 mod report;
+mod servers;
 mod size;
 
 use clap::{Parser, Subcommand};
@@ -18,6 +20,12 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Mount the file system (starts an embedded cluster without --meta).
+    Mount(mount_cmd::MountArgs),
+    /// Run the meta-server (namespace, allocation, leases).
+    MetaServer(servers::MetaServerArgs),
+    /// Run a data server exporting DRAM for file chunks.
+    DataServer(servers::DataServerArgs),
     /// Serve regions of memory over the tcp software NIC and/or as a shm fabric.
     RegionHost(region_host::RegionHostArgs),
     /// Run a benchmark.
@@ -29,6 +37,9 @@ fn main() -> std::process::ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Mount(a) => mount_cmd::run(a),
+        Command::MetaServer(a) => servers::run_meta(a),
+        Command::DataServer(a) => servers::run_data(a),
         Command::RegionHost(a) => region_host::run(a),
         Command::Bench(b) => bench::run(b),
     };

@@ -82,12 +82,7 @@ pub fn run(args: RegionHostArgs) -> Result<()> {
     if let Some(name) = &args.shm {
         println!("serving shm:{name}");
     }
-    let (tx, rx) = std::sync::mpsc::channel();
-    ctrlc::set_handler(move || {
-        let _ = tx.send(());
-    })
-    .context("cannot install the signal handler")?;
-    let _ = rx.recv();
+    crate::servers::wait_for_signal()?;
     println!("stopping");
     drop(tcp);
     drop(shm);
