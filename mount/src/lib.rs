@@ -494,8 +494,11 @@ impl Filesystem for CitronFuse {
     }
 }
 
-/// Mounts `fs` at `mountpoint` and serves it on `threads` workers until it
-/// is unmounted; returns the background session.
+/// A mounted session; unmounts when dropped.
+pub use fuser::BackgroundSession;
+
+/// Mounts `fs` at `mountpoint` and serves it on `MountOptions::threads`
+/// workers until it is unmounted; returns the background session.
 pub fn spawn_mount(fs: CitronFuse, mountpoint: &Path) -> std::io::Result<fuser::BackgroundSession> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![

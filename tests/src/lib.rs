@@ -93,3 +93,71 @@ pub fn wait_all(children: Vec<Child>) {
         assert!(status.success(), "worker failed: {status}");
     }
 }
+
+/// A real FUSE mount of a cluster, served by this process: one client (one
+/// "node") per mount. Unmounted when dropped.
+pub struct TestMount {
+    pub dir: tempfile::TempDir,
+    session: Option<citronfs_mount::BackgroundSession>,
+}
+
+impl TestMount {
+    /// Mounts the cluster of `meta` at a fresh temporary directory.
+    pub fn new(meta: std::net::SocketAddr) -> Self {
+        let client = citronfs_core::client::FsClient::connect(citronfs_core::client::ClientConfig {
+            meta,
+            timeout: std::time::Duration::from_secs(3),
+        })
+        .expect("join the cluster");
+        let fs = citronfs_mount::CitronFuse::new(client, citronfs_mount::MountOptions::default());
+        let dir = tempfile::tempdir().expect("temp dir");
+        let session = citronfs_mount::spawn_mount(fs, dir.path())
+            .expect("mount (needs root, /dev/fuse and fusermount3 from Debian's fuse3)");
+        Self { dir, session: Some(session) }
+    }
+
+    pub fn path(&self, rel: &str) -> std::path::PathBuf {
+        self.dir.path().join(rel)
+    }
+}
+
+impl Drop for TestMount {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            if let Err(e) = s.umount_and_join() {
+                eprintln!("unmount of {} failed: {e}", self.dir.path().display());
+            }
+        }
+    }
+}
+
+/// A meta-server and data servers in this process, on loopback.
+pub struct TestCluster {
+    pub meta: citronfs_meta_server::MetaServer,
+    pub data: Vec<citronfs_meta_server::DataServer>,
+}
+
+impl TestCluster {
+    pub fn start(data_servers: usize, capacity: u64, chunk_size: u64) -> Self {
+        let mut cfg = citronfs_meta_server::MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
+        cfg.chunk_size = chunk_size;
+        cfg.slot_bytes = 4 << 20;
+        cfg.lease = std::time::Duration::from_secs(2);
+        let meta = citronfs_meta_server::MetaServer::start(cfg).expect("meta-server");
+        let data = (0..data_servers)
+            .map(|_| {
+                citronfs_meta_server::DataServer::start(
+                    "127.0.0.1:0".parse().unwrap(),
+                    meta.local_addr(),
+                    capacity,
+                )
+                .expect("data server")
+            })
+            .collect();
+        Self { meta, data }
+    }
+
+    pub fn mount(&self) -> TestMount {
+        TestMount::new(self.meta.local_addr())
+    }
+}

@@ -1,0 +1,196 @@
+//! The mounted file system as POSIX programs see it: two real FUSE mounts of
+//! one cluster (two clients) in this process, checked through the kernel with
+//! ordinary system calls. Needs root, /dev/fuse and fusermount3 (fuse3).
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use citronfs_tests::TestCluster;
+
+const CHUNK: u64 = 1 << 20;
+
+fn errno_of(e: std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or_else(|| panic!("not an OS error: {e}"))
+}
+
+fn cpath(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+#[test]
+fn files_written_on_one_mount_are_read_on_the_other() {
+    let cluster = TestCluster::start(2, 64 << 20, CHUNK);
+    let (a, b) = (cluster.mount(), cluster.mount());
+    let data: Vec<u8> = (0..5 * CHUNK as usize + 77).map(|i| (i % 253) as u8).collect();
+    fs::write(a.path("f"), &data).unwrap();
+    assert_eq!(fs::read(b.path("f")).unwrap(), data);
+    // Overwrite in the middle from b; a sees it at once (no cache).
+    let f = OpenOptions::new().write(true).open(b.path("f")).unwrap();
+    f.write_all_at(b"MIDDLE", 3 * CHUNK - 3).unwrap();
+    let mut buf = [0u8; 6];
+    File::open(a.path("f")).unwrap().read_exact_at(&mut buf, 3 * CHUNK - 3).unwrap();
+    assert_eq!(&buf, b"MIDDLE");
+}
+
+#[test]
+fn sparse_files_big_offsets_append_and_truncate() {
+    let cluster = TestCluster::start(1, 64 << 20, CHUNK);
+    let (a, b) = (cluster.mount(), cluster.mount());
+    // A hole, then data beyond 4 GiB.
+    let f =
+        OpenOptions::new().create(true).truncate(true).read(true).write(true).open(a.path("sparse")).unwrap();
+    let far = (4u64 << 30) + 12345;
+    f.write_all_at(b"far away", far).unwrap();
+    assert_eq!(fs::metadata(b.path("sparse")).unwrap().len(), far + 8);
+    let mut g = File::open(b.path("sparse")).unwrap();
+    let mut buf = vec![0xFFu8; 4096];
+    g.read_exact_at(&mut buf, 1 << 30).unwrap();
+    assert!(buf.iter().all(|&x| x == 0), "holes read as zeros");
+    g.seek(SeekFrom::Start(far)).unwrap();
+    let mut s = String::new();
+    g.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "far away");
+    // O_APPEND from both mounts: nothing overwritten.
+    for i in 0..20 {
+        let m = if i % 2 == 0 { &a } else { &b };
+        let mut f = OpenOptions::new().append(true).create(true).open(m.path("log")).unwrap();
+        writeln!(f, "line {i:02}").unwrap();
+    }
+    let log = fs::read_to_string(a.path("log")).unwrap();
+    let expect: String = (0..20).map(|i| format!("line {i:02}\n")).collect();
+    assert_eq!(log, expect);
+    // Truncate down into a chunk and back up: the cut part reads zeros.
+    fs::write(a.path("t"), vec![7u8; 3000]).unwrap();
+    let t = OpenOptions::new().write(true).open(b.path("t")).unwrap();
+    t.set_len(1000).unwrap();
+    t.set_len(3000).unwrap();
+    let back = fs::read(a.path("t")).unwrap();
+    assert_eq!(back.len(), 3000);
+    assert!(back[..1000].iter().all(|&x| x == 7) && back[1000..].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn namespace_operations_with_their_errors() {
+    let cluster = TestCluster::start(1, 16 << 20, CHUNK);
+    let (a, b) = (cluster.mount(), cluster.mount());
+    fs::create_dir(a.path("d")).unwrap();
+    assert_eq!(errno_of(fs::create_dir(b.path("d")).unwrap_err()), libc::EEXIST);
+    fs::write(b.path("d/f"), b"x").unwrap();
+    assert_eq!(errno_of(fs::remove_dir(a.path("d")).unwrap_err()), libc::ENOTEMPTY);
+    assert_eq!(errno_of(fs::remove_file(a.path("d")).unwrap_err()), libc::EISDIR);
+    assert_eq!(errno_of(fs::read(a.path("nope")).unwrap_err()), libc::ENOENT);
+    assert_eq!(errno_of(fs::read(a.path("d/f/x")).unwrap_err()), libc::ENOTDIR);
+    let long = "n".repeat(256);
+    assert_eq!(errno_of(fs::write(a.path(&long), b"").unwrap_err()), libc::ENAMETOOLONG);
+    // Links and nlink.
+    fs::hard_link(a.path("d/f"), a.path("hard")).unwrap();
+    assert_eq!(fs::metadata(b.path("d/f")).unwrap().nlink(), 2);
+    assert_eq!(fs::metadata(b.path("d")).unwrap().nlink(), 2);
+    fs::create_dir(a.path("d/sub")).unwrap();
+    assert_eq!(fs::metadata(b.path("d")).unwrap().nlink(), 3);
+    std::os::unix::fs::symlink("d/f", a.path("sym")).unwrap();
+    assert_eq!(fs::read_link(b.path("sym")).unwrap(), Path::new("d/f"));
+    assert_eq!(fs::read(b.path("sym")).unwrap(), b"x");
+    // Rename over an existing file, seen atomically from the other mount.
+    fs::write(a.path("old"), b"old").unwrap();
+    fs::write(a.path("new"), b"new").unwrap();
+    fs::rename(a.path("new"), a.path("old")).unwrap();
+    assert_eq!(fs::read(b.path("old")).unwrap(), b"new");
+    assert_eq!(errno_of(fs::metadata(b.path("new")).unwrap_err()), libc::ENOENT);
+    // renameat2 flags pass through.
+    fs::write(a.path("p"), b"p").unwrap();
+    let (p, o) = (cpath(&a.path("p")), cpath(&a.path("old")));
+    // SAFETY: valid NUL-terminated paths; renameat2 has no other preconditions.
+    let r = unsafe {
+        libc::renameat2(libc::AT_FDCWD, p.as_ptr(), libc::AT_FDCWD, o.as_ptr(), libc::RENAME_NOREPLACE)
+    };
+    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EEXIST)));
+    // SAFETY: as above.
+    let r = unsafe {
+        libc::renameat2(libc::AT_FDCWD, p.as_ptr(), libc::AT_FDCWD, o.as_ptr(), libc::RENAME_EXCHANGE)
+    };
+    assert_eq!(r, 0);
+    assert_eq!(fs::read(b.path("old")).unwrap(), b"p");
+    assert_eq!(fs::read(b.path("p")).unwrap(), b"new");
+    // Permissions and ownership.
+    fs::set_permissions(a.path("p"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(fs::metadata(b.path("p")).unwrap().permissions().mode() & 0o7777, 0o640);
+    std::os::unix::fs::chown(a.path("p"), Some(1234), Some(5678)).unwrap();
+    let m = fs::metadata(b.path("p")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (1234, 5678));
+}
+
+#[test]
+fn xattrs_and_timestamps() {
+    let cluster = TestCluster::start(1, 16 << 20, CHUNK);
+    let (a, b) = (cluster.mount(), cluster.mount());
+    fs::write(a.path("f"), b"data").unwrap();
+    let (pa, pb) = (cpath(&a.path("f")), cpath(&b.path("f")));
+    let name = CString::new("user.color").unwrap();
+    // SAFETY: valid paths, name and value buffers with their true lengths.
+    let r = unsafe { libc::setxattr(pa.as_ptr(), name.as_ptr(), b"blue".as_ptr().cast(), 4, 0) };
+    assert_eq!(r, 0);
+    let mut buf = [0u8; 16];
+    // SAFETY: as above; the buffer is 16 bytes.
+    let n = unsafe { libc::getxattr(pb.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(&buf[..n as usize], b"blue");
+    // SAFETY: as above.
+    let r =
+        unsafe { libc::setxattr(pb.as_ptr(), name.as_ptr(), b"red".as_ptr().cast(), 3, libc::XATTR_CREATE) };
+    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::EEXIST)));
+    // SAFETY: as above.
+    let r = unsafe { libc::removexattr(pa.as_ptr(), name.as_ptr()) };
+    assert_eq!(r, 0);
+    // SAFETY: as above.
+    let n = unsafe { libc::getxattr(pb.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!((n, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ENODATA)));
+    // utimens sets, a later write moves mtime forward.
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    File::options().write(true).open(a.path("f")).unwrap().set_modified(t).unwrap();
+    assert_eq!(fs::metadata(b.path("f")).unwrap().modified().unwrap(), t);
+    fs::write(b.path("f"), b"newer").unwrap();
+    assert!(fs::metadata(a.path("f")).unwrap().modified().unwrap() > t);
+}
+
+#[test]
+fn readdir_of_ten_thousand_entries() {
+    let cluster = TestCluster::start(1, 16 << 20, CHUNK);
+    let (a, b) = (cluster.mount(), cluster.mount());
+    fs::create_dir(a.path("many")).unwrap();
+    for i in 0..10_000 {
+        File::create(a.path(&format!("many/f{i:05}"))).unwrap();
+    }
+    let mut names: Vec<_> = fs::read_dir(b.path("many"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 10_000);
+    assert_eq!(names[0], "f00000");
+    assert_eq!(names[9999], "f09999");
+}
+
+#[test]
+fn statfs_and_enospc() {
+    let cluster = TestCluster::start(1, 4 << 20, CHUNK);
+    let a = cluster.mount();
+    let mut f = File::create(a.path("fill")).unwrap();
+    let block = vec![1u8; CHUNK as usize];
+    let mut written = 0;
+    let err = loop {
+        match f.write_all(&block) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(errno_of(err), libc::ENOSPC);
+    assert_eq!(written, 4);
+    drop(f);
+    assert_eq!(fs::metadata(a.path("fill")).unwrap().len(), 4 * CHUNK);
+    fs::remove_file(a.path("fill")).unwrap();
+    assert!(fs::metadata(a.path("fill")).is_err());
+}
