@@ -35,6 +35,16 @@ use crate::types::{
     Timestamp, MAX_FILE_SIZE,
 };
 
+/// How a client reaches server memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// The shm backend for servers on this host that publish a shm fabric,
+    /// tcp for the others.
+    Auto,
+    /// Always the tcp software NIC (as a client on another host would).
+    Tcp,
+}
+
 /// How to reach a cluster and how long to wait for it.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
@@ -42,6 +52,32 @@ pub struct ClientConfig {
     /// Bound on every wait for a server: an unreachable one is an error
     /// (EIO at the mount) after this, never a hang.
     pub timeout: Duration,
+    pub transport: Transport,
+}
+
+impl ClientConfig {
+    pub fn new(meta: SocketAddr) -> Self {
+        Self { meta, timeout: Duration::from_secs(5), transport: Transport::Auto }
+    }
+}
+
+/// Joins a server's memory: its shm fabric when allowed and present on this
+/// host, its NIC otherwise.
+fn join_server(
+    nic: SocketAddr,
+    shm: Option<&str>,
+    transport: Transport,
+    options: TcpOptions,
+) -> Result<Node, FsError> {
+    if let (Transport::Auto, Some(name)) = (transport, shm) {
+        if citron_lock::rdma::shm::fabric_dir(name).exists() {
+            match Node::join_shm(name) {
+                Ok(node) => return Ok(node),
+                Err(e) => log::warn!("shm fabric {name} present but unusable ({e}); using tcp"),
+            }
+        }
+    }
+    Ok(Node::join_tcp(nic, options)?)
 }
 
 /// The endpoints one thread uses: one to the meta-server's NIC, one per data
@@ -70,6 +106,7 @@ pub struct FsClient {
     shared: Arc<Shared>,
     geometry: ChunkGeometry,
     timeout: Duration,
+    transport: Transport,
     meta_node: Node,
     data_nodes: RwLock<HashMap<DataServerId, (DataServerInfo, Node)>>,
     pool: Mutex<Vec<Endpoints>>,
@@ -115,10 +152,11 @@ impl FsClient {
             MetaResponse::Registered(info) => info,
             other => return Err(unexpected(other)),
         };
-        let ClusterInfo { client, chunk_size, meta_nic, data_servers, lease_ms, .. } = info;
+        let ClusterInfo { client, chunk_size, meta_nic, meta_shm, data_servers, lease_ms } = info;
         let geometry = ChunkGeometry::new(chunk_size).map_err(FsError::Invalid)?;
         let options = TcpOptions { connect_timeout: config.timeout, reply_timeout: config.timeout };
-        let meta_node = Node::join_tcp(reachable(meta_nic, config.meta), options)?;
+        let meta_node =
+            join_server(reachable(meta_nic, config.meta), meta_shm.as_deref(), config.transport, options)?;
         let shared = Arc::new(Shared {
             rpc,
             client: AtomicU64::new(client.0),
@@ -131,6 +169,7 @@ impl FsClient {
             shared: shared.clone(),
             geometry,
             timeout: config.timeout,
+            transport: config.transport,
             meta_node,
             data_nodes: RwLock::new(HashMap::new()),
             pool: Mutex::new(Vec::new()),
@@ -163,7 +202,8 @@ impl FsClient {
             if nodes.contains_key(&info.id) {
                 continue;
             }
-            let node = Node::join_tcp(reachable(info.nic, self.shared.rpc.server()), options)?;
+            let nic = reachable(info.nic, self.shared.rpc.server());
+            let node = join_server(nic, info.shm.as_deref(), self.transport, options)?;
             nodes.insert(info.id, (info, node));
         }
         Ok(())

@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use citron_lock::rdma::tcp::{RpcServer, RpcService};
-use citron_lock::rdma::{Endpoint, Node, RegionId, RegionMemory, RegionTable, TcpHost, TcpOptions};
+use citron_lock::rdma::{Endpoint, Node, RegionId, RegionMemory, RegionTable, ShmHost, TcpHost, TcpOptions};
 use citronfs_core::proto::{ClusterInfo, DataServerInfo, MetaRequest, MetaResponse};
 use citronfs_core::types::{Caller, ClientId, DataServerId, FileKind};
 use citronfs_core::FsError;
@@ -35,6 +35,9 @@ pub struct MetaServerConfig {
     pub lease: Duration,
     /// Owner of the root directory.
     pub root_owner: Caller,
+    /// Also publish the meta-server's memory as this shm fabric, for
+    /// clients on this host.
+    pub shm: Option<String>,
 }
 
 impl MetaServerConfig {
@@ -46,6 +49,7 @@ impl MetaServerConfig {
             slot_bytes: 64 << 20,
             lease: Duration::from_secs(5),
             root_owner: Caller::ROOT,
+            shm: None,
         }
     }
 }
@@ -61,6 +65,7 @@ pub struct MetaService {
     chunk_size: u64,
     lease: Duration,
     nic: SocketAddr,
+    shm: Option<String>,
     data_servers: Mutex<Vec<Arc<DataServerLink>>>,
     clients: Mutex<HashMap<ClientId, Instant>>,
     next_client: AtomicU64,
@@ -135,7 +140,7 @@ impl MetaService {
                     client,
                     chunk_size: self.chunk_size,
                     meta_nic: self.nic,
-                    meta_shm: None,
+                    meta_shm: self.shm.clone(),
                     data_servers: self.data_servers.lock().iter().map(|l| l.info.clone()).collect(),
                     lease_ms: self.lease.as_millis() as u64,
                 })
@@ -247,6 +252,7 @@ impl RpcService for MetaService {
 pub struct MetaServer {
     rpc: RpcServer<Arc<MetaService>>,
     nic: TcpHost,
+    _shm: Option<ShmHost>,
     stop: Arc<AtomicBool>,
     reaper: Option<JoinHandle<()>>,
 }
@@ -256,10 +262,22 @@ impl MetaServer {
         let io = |e: std::io::Error| FsError::Io(e.to_string());
         let geometry_ok = citronfs_core::layout::ChunkGeometry::new(config.chunk_size);
         geometry_ok.map_err(FsError::Invalid)?;
-        let regions = Arc::new(RegionTable::new());
-        let slots = regions
-            .insert(RegionMemory::anonymous(SLOT_REGION, config.slot_bytes.next_multiple_of(16)).map_err(io)?)
-            .map_err(io)?;
+        let slot_bytes = config.slot_bytes.next_multiple_of(4096);
+        let (shm, regions, slots) = match &config.shm {
+            Some(name) => {
+                let host = ShmHost::create(name)?;
+                let slots = host.add_region(SLOT_REGION, slot_bytes)?;
+                let regions = host.regions().clone();
+                (Some(host), regions, slots)
+            }
+            None => {
+                let regions = Arc::new(RegionTable::new());
+                let slots = regions
+                    .insert(RegionMemory::anonymous(SLOT_REGION, slot_bytes).map_err(io)?)
+                    .map_err(io)?;
+                (None, regions, slots)
+            }
+        };
         let nic = TcpHost::spawn(config.nic_listen, regions).map_err(io)?;
         // Data-server chunks freed while a client may still hold the old
         // layout stay unused for two leases (the client refetches on the
@@ -270,6 +288,7 @@ impl MetaServer {
             chunk_size: config.chunk_size,
             lease: config.lease,
             nic: nic.local_addr(),
+            shm: config.shm.clone(),
             data_servers: Mutex::new(Vec::new()),
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
@@ -291,7 +310,7 @@ impl MetaServer {
                 .map_err(io)?
         };
         log::info!("meta-server on {} (nic {})", rpc.local_addr(), nic.local_addr());
-        Ok(Self { rpc, nic, stop, reaper: Some(reaper) })
+        Ok(Self { rpc, nic, _shm: shm, stop, reaper: Some(reaper) })
     }
 
     pub fn local_addr(&self) -> SocketAddr {

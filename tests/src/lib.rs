@@ -104,11 +104,9 @@ pub struct TestMount {
 impl TestMount {
     /// Mounts the cluster of `meta` at a fresh temporary directory.
     pub fn new(meta: std::net::SocketAddr) -> Self {
-        let client = citronfs_core::client::FsClient::connect(citronfs_core::client::ClientConfig {
-            meta,
-            timeout: std::time::Duration::from_secs(3),
-        })
-        .expect("join the cluster");
+        let mut config = citronfs_core::client::ClientConfig::new(meta);
+        config.timeout = std::time::Duration::from_secs(3);
+        let client = citronfs_core::client::FsClient::connect(config).expect("join the cluster");
         let fs = citronfs_mount::CitronFuse::new(client, citronfs_mount::MountOptions::default());
         let dir = tempfile::tempdir().expect("temp dir");
         let session = citronfs_mount::spawn_mount(fs, dir.path())
@@ -131,7 +129,9 @@ impl Drop for TestMount {
     }
 }
 
-/// A meta-server and data servers in this process, on loopback.
+/// A meta-server and data servers in this process, on loopback. Their
+/// memory is also published as shm fabrics, so clients on this host (the
+/// tests' mounts) use the shm backend; clients told to use tcp use the NICs.
 pub struct TestCluster {
     pub meta: citronfs_meta_server::MetaServer,
     pub data: Vec<citronfs_meta_server::DataServer>,
@@ -143,13 +143,18 @@ impl TestCluster {
         cfg.chunk_size = chunk_size;
         cfg.slot_bytes = 4 << 20;
         cfg.lease = std::time::Duration::from_secs(2);
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let unique = format!("{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+        cfg.shm = Some(format!("meta-{unique}"));
         let meta = citronfs_meta_server::MetaServer::start(cfg).expect("meta-server");
         let data = (0..data_servers)
-            .map(|_| {
+            .map(|i| {
+                let shm = format!("data-{unique}-{i}");
                 citronfs_meta_server::DataServer::start(
                     "127.0.0.1:0".parse().unwrap(),
                     meta.local_addr(),
                     capacity,
+                    Some(&shm),
                 )
                 .expect("data server")
             })

@@ -26,14 +26,19 @@ impl Cluster {
         cfg.lease = Duration::from_millis(500);
         let meta = MetaServer::start(cfg).unwrap();
         let data = (0..data_servers)
-            .map(|_| DataServer::start("127.0.0.1:0".parse().unwrap(), meta.local_addr(), capacity).unwrap())
+            .map(|_| {
+                DataServer::start("127.0.0.1:0".parse().unwrap(), meta.local_addr(), capacity, None).unwrap()
+            })
             .collect();
         Self { meta, data }
     }
 
     fn client(&self) -> FsClient {
-        FsClient::connect(ClientConfig { meta: self.meta.local_addr(), timeout: Duration::from_secs(2) })
-            .unwrap()
+        FsClient::connect(ClientConfig {
+            timeout: Duration::from_secs(2),
+            ..ClientConfig::new(self.meta.local_addr())
+        })
+        .unwrap()
     }
 }
 
@@ -227,7 +232,9 @@ fn vanished_servers_give_errors_promptly() {
     assert!(matches!(c.getattr(ino), Err(FsError::Io(_))));
     assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
     // And a client for a cluster that is not there fails to connect, clearly.
-    let err =
-        FsClient::connect(ClientConfig { meta: cluster.meta.local_addr(), timeout: Duration::from_secs(1) });
+    let err = FsClient::connect(ClientConfig {
+        timeout: Duration::from_secs(1),
+        ..ClientConfig::new(cluster.meta.local_addr())
+    });
     assert!(matches!(err, Err(FsError::Io(_))));
 }

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use citronfs_core::client::{ClientConfig, FsClient};
+use citronfs_core::client::{ClientConfig, FsClient, Transport};
 use citronfs_meta_server::{DataServer, MetaServer};
 use citronfs_mount::{CitronFuse, MountOptions};
 use clap::Args;
@@ -38,9 +38,19 @@ pub struct MountArgs {
     /// FUSE worker threads.
     #[arg(long, default_value_t = 4)]
     threads: usize,
+    /// How to reach server memory: auto (shm for servers on this host that
+    /// publish it, tcp otherwise) or tcp.
+    #[arg(long, value_enum, default_value = "auto")]
+    transport: TransportArg,
     /// Seconds to wait for a server before answering EIO.
     #[arg(long, default_value_t = 5.0)]
     timeout: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum TransportArg {
+    Auto,
+    Tcp,
 }
 
 fn is_mount_point(path: &Path) -> Result<bool> {
@@ -72,22 +82,31 @@ pub fn run(args: MountArgs) -> Result<()> {
     let meta = match args.meta {
         Some(m) => m,
         None => {
+            // The embedded servers also publish their memory as shm
+            // fabrics, for mounts on this host.
+            let pid = std::process::id();
             let meta_args = MetaServerArgs {
                 listen: args.listen,
                 chunk_size: ByteSize(1 << 20),
                 lease_ms: args.lease_ms,
+                shm: Some(format!("{pid}-meta")),
             };
             let meta =
                 MetaServer::start(meta_args.config()).context("cannot start the embedded meta-server")?;
-            let data =
-                DataServer::start(SocketAddr::new(args.listen.ip(), 0), meta.local_addr(), args.capacity.0)
-                    .context("cannot start the embedded data server")?;
+            let data_shm = format!("{pid}-data");
+            let data_listen = SocketAddr::new(args.listen.ip(), 0);
+            let data = DataServer::start(data_listen, meta.local_addr(), args.capacity.0, Some(&data_shm))
+                .context("cannot start the embedded data server")?;
             let addr = meta.local_addr();
             embedded = Some((meta, data));
             addr
         }
     };
-    let client = FsClient::connect(ClientConfig { meta, timeout })
+    let transport = match args.transport {
+        TransportArg::Auto => Transport::Auto,
+        TransportArg::Tcp => Transport::Tcp,
+    };
+    let client = FsClient::connect(ClientConfig { meta, timeout, transport })
         .with_context(|| format!("cannot join the cluster at {meta}"))?;
     let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads: args.threads });
     let session = citronfs_mount::spawn_mount(fs, &mountpoint)

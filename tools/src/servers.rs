@@ -21,6 +21,10 @@ pub struct MetaServerArgs {
     /// Client lease, in milliseconds: a client silent for longer is dropped.
     #[arg(long, default_value_t = 5000)]
     pub lease_ms: u64,
+    /// Also publish the meta-server's memory as shm fabric NAME (for
+    /// clients on this host).
+    #[arg(long, value_name = "NAME")]
+    pub shm: Option<String>,
 }
 
 impl MetaServerArgs {
@@ -28,6 +32,7 @@ impl MetaServerArgs {
         let mut cfg = MetaServerConfig::new(self.listen);
         cfg.chunk_size = self.chunk_size.0;
         cfg.lease = Duration::from_millis(self.lease_ms);
+        cfg.shm = self.shm.clone();
         cfg
     }
 }
@@ -43,6 +48,9 @@ pub struct DataServerArgs {
     /// DRAM to export for file data.
     #[arg(long, default_value = "1GiB")]
     capacity: ByteSize,
+    /// Also publish the memory as shm fabric NAME (for clients on this host).
+    #[arg(long, value_name = "NAME")]
+    shm: Option<String>,
 }
 
 /// Blocks until SIGINT or SIGTERM.
@@ -66,7 +74,7 @@ pub fn run_meta(args: MetaServerArgs) -> Result<()> {
 }
 
 pub fn run_data(args: DataServerArgs) -> Result<()> {
-    let server = DataServer::start(args.listen, args.meta, args.capacity.0)
+    let server = DataServer::start(args.listen, args.meta, args.capacity.0, args.shm.as_deref())
         .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
     println!("data server {} exporting {} on {}", server.id().0, args.capacity, server.nic_addr());
     wait_for_signal()?;

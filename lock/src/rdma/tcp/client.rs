@@ -174,6 +174,9 @@ fn send(conn: &mut Conn, seq: &Cell<u64>, request: &RequestRef<'_>) -> Result<u6
 }
 
 fn receive(conn: &mut Conn, expect_seq: u64, timeout: Duration) -> Result<Response, TransportError> {
+    if conn.reader.buffer().is_empty() {
+        wire::poll_readable(conn.reader.get_ref(), super::rpc::POLL_BUDGET);
+    }
     let seq = match wire::read_frame(&mut conn.reader, &mut conn.body) {
         Ok(seq) => seq,
         Err(FrameError::Closed) => return Err(TransportError::Disconnected),
