@@ -371,6 +371,18 @@ impl FsClient {
         }
     }
 
+    /// Creates a regular file and opens it for I/O, in one round trip.
+    pub fn create_open(&self, caller: Caller, parent: Ino, name: &[u8], perm: u16) -> Result<Attr, FsError> {
+        let client = self.client_id();
+        match self.call(&MetaRequest::CreateOpen { caller, client, parent, name: name.to_vec(), perm })? {
+            MetaResponse::Opened(attr, layout) => {
+                self.install_layout(layout);
+                Ok(attr)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
     pub fn release(&self, ino: Ino) -> Result<(), FsError> {
         self.call_done(&MetaRequest::Release { client: self.client_id(), ino })
     }

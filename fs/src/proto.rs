@@ -124,6 +124,14 @@ pub enum MetaRequest {
         perm: u16,
         rdev: u32,
     },
+    /// Creates a regular file and opens it, in one round trip (`creat`).
+    CreateOpen {
+        caller: Caller,
+        client: ClientId,
+        parent: Ino,
+        name: Vec<u8>,
+        perm: u16,
+    },
     Symlink {
         caller: Caller,
         parent: Ino,
@@ -250,6 +258,7 @@ pub enum MetaResponse {
     Entries(Vec<DirEntry>),
     Target(Vec<u8>),
     Layout(FileLayout),
+    Opened(Attr, FileLayout),
     Chunks(Vec<(ChunkIndex, ChunkLoc)>),
     Stats(FsStats),
     Xattr(Vec<u8>),

@@ -204,6 +204,13 @@ impl MetaService {
                 self.ns.lock().attr(ino)?;
                 A::Done
             }
+            R::CreateOpen { caller, client, parent, name, perm } => {
+                let new = NewInode { kind: FileKind::File, perm, rdev: 0, symlink_target: None };
+                let mut ns = self.ns.lock();
+                let attr = ns.create(caller, parent, &name, new)?;
+                let layout = ns.open(client, attr.ino)?;
+                A::Opened(attr, layout)
+            }
             R::Open { client, ino } => A::Layout(self.ns.lock().open(client, ino)?),
             R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
             R::Release { client, ino } => {

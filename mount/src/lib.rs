@@ -144,9 +144,14 @@ impl CitronFuse {
 
     fn open_fh(&self, ino: Ino, flags: i32) -> Result<FileHandle, FsError> {
         self.client.open(ino)?;
+        Ok(self.track_open(ino, flags))
+    }
+
+    /// A file handle for an open the meta-server has counted.
+    fn track_open(&self, ino: Ino, flags: i32) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.open_files.lock().insert(fh, OpenFile { ino, append: flags & libc::O_APPEND != 0 });
-        Ok(FileHandle(fh))
+        FileHandle(fh)
     }
 }
 
@@ -461,8 +466,8 @@ impl Filesystem for CitronFuse {
         let perm = (mode & !umask & 0o7777) as u16;
         let r = self
             .client
-            .create(caller(req), Ino(parent.0), name(n), FileKind::File, perm, 0)
-            .and_then(|a| Ok((self.open_fh(a.ino, flags)?, a)));
+            .create_open(caller(req), Ino(parent.0), name(n), perm)
+            .map(|a| (self.track_open(a.ino, flags), a));
         match r {
             Ok((fh, a)) => reply.created(
                 &self.options.attr_ttl,

@@ -44,6 +44,10 @@ pub struct IoArgs {
     /// servers publish shm fabrics) or tcp (the software NIC over loopback).
     #[arg(long, value_enum, default_value = "shm")]
     transport: TransportChoice,
+    /// Seconds the kernel may cache citronfs attributes and entries (the
+    /// mount's --attr-ttl; 0, the default, is strict coherence).
+    #[arg(long, default_value_t = 0.0)]
+    attr_ttl: f64,
     /// FUSE worker threads of the citronfs mounts.
     #[arg(long, default_value_t = 4)]
     threads: usize,
@@ -145,7 +149,8 @@ pub fn run(args: IoArgs) -> Result<()> {
         let mut config = ClientConfig::new(meta_addr);
         config.timeout = Duration::from_secs(10);
         let client = FsClient::connect(config)?;
-        let fs = CitronFuse::new(client, MountOptions { attr_ttl: Duration::ZERO, threads: args.threads });
+        let attr_ttl = Duration::try_from_secs_f64(args.attr_ttl).context("--attr-ttl")?;
+        let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads: args.threads });
         mounts.sessions.push(citronfs_mount::spawn_mount(fs, &dir)?);
         citron_dirs.push(dir);
     }
