@@ -139,7 +139,13 @@ pub struct TestCluster {
 
 impl TestCluster {
     pub fn start(data_servers: usize, capacity: u64, chunk_size: u64) -> Self {
-        let mut cfg = citronfs_meta_server::MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
+        Self::start_on("127.0.0.1".parse().unwrap(), data_servers, capacity, chunk_size)
+    }
+
+    /// A cluster whose servers listen on `ip` (e.g. a veth address that
+    /// another network namespace reaches).
+    pub fn start_on(ip: std::net::IpAddr, data_servers: usize, capacity: u64, chunk_size: u64) -> Self {
+        let mut cfg = citronfs_meta_server::MetaServerConfig::new(std::net::SocketAddr::new(ip, 0));
         cfg.chunk_size = chunk_size;
         cfg.slot_bytes = 4 << 20;
         cfg.lease = std::time::Duration::from_secs(2);
@@ -151,7 +157,7 @@ impl TestCluster {
             .map(|i| {
                 let shm = format!("data-{unique}-{i}");
                 citronfs_meta_server::DataServer::start(
-                    "127.0.0.1:0".parse().unwrap(),
+                    std::net::SocketAddr::new(ip, 0),
                     meta.local_addr(),
                     capacity,
                     Some(&shm),

@@ -34,7 +34,7 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,fuser=error")).init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Mount(a) => mount_cmd::run(a),

@@ -121,17 +121,17 @@ pub fn run(args: MountArgs) -> Result<()> {
         let _ = tx.send(());
     })
     .context("cannot install the signal handler")?;
-    loop {
+    let unmounted_outside = loop {
         if session.guard.is_finished() {
             // Unmounted from outside (umount, fusermount -u).
-            break;
+            break true;
         }
         if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
             println!("unmounting {}", mountpoint.display());
-            break;
+            break false;
         }
-    }
-    let result = session.umount_and_join();
+    };
+    let result = if unmounted_outside { session.join() } else { session.umount_and_join() };
     drop(embedded);
     result.with_context(|| format!("session at {} ended with an error", mountpoint.display()))
 }

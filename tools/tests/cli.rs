@@ -85,3 +85,51 @@ fn bench_verbs_prints_a_table_and_writes_csv() {
     }
     let _ = std::fs::remove_dir_all(out_dir);
 }
+
+#[test]
+fn mount_refuses_bad_mount_points_and_unreachable_clusters() {
+    let missing = std::env::temp_dir().join(format!("citronfs-missing-{}", std::process::id()));
+    let out = Command::new(EXE).arg("mount").arg(&missing).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not exist"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+
+    // A mount point that is already a mount point (/proc is one).
+    let out = Command::new(EXE).args(["mount", "/proc"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("busy"));
+
+    // Nobody listens on this port: a prompt error, not a hang.
+    let dir = tempfile::tempdir().unwrap();
+    let t = std::time::Instant::now();
+    let out = Command::new(EXE)
+        .args(["mount", "--meta", "127.0.0.1:1", "--timeout", "2"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(t.elapsed() < std::time::Duration::from_secs(15));
+}
+
+#[test]
+fn mount_serves_until_sigint_and_leaves_no_stale_mount() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(EXE).arg("mount").arg(dir.path()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("mounted at"), "{first}");
+    std::fs::write(dir.path().join("x"), b"hello").unwrap();
+    assert_eq!(std::fs::read(dir.path().join("x")).unwrap(), b"hello");
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    assert!(child.wait().unwrap().success());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(dir.path().to_str().unwrap()), "stale mount left behind");
+    assert!(!dir.path().join("x").exists(), "the directory is no longer the file system");
+}
