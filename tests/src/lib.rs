@@ -104,7 +104,13 @@ pub struct TestMount {
 impl TestMount {
     /// Mounts the cluster of `meta` at a fresh temporary directory.
     pub fn new(meta: std::net::SocketAddr) -> Self {
+        Self::with_transport(meta, citronfs_core::client::Transport::Auto)
+    }
+
+    /// As [`TestMount::new`], choosing how the client reaches server memory.
+    pub fn with_transport(meta: std::net::SocketAddr, transport: citronfs_core::client::Transport) -> Self {
         let mut config = citronfs_core::client::ClientConfig::new(meta);
+        config.transport = transport;
         config.timeout = std::time::Duration::from_secs(3);
         let client = citronfs_core::client::FsClient::connect(config).expect("join the cluster");
         let fs = citronfs_mount::CitronFuse::new(client, citronfs_mount::MountOptions::default());
@@ -168,7 +174,13 @@ impl TestCluster {
         Self { meta, data }
     }
 
+    /// A mount on the shm backend (servers and mount share this host).
     pub fn mount(&self) -> TestMount {
         TestMount::new(self.meta.local_addr())
+    }
+
+    /// A mount that reaches server memory only through the tcp NICs.
+    pub fn mount_tcp(&self) -> TestMount {
+        TestMount::with_transport(self.meta.local_addr(), citronfs_core::client::Transport::Tcp)
     }
 }

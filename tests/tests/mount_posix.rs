@@ -194,3 +194,55 @@ fn statfs_and_enospc() {
     fs::remove_file(a.path("fill")).unwrap();
     assert!(fs::metadata(a.path("fill")).is_err());
 }
+
+#[test]
+fn permissions_cross_mount_rename_fallocate_and_efbig() {
+    use std::os::unix::process::CommandExt;
+    let cluster = TestCluster::start(1, 16 << 20, CHUNK);
+    let (a, b) = (cluster.mount(), cluster.mount_tcp());
+    fs::write(a.path("root-only"), b"secret").unwrap();
+    fs::set_permissions(a.path("root-only"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(a.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    // An unprivileged user is refused by the kernel's permission checks.
+    let run_as_user = |script: &str| {
+        std::process::Command::new("sh").arg("-c").arg(script).uid(65534).gid(65534).output().unwrap()
+    };
+    let out = run_as_user(&format!("cat {}", b.path("root-only").display()));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
+    let out = run_as_user(&format!("touch {}", b.path("new-file").display()));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
+    let out = run_as_user(&format!("chmod 777 {}", b.path("root-only").display()));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not permitted"),
+        "EPERM for chmod of another's file"
+    );
+    // Two mounts are two file systems to the kernel: rename between them is EXDEV.
+    assert_eq!(errno_of(fs::rename(a.path("root-only"), b.path("moved")).unwrap_err()), libc::EXDEV);
+    // fallocate reserves space and grows the size; KEEP_SIZE does not.
+    let f = OpenOptions::new().create(true).truncate(true).write(true).open(a.path("fa")).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open descriptor; fallocate has no memory preconditions.
+    assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 3 * CHUNK as i64) }, 0);
+    assert_eq!(fs::metadata(b.path("fa")).unwrap().len(), 3 * CHUNK);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, 0, 5 * CHUNK as i64) }, 0);
+    assert_eq!(fs::metadata(b.path("fa")).unwrap().len(), 3 * CHUNK);
+    assert_eq!(fs::read(b.path("fa")).unwrap(), vec![0; 3 * CHUNK as usize], "allocated space reads zeros");
+    // Past the largest file: EFBIG.
+    let err = f.write_all_at(b"x", citronfs_core::types::MAX_FILE_SIZE).unwrap_err();
+    assert_eq!(errno_of(err), libc::EFBIG);
+}
+
+#[test]
+fn a_vanished_data_server_gives_eio_promptly() {
+    let mut cluster = TestCluster::start(1, 16 << 20, CHUNK);
+    let a = cluster.mount_tcp();
+    fs::write(a.path("f"), b"data").unwrap();
+    cluster.data[0].shutdown();
+    let t = std::time::Instant::now();
+    assert_eq!(errno_of(fs::read(a.path("f")).unwrap_err()), libc::EIO);
+    assert!(t.elapsed() < std::time::Duration::from_secs(10), "took {:?}", t.elapsed());
+    // Metadata still works: only the data server is gone.
+    assert_eq!(fs::metadata(a.path("f")).unwrap().len(), 4);
+}
