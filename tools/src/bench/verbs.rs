@@ -314,6 +314,73 @@ fn new_hist() -> Histogram<u64> {
 /// Runs `op` `ops` times on each of `threads` threads (each with its own
 /// endpoint and slot), sampling the mean of every `chunk` consecutive calls.
 /// `verbs_per_op` scales the operation count for batched calls.
+/// What one benchmark thread measured.
+struct ThreadRun {
+    hist: Histogram<u64>,
+    counts: VerbCounts,
+    start: Instant,
+    end: Instant,
+}
+
+/// Runs `body(i, barrier)` on `threads` threads; each sets up, waits on the
+/// barrier, measures, and reports. The samples are merged and the wall time
+/// is the span from the first thread's start to the last one's end (each
+/// thread stamps its own: on a busy machine the coordinating thread may not
+/// run while the workers do).
+fn run_threads(
+    threads: usize,
+    ops: u64,
+    body: &(dyn Fn(usize, &Barrier) -> Result<ThreadRun> + Sync),
+) -> Result<Sample> {
+    let barrier = Barrier::new(threads + 1);
+    std::thread::scope(|s| -> Result<Sample> {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                s.spawn({
+                    let barrier = &barrier;
+                    move || body(i, barrier)
+                })
+            })
+            .collect();
+        barrier.wait();
+        let mut hist = new_hist();
+        let mut counts = VerbCounts::default();
+        let mut span = Span::default();
+        for h in handles {
+            let run = h.join().map_err(|_| anyhow::anyhow!("bench thread panicked"))??;
+            hist.add(run.hist)?;
+            counts += run.counts;
+            span.cover(run.start, run.end);
+        }
+        Ok(Sample { hist, ops, wall: span.len(), counts })
+    })
+}
+
+/// Calls `op` `ops` times, recording the mean time of every `chunk`
+/// consecutive calls; returns the histogram and the loop's start and end.
+fn timed_loop(
+    ops: u64,
+    chunk: u64,
+    mut op: impl FnMut() -> Result<()>,
+) -> Result<(Histogram<u64>, Instant, Instant)> {
+    let mut hist = new_hist();
+    let start = Instant::now();
+    let mut done = 0;
+    while done < ops {
+        let n = chunk.min(ops - done);
+        let t = Instant::now();
+        for _ in 0..n {
+            op()?;
+        }
+        hist.record((t.elapsed().as_nanos() as u64 / n).max(1))?;
+        done += n;
+    }
+    Ok((hist, start, Instant::now()))
+}
+
+/// Runs `op` `ops` times on each of `threads` threads (each with its own
+/// endpoint and slot), sampling the mean of every `chunk` consecutive calls.
+/// `verbs_per_op` scales the operation count for batched calls.
 fn measure(
     node: &Node,
     threads: usize,
@@ -323,53 +390,22 @@ fn measure(
     base: u64,
     op: &(dyn Fn(&Endpoint, RemoteAddr, u64) -> Result<()> + Sync),
 ) -> Result<Sample> {
-    let barrier = Barrier::new(threads + 1);
-    let endpoints: Vec<Endpoint> = (0..threads).map(|_| node.endpoint()).collect::<Result<_, _>>()?;
-    std::thread::scope(|s| -> Result<Sample> {
-        let handles: Vec<_> = endpoints
-            .into_iter()
-            .enumerate()
-            .map(|(i, ep)| {
-                let barrier = &barrier;
-                s.spawn(move || -> Result<(Histogram<u64>, VerbCounts, Instant, Instant)> {
-                    let addr = RemoteAddr::new(REGION, base + i as u64 * SLOT);
-                    let mut hist = new_hist();
-                    let mut seq = 0u64;
-                    // Warm up: map the region, open the connection's buffers.
-                    for _ in 0..chunk.min(64) {
-                        op(&ep, addr, seq)?;
-                        seq += 1;
-                    }
-                    ep.reset_counts();
-                    barrier.wait();
-                    let start = Instant::now();
-                    let mut done = 0;
-                    while done < ops {
-                        let n = chunk.min(ops - done);
-                        let t = Instant::now();
-                        for _ in 0..n {
-                            op(&ep, addr, seq)?;
-                            seq += 1;
-                        }
-                        let per = t.elapsed().as_nanos() as u64 / n;
-                        hist.record(per.max(1))?;
-                        done += n;
-                    }
-                    Ok((hist, ep.counts(), start, Instant::now()))
-                })
-            })
-            .collect();
-        barrier.wait();
-        let mut hist = new_hist();
-        let mut counts = VerbCounts::default();
-        let mut span = Span::default();
-        for h in handles {
-            let (th, tc, start, end) = h.join().map_err(|_| anyhow::anyhow!("bench thread panicked"))??;
-            hist.add(th)?;
-            counts += tc;
-            span.cover(start, end);
+    run_threads(threads, ops * threads as u64 * verbs_per_op, &|i, barrier| {
+        let ep = node.endpoint()?;
+        let addr = RemoteAddr::new(REGION, base + i as u64 * SLOT);
+        let mut seq = 0u64;
+        // Warm up: map the region, open the connection's buffers.
+        for _ in 0..chunk.min(64) {
+            op(&ep, addr, seq)?;
+            seq += 1;
         }
-        Ok(Sample { hist, ops: ops * threads as u64 * verbs_per_op, wall: span.len(), counts })
+        ep.reset_counts();
+        barrier.wait();
+        let (hist, start, end) = timed_loop(ops, chunk, || {
+            seq += 1;
+            op(&ep, addr, seq - 1)
+        })?;
+        Ok(ThreadRun { hist, counts: ep.counts(), start, end })
     })
 }
 
@@ -393,40 +429,15 @@ fn measure_batched(
 }
 
 fn raw_atomic(mem: &RegionMemory, threads: usize, ops: u64, chunk: u64) -> Result<Sample> {
-    let barrier = Barrier::new(threads + 1);
-    std::thread::scope(|s| -> Result<Sample> {
-        let handles: Vec<_> = (0..threads)
-            .map(|i| {
-                let barrier = &barrier;
-                s.spawn(move || -> Result<(Histogram<u64>, Instant, Instant)> {
-                    let w = mem.word(RemoteAddr::new(REGION, i as u64 * SLOT))?;
-                    let mut hist = new_hist();
-                    barrier.wait();
-                    let start = Instant::now();
-                    let mut done = 0;
-                    while done < ops {
-                        let n = chunk.min(ops - done);
-                        let t = Instant::now();
-                        for _ in 0..n {
-                            // SeqCst, as every verb of the shm backend.
-                            std::hint::black_box(w.fetch_add(1, Ordering::SeqCst));
-                        }
-                        hist.record((t.elapsed().as_nanos() as u64 / n).max(1))?;
-                        done += n;
-                    }
-                    Ok((hist, start, Instant::now()))
-                })
-            })
-            .collect();
+    run_threads(threads, ops * threads as u64, &|i, barrier| {
+        let w = mem.word(RemoteAddr::new(REGION, i as u64 * SLOT))?;
         barrier.wait();
-        let mut hist = new_hist();
-        let mut span = Span::default();
-        for h in handles {
-            let (th, start, end) = h.join().map_err(|_| anyhow::anyhow!("bench thread panicked"))??;
-            hist.add(th)?;
-            span.cover(start, end);
-        }
-        Ok(Sample { hist, ops: ops * threads as u64, wall: span.len(), counts: VerbCounts::default() })
+        let (hist, start, end) = timed_loop(ops, chunk, || {
+            // SeqCst, as every verb of the shm backend.
+            std::hint::black_box(w.fetch_add(1, Ordering::SeqCst));
+            Ok(())
+        })?;
+        Ok(ThreadRun { hist, counts: VerbCounts::default(), start, end })
     })
 }
 
@@ -462,37 +473,17 @@ impl EchoServer {
 }
 
 fn tcp_echo(addr: SocketAddr, threads: usize, ops: u64) -> Result<Sample> {
-    let barrier = Barrier::new(threads + 1);
-    std::thread::scope(|s| -> Result<Sample> {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                let barrier = &barrier;
-                s.spawn(move || -> Result<(Histogram<u64>, Instant, Instant)> {
-                    let mut c = TcpStream::connect(addr)?;
-                    c.set_nodelay(true)?;
-                    let mut hist = new_hist();
-                    let mut b = [7u8; 8];
-                    barrier.wait();
-                    let start = Instant::now();
-                    for _ in 0..ops {
-                        let t = Instant::now();
-                        c.write_all(&b)?;
-                        wire::poll_readable(&c, POLL_BUDGET);
-                        c.read_exact(&mut b)?;
-                        hist.record((t.elapsed().as_nanos() as u64).max(1))?;
-                    }
-                    Ok((hist, start, Instant::now()))
-                })
-            })
-            .collect();
+    run_threads(threads, ops * threads as u64, &|_, barrier| {
+        let mut c = TcpStream::connect(addr)?;
+        c.set_nodelay(true)?;
+        let mut b = [7u8; 8];
         barrier.wait();
-        let mut hist = new_hist();
-        let mut span = Span::default();
-        for h in handles {
-            let (th, start, end) = h.join().map_err(|_| anyhow::anyhow!("echo thread panicked"))??;
-            hist.add(th)?;
-            span.cover(start, end);
-        }
-        Ok(Sample { hist, ops: ops * threads as u64, wall: span.len(), counts: VerbCounts::default() })
+        let (hist, start, end) = timed_loop(ops, 1, || {
+            c.write_all(&b)?;
+            wire::poll_readable(&c, POLL_BUDGET);
+            c.read_exact(&mut b)?;
+            Ok(())
+        })?;
+        Ok(ThreadRun { hist, counts: VerbCounts::default(), start, end })
     })
 }
