@@ -162,6 +162,13 @@ fn done(reply: ReplyEmpty, r: Result<(), FsError>) {
     }
 }
 
+fn data(reply: ReplyData, r: Result<Vec<u8>, FsError>) {
+    match r {
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
 fn name(n: &OsStr) -> &[u8] {
     n.as_bytes()
 }
@@ -218,10 +225,7 @@ impl Filesystem for CitronFuse {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.client.readlink(Ino(ino.0)) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
-        }
+        data(reply, self.client.readlink(Ino(ino.0)))
     }
 
     fn mknod(
@@ -313,10 +317,7 @@ impl Filesystem for CitronFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.client.read(Ino(ino.0), offset, size) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(&e)),
-        }
+        data(reply, self.client.read(Ino(ino.0), offset, size))
     }
 
     fn write(
