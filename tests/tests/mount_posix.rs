@@ -116,6 +116,12 @@ fn namespace_operations_with_their_errors() {
     assert_eq!(r, 0);
     assert_eq!(fs::read(b.path("old")).unwrap(), b"p");
     assert_eq!(fs::read(b.path("p")).unwrap(), b"new");
+    // mknod: a fifo, seen as one from the other mount.
+    let fifo = cpath(&a.path("fifo"));
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    use std::os::unix::fs::FileTypeExt;
+    assert!(fs::metadata(b.path("fifo")).unwrap().file_type().is_fifo());
     // Permissions and ownership.
     fs::set_permissions(a.path("p"), fs::Permissions::from_mode(0o640)).unwrap();
     assert_eq!(fs::metadata(b.path("p")).unwrap().permissions().mode() & 0o7777, 0o640);
