@@ -1,5 +1,6 @@
 //! CitronFS's lowest layer: the one-sided verbs layer ([`rdma`]) and, on top
 //! of it, the distributed lock algorithms behind one interface ([`rwlock`]).
 
+pub mod citron;
 pub mod rdma;
 pub mod rwlock;
