@@ -38,9 +38,10 @@ pub const LEAF_UNITS: u64 = 64;
 /// Deepest tree supported: 64 * 4^24 = 2^54 units, far more than any file.
 pub const MAX_DEPTH: u32 = 24;
 
-/// Index of the first node of level `d`.
+/// Index of the first node of level `d`: 1 + (4^0 + ... + 4^(d-1)) =
+/// (4^d + 2) / 3, which is ceil(4^d / 3) since 4^d = 1 (mod 3).
 pub const fn level_start(d: u32) -> u64 {
-    ((1u64 << (2 * d)) + 2) / 3
+    (1u64 << (2 * d)).div_ceil(3)
 }
 
 /// The shape of a lock tree of a given depth.
@@ -330,8 +331,7 @@ mod tests {
             if set.len() == k {
                 continue;
             }
-            for i in from..candidates.len() {
-                let c = candidates[i];
+            for (i, &c) in candidates.iter().enumerate().skip(from) {
                 let related =
                     set.iter().any(|s| t.ancestors(c).any(|a| a == *s) || t.ancestors(*s).any(|a| a == c));
                 if !related {
