@@ -5,6 +5,8 @@
 //! same code in several processes, which is how clients on several nodes are
 //! modelled on one machine.
 
+pub mod citron_stress;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
