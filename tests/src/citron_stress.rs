@@ -35,6 +35,12 @@ pub struct TestSpillover {
     word: RemoteAddr,
 }
 
+impl TestSpillover {
+    pub fn new(word: RemoteAddr) -> Self {
+        Self { word }
+    }
+}
+
 impl RwLockClient for TestSpillover {
     fn acquire(&mut self, ep: &Endpoint, _mode: Mode) -> Result<(), LockError> {
         while ep.cas(self.word, 0, 1)? != 0 {
@@ -73,8 +79,8 @@ fn random_range(rng: &mut impl Rng, n: u64) -> (u64, u64) {
 pub fn run(ep: &Endpoint, iterations: u64, seed: u64) -> CitronStats {
     let rtt = ep.measure_rtt(unit_word(0), 5).expect("rtt");
     let mut config = CitronConfig::from_rtt(rtt);
-    config.give_up = Duration::from_secs(60);
-    let spill = TestSpillover { word: RemoteAddr::new(TEST_REGION, SPILLOVER_AT) };
+    config.give_up = Duration::from_secs(10);
+    let spill = TestSpillover::new(RemoteAddr::new(TEST_REGION, SPILLOVER_AT));
     let mut client = CitronClient::new(layout(), config, Box::new(spill));
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let n = layout().shape.units();
@@ -110,11 +116,18 @@ pub fn run(ep: &Endpoint, iterations: u64, seed: u64) -> CitronStats {
 
 /// After every client is done: no unit counted, every tree word idle.
 pub fn check_idle(ep: &Endpoint) {
-    let shape = layout().shape;
-    let n = shape.units();
+    let n = layout().shape.units();
     for u in 0..n + BEYOND {
         assert_eq!(ep.read_u64(unit_word(u)).unwrap(), 0, "oracle word of unit {u}");
     }
+    check_idle_tree(ep);
+    assert!(ep.read_u64(layout().maximizer()).unwrap() > n, "crossing requests raised the maximizer");
+    assert_eq!(ep.read_u64(RemoteAddr::new(TEST_REGION, SPILLOVER_AT)).unwrap(), 0);
+}
+
+/// Every leaf clear, every internal node unoccupied with its counters level.
+pub fn check_idle_tree(ep: &Endpoint) {
+    let shape = layout().shape;
     for x in 1..=shape.node_count() {
         let node = citron_lock::citron::tree::NodeIndex(x);
         let w = ep.read_u64(layout().node(node)).unwrap();
@@ -128,6 +141,4 @@ pub fn check_idle(ep: &Endpoint) {
             );
         }
     }
-    assert!(ep.read_u64(layout().maximizer()).unwrap() > n, "crossing requests raised the maximizer");
-    assert_eq!(ep.read_u64(RemoteAddr::new(TEST_REGION, SPILLOVER_AT)).unwrap(), 0);
 }

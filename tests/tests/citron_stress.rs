@@ -36,3 +36,47 @@ fn overlapping_ranges_are_never_held_at_once() {
         citron_stress::check_idle(&node.endpoint().unwrap());
     }
 }
+
+/// §3.8: with the fast path an uncontended acquisition is two round trips —
+/// for a range inside one leaf and for a node whose children are leaves — and
+/// a release is one.
+#[test]
+fn uncontended_acquisition_takes_two_round_trips() {
+    use citron_lock::citron::lock::{CitronClient, CitronConfig};
+    use citron_lock::rdma::RemoteAddr;
+    use citronfs_tests::TEST_REGION;
+    for backend in BACKENDS {
+        let fabric = TestFabric::new(backend, 1 << 20);
+        let ep = Node::join(&fabric.addr).unwrap().endpoint().unwrap();
+        let config = CitronConfig::from_rtt(ep.measure_rtt(RemoteAddr::new(TEST_REGION, 0), 5).unwrap());
+        let spill =
+            citron_stress::TestSpillover::new(RemoteAddr::new(TEST_REGION, citron_stress::SPILLOVER_AT));
+        let mut c = CitronClient::new(citron_stress::layout(), config, Box::new(spill));
+        // 16 units inside one leaf; then 256 units = one level-1 node of a depth-2 tree.
+        for (l, r) in [(100, 116), (256, 512)] {
+            // Warm up: the first verbs map the region and fault pages in,
+            // which can exceed T_wait and abort (then retry) an attempt.
+            for _ in 0..3 {
+                let held = c.acquire(&ep, l, r).unwrap();
+                c.release(&ep, held).unwrap();
+            }
+            let before = ep.counts();
+            let held = c.acquire(&ep, l, r).unwrap();
+            let acquire = ep.counts() - before;
+            let before = ep.counts();
+            c.release(&ep, held).unwrap();
+            let release = ep.counts() - before;
+            println!(
+                "{backend:?} [{l}, {r}): acquire {} round trips ({} atomics, {} reads), release {} round trips ({} verbs)",
+                acquire.round_trips,
+                acquire.atomics(),
+                acquire.reads(),
+                release.round_trips,
+                release.verbs()
+            );
+            assert_eq!(acquire.round_trips, 2, "{backend:?} [{l}, {r})");
+            assert_eq!(release.round_trips, 1, "{backend:?} [{l}, {r})");
+        }
+        citron_stress::check_idle_tree(&ep);
+    }
+}

@@ -112,6 +112,8 @@ struct HeldNode {
     /// The leaf bits taken, or `None` for an internal node.
     leaf_mask: Option<u64>,
     notified: Vec<NodeIndex>,
+    /// All four child leaves were taken whole (§3.8 shortcut).
+    children: bool,
 }
 
 /// A range held on a Citron instance; give it back with [`CitronClient::release`].
@@ -141,6 +143,22 @@ pub struct CitronStats {
     pub restarts: u64,
     /// Leaves given up for their parents (starvation avoidance).
     pub leaf_escalations: u64,
+}
+
+/// Decodes the replies of a batch of 8-byte reads of internal nodes.
+fn read_words(
+    replies: &[Result<crate::rdma::VerbReply, crate::rdma::VerbError>],
+) -> Result<Vec<Internal>, LockError> {
+    replies
+        .iter()
+        .map(|r| match r {
+            Ok(crate::rdma::VerbReply::Data(d)) if d.len() == 8 => {
+                Ok(Internal(u64::from_le_bytes(d.as_slice().try_into().expect("8 bytes"))))
+            }
+            Ok(other) => Err(LockError::Host(format!("unexpected read reply {other:?}"))),
+            Err(e) => Err(e.clone().into()),
+        })
+        .collect()
 }
 
 /// The nodes a request holds while it locks its next one.
@@ -283,12 +301,23 @@ impl CitronClient {
     }
 
     fn release_verbs(&self, h: &HeldNode, verbs: &mut Vec<Verb>) {
+        let shape = self.layout.shape;
         let addr = self.layout.node(h.node);
         match h.leaf_mask {
             Some(mask) => {
                 verbs.push(Verb::MaskedCas { addr, cmp: mask, cmp_mask: mask, swap: 0, swap_mask: mask })
             }
+            // A leaf whose bits were not taken (a failed masked-CAS being
+            // rolled back): only its notifications are undone.
+            None if shape.is_leaf(h.node) => {}
             None => verbs.push(Verb::MaskedFaa { addr, add: VACATE, boundary_mask: BOUNDARIES }),
+        }
+        if h.children {
+            // The §3.8 shortcut took all four child leaves whole; they are ours.
+            for i in 0..4 {
+                let child = self.layout.node(h.node.child(i));
+                verbs.push(Verb::Write { addr: child, data: 0u64.to_le_bytes().to_vec() });
+            }
         }
         for &a in &h.notified {
             verbs.push(Verb::MaskedFaa {
@@ -323,10 +352,30 @@ impl CitronClient {
         let node = cover.node;
         let addr = self.layout.node(node);
         let leaf = shape.is_leaf(node);
-        // Phase 2(a): the bakery lock of an internal node (lines 9–11).
-        if !leaf {
-            let ticket = Ticket::from_old_word(ep.masked_faa(addr, TAKE_TICKET, BOUNDARIES)?);
-            if !ticket.is_served(Internal(ep.read_u64(addr)?)) {
+        let ancestors: Vec<NodeIndex> = shape.ancestors(node).collect();
+        // Round trip 1 (§3.8: Steps 2(a) and 2(b) optimistically batched):
+        // take the ticket of an internal node and read every ancestor.
+        let mut batch = ep.batch();
+        let ticket_slot = (!leaf)
+            .then(|| batch.push(Verb::MaskedFaa { addr, add: TAKE_TICKET, boundary_mask: BOUNDARIES }));
+        for &a in &ancestors {
+            batch.push(Verb::Read { addr: self.layout.node(a), len: 8 });
+        }
+        let posted = Instant::now();
+        let replies = batch.submit()?.into_vec();
+        let mut prefetched = Some((posted, read_words(&replies[usize::from(!leaf)..])?));
+        if let Some(slot) = ticket_slot {
+            // Phase 2(a) (lines 10–11): the bakery lock of an internal node.
+            let old = replies.first().cloned().ok_or_else(|| LockError::Host("no reply".into()))??;
+            let old = match old {
+                crate::rdma::VerbReply::Old(v) => v,
+                other => return Err(LockError::Host(format!("unexpected reply {other:?}"))),
+            };
+            let _ = slot;
+            let ticket = Ticket::from_old_word(old);
+            if !ticket.is_served(Internal(old)) {
+                // Not served at once: the ancestors read before we were is stale.
+                prefetched = None;
                 self.yield_held(ep, others)?;
                 self.spin(ep, addr, |w| ticket.is_served(Internal(w)))?;
             }
@@ -334,36 +383,37 @@ impl CitronClient {
         let mut cas_failures = 0;
         loop {
             // Phase 2(b): wait for occupied ancestors (lines 12–19).
-            let Some(t1) = self.wait_for_ancestors(ep, node, others)? else {
+            let Some(t1) = self.wait_for_ancestors(ep, &ancestors, others, prefetched.take())? else {
                 if !leaf {
                     ep.masked_faa(addr, PASS_TICKET, BOUNDARIES)?;
                 }
                 return Ok(Attempt::Aborted);
             };
-            // Phase 2(c): lock a leaf's bits, or occupy an internal node (lines 20–28).
-            let leaf_mask = if leaf {
-                let mask = shape.leaf_mask(node, cover.start, cover.end);
-                let old = ep.masked_cas(addr, 0, mask, mask, mask)?;
-                if old & mask != 0 {
-                    self.yield_held(ep, others)?;
-                    cas_failures += 1;
-                    if cas_failures >= self.config.leaf_patience && node != NodeIndex::ROOT {
-                        return Ok(Attempt::MoveToParent);
-                    }
-                    continue; // line 26: back to 2(b)
-                }
-                Some(mask)
-            } else {
-                ep.masked_faa(addr, OCCUPY, BOUNDARIES)?;
-                None
-            };
-            // Phase 2(d): notify ancestors, wait for descendants (lines 29–36).
-            let t0 = Instant::now();
+            // Round trip 2 (§3.8: Steps 2(c) and 2(d) batched): lock the
+            // leaf's bits or occupy the node, notify the ancestors, read the
+            // root; and, for a node whose children are leaves, try to take
+            // all their bits so no wait for descendants is needed.
             let notified = self.notify_set(node);
-            let held = HeldNode { node, leaf_mask, notified };
+            let leaf_mask = leaf.then(|| shape.leaf_mask(node, cover.start, cover.end));
+            let children_are_leaves = !leaf && shape.level_of(node) + 1 == shape.depth();
             let mut batch = ep.batch();
-            let slots: Vec<_> = held
-                .notified
+            let lock_slot = match leaf_mask {
+                Some(mask) => {
+                    batch.push(Verb::MaskedCas { addr, cmp: 0, cmp_mask: mask, swap: mask, swap_mask: mask })
+                }
+                None => batch.push(Verb::MaskedFaa { addr, add: OCCUPY, boundary_mask: BOUNDARIES }),
+            };
+            let child_slots: Vec<_> = if children_are_leaves {
+                (0..4)
+                    .map(|i| {
+                        let c = self.layout.node(node.child(i));
+                        batch.push(Verb::MaskedCas { addr: c, cmp: 0, cmp_mask: !0, swap: !0, swap_mask: !0 })
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let notify_slots: Vec<_> = notified
                 .iter()
                 .map(|&a| {
                     batch.push(Verb::MaskedFaa {
@@ -376,24 +426,51 @@ impl CitronClient {
             let root = batch.push(Verb::Read { addr: self.layout.node(NodeIndex::ROOT), len: 8 });
             let replies = batch.submit()?;
             let t2 = Instant::now();
+            let children_taken: Vec<bool> =
+                child_slots.iter().map(|&s| replies.old(s).map(|old| old == 0)).collect::<Result<_, _>>()?;
+            let mut held = HeldNode {
+                node,
+                leaf_mask,
+                notified,
+                children: children_taken.iter().all(|&t| t) && children_are_leaves,
+            };
             if let Some(e) = replies.first_error() {
                 let e = e.clone();
-                self.undo(ep, &held)?;
+                self.undo_partial(ep, &held, &children_taken)?;
                 return Err(e.into());
             }
+            if let Some(mask) = leaf_mask {
+                if replies.old(lock_slot)? & mask != 0 {
+                    // Line 26: the bits are taken. Roll back the notification
+                    // (§3.8) and go back to 2(b).
+                    held.leaf_mask = None;
+                    self.undo_partial(ep, &held, &[])?;
+                    self.yield_held(ep, others)?;
+                    cas_failures += 1;
+                    if cas_failures >= self.config.leaf_patience && node != NodeIndex::ROOT {
+                        return Ok(Attempt::MoveToParent);
+                    }
+                    continue;
+                }
+            }
             // Inequation (1): we finished notifying before any ancestor's
-            // holder could have stopped waiting for us (line 32).
+            // holder could have stopped waiting for us (line 32); and no
+            // scale-up is under way (line 33).
             let budget = self.config.t_wait.mul_f64(1.0 - self.config.drift);
-            let scaled = match slots.last() {
+            let scaled = match notify_slots.last() {
                 Some(&s) => Internal(replies.old(s)?).expanded() && Internal(replies.u64(root)?).expanded(),
                 None => false,
             };
             if t2.duration_since(t1) > budget || scaled {
-                self.undo(ep, &held)?;
+                self.undo_partial(ep, &held, &children_taken)?;
                 return Ok(Attempt::Aborted);
             }
-            if !leaf {
-                // Line 34: give every conflicting descendant time to notify us.
+            if !leaf && !held.children {
+                // Some child bits were busy: give back those we took, then
+                // the regular path. Line 34: t0 is after our Occ is visible
+                // (the batch completed), so waiting from it is conservative.
+                self.clear_children(ep, node, &children_taken)?;
+                let t0 = t2;
                 while t0.elapsed() < self.config.t_wait {
                     std::hint::spin_loop();
                 }
@@ -401,6 +478,31 @@ impl CitronClient {
             }
             return Ok(Attempt::Acquired(held));
         }
+    }
+
+    /// Clears the child leaves taken by the §3.8 shortcut (`taken[i]`).
+    fn clear_children(&self, ep: &Endpoint, node: NodeIndex, taken: &[bool]) -> Result<(), LockError> {
+        let verbs: Vec<Verb> = taken
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| **t)
+            .map(|(i, _)| Verb::Write {
+                addr: self.layout.node(node.child(i as u64)),
+                data: 0u64.to_le_bytes().to_vec(),
+            })
+            .collect();
+        for r in ep.execute(&verbs)? {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Undoes an attempt whose children shortcut may have taken some leaves.
+    fn undo_partial(&self, ep: &Endpoint, held: &HeldNode, children_taken: &[bool]) -> Result<(), LockError> {
+        if !held.children {
+            self.clear_children(ep, held.node, children_taken)?;
+        }
+        self.undo(ep, held)
     }
 
     /// Releases what a failed attempt at one node took.
@@ -418,31 +520,27 @@ impl CitronClient {
     fn wait_for_ancestors(
         &self,
         ep: &Endpoint,
-        node: NodeIndex,
+        ancestors: &[NodeIndex],
         others: &mut Others,
+        mut prefetched: Option<(Instant, Vec<Internal>)>,
     ) -> Result<Option<Instant>, LockError> {
-        let ancestors: Vec<NodeIndex> = self.layout.shape.ancestors(node).collect();
-        let Some(&root) = ancestors.last() else {
+        if ancestors.is_empty() {
             return Ok(Some(Instant::now())); // the root has no ancestors
-        };
-        debug_assert_eq!(root, NodeIndex::ROOT);
+        }
         // t1 of each ancestor: post time of the last read finding it unoccupied.
         let mut t1: Vec<Option<Instant>> = vec![None; ancestors.len()];
         // ancestors[cleared..] are the ancestors of `cleared` (line 12: node).
         let mut cleared = 0;
         loop {
-            let posted = Instant::now();
-            let verbs: Vec<Verb> =
-                ancestors.iter().map(|&a| Verb::Read { addr: self.layout.node(a), len: 8 }).collect();
-            let mut words = Vec::with_capacity(verbs.len());
-            for r in ep.execute(&verbs)? {
-                match r? {
-                    crate::rdma::VerbReply::Data(d) if d.len() == 8 => {
-                        words.push(Internal(u64::from_le_bytes(d.try_into().expect("8 bytes"))))
-                    }
-                    other => return Err(LockError::Host(format!("unexpected read reply {other:?}"))),
+            let (posted, words) = match prefetched.take() {
+                Some(p) => p,
+                None => {
+                    let posted = Instant::now();
+                    let verbs: Vec<Verb> =
+                        ancestors.iter().map(|&a| Verb::Read { addr: self.layout.node(a), len: 8 }).collect();
+                    (posted, read_words(&ep.execute(&verbs)?)?)
                 }
-            }
+            };
             if words.last().is_some_and(|w| w.expanded()) {
                 return Ok(None);
             }

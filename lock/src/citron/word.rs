@@ -59,8 +59,23 @@ pub const NOTIFY: u64 = field_delta(DMAX_SHIFT, COUNTER_BITS, 1);
 pub const DONE_BELOW: u64 = field_delta(DCNT_SHIFT, COUNTER_BITS, 1);
 
 /// A decoded internal node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Internal(pub u64);
+
+impl std::fmt::Debug for Internal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "T{}/{} D{}/{}{}{}",
+            self.tcnt(),
+            self.tmax(),
+            self.dcnt(),
+            self.dmax(),
+            if self.occupied() { " occ" } else { "" },
+            if self.expanded() { " exp" } else { "" }
+        )
+    }
+}
 
 impl Internal {
     pub fn tcnt(self) -> u64 {
