@@ -60,22 +60,35 @@ fn uncontended_acquisition_takes_two_round_trips() {
                 let held = c.acquire(&ep, l, r).unwrap();
                 c.release(&ep, held).unwrap();
             }
-            let before = ep.counts();
-            let held = c.acquire(&ep, l, r).unwrap();
-            let acquire = ep.counts() - before;
-            let before = ep.counts();
-            c.release(&ep, held).unwrap();
-            let release = ep.counts() - before;
-            println!(
-                "{backend:?} [{l}, {r}): acquire {} round trips ({} atomics, {} reads), release {} round trips ({} verbs)",
-                acquire.round_trips,
-                acquire.atomics(),
-                acquire.reads(),
-                release.round_trips,
-                release.verbs()
-            );
-            assert_eq!(acquire.round_trips, 2, "{backend:?} [{l}, {r})");
-            assert_eq!(release.round_trips, 1, "{backend:?} [{l}, {r})");
+            // An attempt that is preempted past T_wait aborts and retries
+            // (more round trips, by design): judge the attempts that did not.
+            let mut judged = 0;
+            for _ in 0..50 {
+                let (before, stats) = (ep.counts(), c.stats());
+                let held = c.acquire(&ep, l, r).unwrap();
+                let acquire = ep.counts() - before;
+                let retried = c.stats().aborts + c.stats().restarts > stats.aborts + stats.restarts;
+                let before = ep.counts();
+                c.release(&ep, held).unwrap();
+                let release = ep.counts() - before;
+                assert_eq!(release.round_trips, 1, "{backend:?} [{l}, {r})");
+                if retried {
+                    continue;
+                }
+                if judged == 0 {
+                    println!(
+                        "{backend:?} [{l}, {r}): acquire {} round trips ({} atomics, {} reads), release {} ({} verbs)",
+                        acquire.round_trips,
+                        acquire.atomics(),
+                        acquire.reads(),
+                        release.round_trips,
+                        release.verbs()
+                    );
+                }
+                assert_eq!(acquire.round_trips, 2, "{backend:?} [{l}, {r})");
+                judged += 1;
+            }
+            assert!(judged > 0, "every attempt was retried");
         }
         citron_stress::check_idle_tree(&ep);
     }
