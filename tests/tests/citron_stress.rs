@@ -93,3 +93,53 @@ fn uncontended_acquisition_takes_two_round_trips() {
         citron_stress::check_idle_tree(&ep);
     }
 }
+
+/// §3.10: clients that die holding a leaf's bits, an internal node (with the
+/// whole-children shortcut), and a notification; the survivors get through
+/// by lease recovery, and once every place has been visited the tree is idle.
+#[test]
+fn survivors_recover_what_dead_clients_held() {
+    use std::time::{Duration, Instant};
+
+    use citron_lock::citron::lock::{CitronClient, CitronConfig};
+    use citron_lock::rdma::RemoteAddr;
+    use citronfs_tests::TEST_REGION;
+    for backend in BACKENDS {
+        let fabric = TestFabric::new(backend, 1 << 20);
+        let node = Node::join(&fabric.addr).unwrap();
+        let lease = Duration::from_millis(150);
+        let client = |ep: &citron_lock::rdma::Endpoint| {
+            let mut config =
+                CitronConfig::from_rtt(ep.measure_rtt(RemoteAddr::new(TEST_REGION, 0), 5).unwrap());
+            config.lease = lease;
+            config.give_up = Duration::from_secs(30);
+            let spill =
+                citron_stress::TestSpillover::new(RemoteAddr::new(TEST_REGION, citron_stress::SPILLOVER_AT));
+            CitronClient::new(citron_stress::layout(), config, Box::new(spill))
+        };
+        // The dead: each acquires and vanishes without releasing.
+        for (l, r) in [(10, 20), (256, 512)] {
+            let ep = node.endpoint().unwrap();
+            let mut dead = client(&ep);
+            std::mem::forget(dead.acquire(&ep, l, r).unwrap());
+        }
+        let ep = node.endpoint().unwrap();
+        let mut survivor = client(&ep);
+        for (l, r) in [(15, 25), (300, 310), (0, 1024)] {
+            let t = Instant::now();
+            let held = survivor.acquire(&ep, l, r).unwrap();
+            survivor.release(&ep, held).unwrap();
+            println!("{backend:?}: [{l}, {r}) acquired after {:?}", t.elapsed());
+        }
+        // Visit every leaf once, so any bits left by the dead are repaired.
+        for leaf in 0..16 {
+            let held = survivor.acquire(&ep, leaf * 64, leaf * 64 + 64).unwrap();
+            survivor.release(&ep, held).unwrap();
+        }
+        let held = survivor.acquire(&ep, 0, 1024).unwrap();
+        survivor.release(&ep, held).unwrap();
+        assert!(survivor.stats().recoveries > 0, "{:?}", survivor.stats());
+        println!("{backend:?}: {:?}", survivor.stats());
+        citron_stress::check_idle_tree(&ep);
+    }
+}

@@ -34,19 +34,31 @@
 //!   holding tree nodes, so no cycle can form; requests of one node (the
 //!   common case) follow the paper exactly.
 //!
-//! Not yet here (they come with the rest of this module): scale-up
-//! (Algorithm 4) and the handling of `Exp` in release, the lease-based
-//! recovery of §3.10, and the fast paths of §3.8. Until the recovery exists a
-//! wait that exceeds `give_up` ends with [`LockError::Timeout`] instead of
-//! hanging.
+//! * Lease recovery (§3.10) at the four places a waiter spins: Line 11 (a
+//!   stalled bakery: after T_lease plus (Δ-1)·T_lease without TCnt or Occ
+//!   moving, take over by setting TCnt to our ticket and clearing Occ, with a
+//!   masked-CAS so a late holder's progress wins), Line 18 (a stalled occupied
+//!   ancestor: lock that ancestor instead), Line 36 (a DCnt stalled for
+//!   H·T_lease: set it to DMax) and Line 22 (a leaf that keeps refusing: lock
+//!   the parent, then zero any bits left in the leaf).
+//!
+//! Not yet here: scale-up (Algorithm 4) and the handling of `Exp` in release.
+//! A wait that exceeds `give_up` still ends with [`LockError::Timeout`]
+//! rather than hanging.
 
 use std::time::{Duration, Instant};
 
 use super::tree::{level_start, Cover, NodeIndex, TreeShape};
-use super::word::{Internal, Ticket, BOUNDARIES, DONE_BELOW, NOTIFY, OCCUPY, TAKE_TICKET, VACATE};
+use super::word::{
+    Internal, Ticket, BOUNDARIES, COUNTER_BITS, DCNT_SHIFT, DONE_BELOW, NOTIFY, OCCUPY, OCC_BIT, TAKE_TICKET,
+    TCNT_SHIFT, VACATE,
+};
 use crate::rdma::arith::field_delta;
 use crate::rdma::{Endpoint, RemoteAddr, Verb};
 use crate::rwlock::{LockError, Mode, RwLockClient};
+
+/// The TCnt field of an internal node.
+const TCNT_FIELD: u64 = ((1 << COUNTER_BITS) - 1) << TCNT_SHIFT;
 
 /// Give back a ticket of an internal node that was never occupied (TCnt + 1).
 const PASS_TICKET: u64 = field_delta(super::word::TCNT_SHIFT, super::word::COUNTER_BITS, 1);
@@ -93,6 +105,9 @@ pub struct CitronConfig {
     pub drift: f64,
     /// Failed masked-CAS attempts on a leaf before locking its parent.
     pub leaf_patience: u32,
+    /// T_lease (§3.10): every holder releases within it, so a wait that sees
+    /// no progress for (a multiple of) it has found a dead client.
+    pub lease: Duration,
     /// Longest any single wait may last before the acquisition gives up.
     pub give_up: Duration,
 }
@@ -101,7 +116,11 @@ impl CitronConfig {
     /// The paper's parameters with `T_wait` scaled to this transport's RTT.
     pub fn from_rtt(rtt: Duration) -> Self {
         let t_wait = (rtt * 15 / 2).max(Duration::from_micros(2));
-        Self { k: 2, m: 4, t_wait, drift: 1e-4, leaf_patience: 64, give_up: Duration::from_secs(30) }
+        // The paper's 10 ms lease is 5000 RTTs of 2 µs; we keep the ratio but
+        // never go below 1 s, because a holder here is a thread of an
+        // ordinary process that the scheduler may stall for many ms.
+        let lease = (rtt * 5000).max(Duration::from_secs(1));
+        Self { k: 2, m: 4, t_wait, drift: 1e-4, leaf_patience: 64, lease, give_up: Duration::from_secs(120) }
     }
 }
 
@@ -143,6 +162,8 @@ pub struct CitronStats {
     pub restarts: u64,
     /// Leaves given up for their parents (starvation avoidance).
     pub leaf_escalations: u64,
+    /// Words repaired after a dead client (§3.10).
+    pub recoveries: u64,
 }
 
 /// Decodes the replies of a batch of 8-byte reads of internal nodes.
@@ -183,7 +204,27 @@ fn backoff_for(cap: &mut Duration) {
 enum Attempt {
     Acquired(HeldNode),
     Aborted,
+    /// Leaf starvation (Line 24): lock the parent instead.
     MoveToParent,
+    /// A stalled occupied ancestor (§3.10, Line 18): lock it instead.
+    MoveTo(NodeIndex),
+}
+
+/// What Step 2(b) found.
+enum Ancestors {
+    /// No occupied ancestor; the oldest t1 (Inequation (1)).
+    Clear(Instant),
+    /// The root's Exp is set: a scale-up is under way (line 15).
+    Expanded,
+    /// An occupied ancestor made no progress for T_lease (§3.10).
+    Stalled(NodeIndex),
+}
+
+/// How a watched wait ended.
+enum Watch {
+    Done(Instant),
+    /// The watched bits did not move for the given time; the last word seen.
+    Stalled(u64),
 }
 
 /// One client's handle to one Citron instance.
@@ -192,17 +233,19 @@ pub struct CitronClient {
     config: CitronConfig,
     spillover: Box<dyn RwLockClient>,
     stats: CitronStats,
+    /// Recoveries made from `&self` paths; folded into `stats`.
+    recoveries: std::cell::Cell<u64>,
 }
 
 impl CitronClient {
     /// `spillover` is the mutex for `[N, ∞)` (DSLR in the paper), used in
     /// exclusive mode.
     pub fn new(layout: CitronLayout, config: CitronConfig, spillover: Box<dyn RwLockClient>) -> Self {
-        Self { layout, config, spillover, stats: CitronStats::default() }
+        Self { layout, config, spillover, stats: CitronStats::default(), recoveries: std::cell::Cell::new(0) }
     }
 
     pub fn stats(&self) -> CitronStats {
-        self.stats
+        CitronStats { recoveries: self.stats.recoveries + self.recoveries.get(), ..self.stats }
     }
 
     pub fn layout(&self) -> CitronLayout {
@@ -340,8 +383,27 @@ impl CitronClient {
                 Attempt::Aborted => self.stats.aborts += 1,
                 Attempt::MoveToParent => {
                     self.stats.leaf_escalations += 1;
-                    cover.node = cover.node.parent().expect("a leaf below the root has a parent");
+                    let leaf = cover.node;
+                    cover.node = leaf.parent().expect("a leaf below the root has a parent");
+                    let held = loop {
+                        match self.try_lock_node(ep, cover, others)? {
+                            Attempt::Acquired(h) => break h,
+                            Attempt::Aborted => self.stats.aborts += 1,
+                            Attempt::MoveTo(a) => cover.node = a,
+                            Attempt::MoveToParent => unreachable!("only leaves escalate"),
+                        }
+                    };
+                    // §3.10, Line 22: holding the parent, no live client can
+                    // hold bits of the leaf; any left belong to a dead one.
+                    let addr = self.layout.node(leaf);
+                    if ep.read_u64(addr)? != 0 && !held.children {
+                        log::warn!("zeroing leaf {} left locked by a dead client", leaf.0);
+                        ep.write_u64(addr, 0)?;
+                        self.stats.recoveries += 1;
+                    }
+                    return Ok(held);
                 }
+                Attempt::MoveTo(ancestor) => cover.node = ancestor,
             }
         }
     }
@@ -377,17 +439,23 @@ impl CitronClient {
                 // Not served at once: the ancestors read before we were is stale.
                 prefetched = None;
                 self.yield_held(ep, others)?;
-                self.spin(ep, addr, |w| ticket.is_served(Internal(w)))?;
+                self.wait_for_ticket(ep, addr, ticket)?;
             }
         }
         let mut cas_failures = 0;
         loop {
             // Phase 2(b): wait for occupied ancestors (lines 12–19).
-            let Some(t1) = self.wait_for_ancestors(ep, &ancestors, others, prefetched.take())? else {
-                if !leaf {
-                    ep.masked_faa(addr, PASS_TICKET, BOUNDARIES)?;
+            let t1 = match self.wait_for_ancestors(ep, &ancestors, others, prefetched.take())? {
+                Ancestors::Clear(t1) => t1,
+                outcome => {
+                    if !leaf {
+                        ep.masked_faa(addr, PASS_TICKET, BOUNDARIES)?;
+                    }
+                    return Ok(match outcome {
+                        Ancestors::Stalled(a) => Attempt::MoveTo(a),
+                        _ => Attempt::Aborted,
+                    });
                 }
-                return Ok(Attempt::Aborted);
             };
             // Round trip 2 (§3.8: Steps 2(c) and 2(d) batched): lock the
             // leaf's bits or occupy the node, notify the ancestors, read the
@@ -523,9 +591,9 @@ impl CitronClient {
         ancestors: &[NodeIndex],
         others: &mut Others,
         mut prefetched: Option<(Instant, Vec<Internal>)>,
-    ) -> Result<Option<Instant>, LockError> {
+    ) -> Result<Ancestors, LockError> {
         if ancestors.is_empty() {
-            return Ok(Some(Instant::now())); // the root has no ancestors
+            return Ok(Ancestors::Clear(Instant::now())); // the root has no ancestors
         }
         // t1 of each ancestor: post time of the last read finding it unoccupied.
         let mut t1: Vec<Option<Instant>> = vec![None; ancestors.len()];
@@ -542,7 +610,7 @@ impl CitronClient {
                 }
             };
             if words.last().is_some_and(|w| w.expanded()) {
-                return Ok(None);
+                return Ok(Ancestors::Expanded);
             }
             for (i, w) in words.iter().enumerate() {
                 if !w.occupied() {
@@ -552,13 +620,21 @@ impl CitronClient {
             // Line 16: the lowest occupied ancestor of `cleared`.
             let Some(next) = (cleared..ancestors.len()).find(|&i| words[i].occupied()) else {
                 let oldest = t1.iter().flatten().min().copied();
-                return Ok(Some(oldest.unwrap_or(posted)));
+                return Ok(Ancestors::Clear(oldest.unwrap_or(posted)));
             };
             // Line 18: wait for it to be released.
             self.yield_held(ep, others)?;
-            let seen = self.spin(ep, self.layout.node(ancestors[next]), |w| !Internal(w).occupied())?;
-            t1[next] = Some(seen);
-            cleared = next + 1;
+            let addr = self.layout.node(ancestors[next]);
+            let tcnt = |w: u64| Internal(w).tcnt();
+            match self.watch(ep, addr, |w| !Internal(w).occupied(), tcnt, self.config.lease)? {
+                Watch::Done(seen) => {
+                    t1[next] = Some(seen);
+                    cleared = next + 1;
+                }
+                // §3.10: its holder may be dead; lock it ourselves (its
+                // bakery wait then recovers it, Line 11).
+                Watch::Stalled(_) => return Ok(Ancestors::Stalled(ancestors[next])),
+            }
         }
     }
 
@@ -616,26 +692,55 @@ impl CitronClient {
         if !pending.is_empty() {
             self.yield_held(ep, others)?;
         }
+        // §3.10, Line 36: a DCnt that does not move for H·T_lease (H: our
+        // height) belongs to dead clients; level it with DMax.
+        let height = shape.depth() - level;
+        let stall = self.config.lease * height;
         for desc in pending {
-            self.spin(ep, self.layout.node(desc), |w| Internal(w).descendants_quiet())?;
+            let addr = self.layout.node(desc);
+            loop {
+                let dcnt = |w: u64| Internal(w).dcnt();
+                match self.watch(ep, addr, |w| Internal(w).descendants_quiet(), dcnt, stall)? {
+                    Watch::Done(_) => break,
+                    Watch::Stalled(w) => {
+                        let seen = Internal(w);
+                        log::warn!("levelling DCnt of node {} left behind by a dead client", desc.0);
+                        let field = ((1u64 << COUNTER_BITS) - 1) << DCNT_SHIFT;
+                        ep.masked_cas(addr, w, field, seen.dmax() << DCNT_SHIFT, field)?;
+                        self.stats_recovered();
+                    }
+                }
+            }
         }
         Ok(())
     }
 
-    /// Reads `addr` until `done` holds; returns the post time of the read that
-    /// saw it.
-    fn spin(
+    /// Reads `addr` until `done` holds, or until `progress(word)` has not
+    /// changed for `stall` (a dead client, §3.10).
+    fn watch(
         &self,
         ep: &Endpoint,
         addr: RemoteAddr,
         done: impl Fn(u64) -> bool,
-    ) -> Result<Instant, LockError> {
+        progress: impl Fn(u64) -> u64,
+        stall: Duration,
+    ) -> Result<Watch, LockError> {
         let start = Instant::now();
+        let mut last: Option<(u64, Instant)> = None;
         let mut spins = 0u32;
         loop {
             let posted = Instant::now();
-            if done(ep.read_u64(addr)?) {
-                return Ok(posted);
+            let w = ep.read_u64(addr)?;
+            if done(w) {
+                return Ok(Watch::Done(posted));
+            }
+            match last {
+                Some((key, since)) if key == progress(w) => {
+                    if since.elapsed() >= stall {
+                        return Ok(Watch::Stalled(w));
+                    }
+                }
+                _ => last = Some((progress(w), posted)),
             }
             if start.elapsed() > self.config.give_up {
                 return Err(LockError::Timeout(self.config.give_up));
@@ -645,6 +750,35 @@ impl CitronClient {
                 std::thread::yield_now();
             }
         }
+    }
+
+    /// Line 11 with its recovery (§3.10): wait until `ticket` is served; if
+    /// TCnt and Occ stall for T_lease, wait (Δ - 1)·T_lease more (Δ: tickets
+    /// ahead of ours), then take over with a masked-CAS on exactly the stalled
+    /// TCnt and Occ, so any progress in the meantime makes it fail harmlessly.
+    fn wait_for_ticket(&self, ep: &Endpoint, addr: RemoteAddr, ticket: Ticket) -> Result<(), LockError> {
+        let key = |w: u64| w & (TCNT_FIELD | OCC_BIT);
+        loop {
+            let w = match self.watch(ep, addr, |w| ticket.is_served(Internal(w)), key, self.config.lease)? {
+                Watch::Done(_) => return Ok(()),
+                Watch::Stalled(w) => w,
+            };
+            let ahead = ticket.0.wrapping_sub(Internal(w).tcnt()) & ((1 << COUNTER_BITS) - 1);
+            if ahead > 1 {
+                let more = self.config.lease * (ahead as u32 - 1);
+                if let Watch::Done(_) = self.watch(ep, addr, |w| ticket.is_served(Internal(w)), key, more)? {
+                    return Ok(());
+                }
+            }
+            log::warn!("taking over a bakery stalled at ticket {} by a dead client", Internal(w).tcnt());
+            let swap = ticket.0 << TCNT_SHIFT;
+            ep.masked_cas(addr, w, TCNT_FIELD | OCC_BIT, swap, TCNT_FIELD | OCC_BIT)?;
+            self.stats_recovered();
+        }
+    }
+
+    fn stats_recovered(&self) {
+        self.recoveries.set(self.recoveries.get() + 1);
     }
 }
 
