@@ -2,5 +2,6 @@
 //! of it, the distributed lock algorithms behind one interface ([`rwlock`]).
 
 pub mod citron;
+pub mod dslr;
 pub mod rdma;
 pub mod rwlock;

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use citron_lock::citron::lock::{CitronClient, CitronConfig, CitronLayout, CitronStats};
 use citron_lock::citron::tree::TreeShape;
+use citron_lock::dslr::{DslrConfig, DslrLock, DslrWord};
 use citron_lock::rdma::{Endpoint, RemoteAddr, Verb};
-use citron_lock::rwlock::{LockError, Mode, RwLockClient};
 use rand::{Rng, SeedableRng};
 
 use crate::TEST_REGION;
@@ -29,32 +29,10 @@ fn unit_word(u: u64) -> RemoteAddr {
     RemoteAddr::new(TEST_REGION, ORACLE_AT + 8 * u)
 }
 
-/// A plain exclusive CAS lock standing in for the spillover mutex in this
-/// test (the paper uses DSLR; the tree protocol does not depend on which).
-pub struct TestSpillover {
-    word: RemoteAddr,
-}
-
-impl TestSpillover {
-    pub fn new(word: RemoteAddr) -> Self {
-        Self { word }
-    }
-}
-
-impl RwLockClient for TestSpillover {
-    fn acquire(&mut self, ep: &Endpoint, _mode: Mode) -> Result<(), LockError> {
-        while ep.cas(self.word, 0, 1)? != 0 {
-            std::thread::yield_now();
-        }
-        Ok(())
-    }
-    fn release(&mut self, ep: &Endpoint) -> Result<(), LockError> {
-        ep.write_u64(self.word, 0)?;
-        Ok(())
-    }
-    fn shares_readers(&self) -> bool {
-        false
-    }
+/// The spillover mutex: DSLR, as in the paper (§3.3).
+pub fn spillover(ep: &Endpoint) -> DslrLock {
+    let addr = RemoteAddr::new(TEST_REGION, SPILLOVER_AT);
+    DslrLock::new(addr, DslrConfig::from_rtt(ep.measure_rtt(addr, 5).expect("rtt")))
 }
 
 /// A random range: mostly small, some large, some crossing N.
@@ -80,8 +58,7 @@ pub fn run(ep: &Endpoint, iterations: u64, seed: u64) -> CitronStats {
     let rtt = ep.measure_rtt(unit_word(0), 5).expect("rtt");
     let mut config = CitronConfig::from_rtt(rtt);
     config.give_up = Duration::from_secs(10);
-    let spill = TestSpillover::new(RemoteAddr::new(TEST_REGION, SPILLOVER_AT));
-    let mut client = CitronClient::new(layout(), config, Box::new(spill));
+    let mut client = CitronClient::new(layout(), config, Box::new(spillover(ep)));
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let n = layout().shape.units();
     for _ in 0..iterations {
@@ -122,7 +99,9 @@ pub fn check_idle(ep: &Endpoint) {
     }
     check_idle_tree(ep);
     assert!(ep.read_u64(layout().maximizer()).unwrap() > n, "crossing requests raised the maximizer");
-    assert_eq!(ep.read_u64(RemoteAddr::new(TEST_REGION, SPILLOVER_AT)).unwrap(), 0);
+    let spill = DslrWord(ep.read_u64(RemoteAddr::new(TEST_REGION, SPILLOVER_AT)).unwrap());
+    assert!(spill.maxx() > 0, "crossing requests took the spillover mutex");
+    assert_eq!((spill.nx(), spill.ns()), (spill.maxx(), spill.maxs()), "spillover idle");
 }
 
 /// Every leaf clear, every internal node unoccupied with its counters level.

@@ -6,6 +6,7 @@
 //! modelled on one machine.
 
 pub mod citron_stress;
+pub mod lock_stress;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -49,8 +49,7 @@ fn uncontended_acquisition_takes_two_round_trips() {
         let fabric = TestFabric::new(backend, 1 << 20);
         let ep = Node::join(&fabric.addr).unwrap().endpoint().unwrap();
         let config = CitronConfig::from_rtt(ep.measure_rtt(RemoteAddr::new(TEST_REGION, 0), 5).unwrap());
-        let spill =
-            citron_stress::TestSpillover::new(RemoteAddr::new(TEST_REGION, citron_stress::SPILLOVER_AT));
+        let spill = citron_stress::spillover(&ep);
         let mut c = CitronClient::new(citron_stress::layout(), config, Box::new(spill));
         // 16 units inside one leaf; then 256 units = one level-1 node of a depth-2 tree.
         for (l, r) in [(100, 116), (256, 512)] {
@@ -113,8 +112,7 @@ fn survivors_recover_what_dead_clients_held() {
                 CitronConfig::from_rtt(ep.measure_rtt(RemoteAddr::new(TEST_REGION, 0), 5).unwrap());
             config.lease = lease;
             config.give_up = Duration::from_secs(30);
-            let spill =
-                citron_stress::TestSpillover::new(RemoteAddr::new(TEST_REGION, citron_stress::SPILLOVER_AT));
+            let spill = citron_stress::spillover(ep);
             CitronClient::new(citron_stress::layout(), config, Box::new(spill))
         };
         // The dead: each acquires and vanishes without releasing.
