@@ -187,3 +187,38 @@ impl TestCluster {
         TestMount::with_transport(self.meta.local_addr(), citronfs_core::client::Transport::Tcp)
     }
 }
+
+/// A worker started with its stdout piped, read line by line.
+pub struct Watched {
+    pub child: Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Watched {
+    pub fn spawn(exe: &str, args: &[String]) -> Self {
+        let mut child = Command::new(exe)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {exe}: {e}"));
+        let lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().expect("piped")));
+        Self { child, lines }
+    }
+
+    /// Blocks until the worker prints `line`; panics if it exits first.
+    pub fn wait_for(&mut self, line: &str) {
+        for l in self.lines.by_ref() {
+            if l.expect("worker output") == line {
+                return;
+            }
+        }
+        panic!("worker exited before printing {line:?}");
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(mut self) {
+        self.child.kill().expect("kill worker");
+        let _ = self.child.wait();
+    }
+}

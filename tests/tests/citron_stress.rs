@@ -141,3 +141,47 @@ fn survivors_recover_what_dead_clients_held() {
         citron_stress::check_idle_tree(&ep);
     }
 }
+
+/// §3.10 with real crashes: a process SIGKILLed holding a leaf range and one
+/// holding an internal node; a survivor locks across both.
+#[test]
+fn processes_killed_holding_ranges_are_recovered() {
+    use std::time::{Duration, Instant};
+
+    use citron_lock::citron::lock::{CitronClient, CitronConfig};
+    use citron_lock::rdma::RemoteAddr;
+    use citronfs_tests::{Watched, TEST_REGION};
+    let exe = env!("CARGO_BIN_EXE_lock-hold-worker");
+    for backend in BACKENDS {
+        let fabric = TestFabric::new(backend, 1 << 20);
+        let lease_ms = 150u64;
+        let mut dead = Vec::new();
+        for (l, r) in [(10u64, 20u64), (256, 512)] {
+            let args = [
+                "citron".to_string(),
+                fabric.addr.to_string(),
+                l.to_string(),
+                r.to_string(),
+                lease_ms.to_string(),
+            ];
+            let mut w = Watched::spawn(exe, &args);
+            w.wait_for("held");
+            dead.push(w);
+        }
+        for w in dead {
+            w.kill();
+        }
+        let ep = Node::join(&fabric.addr).unwrap().endpoint().unwrap();
+        let mut config = CitronConfig::from_rtt(ep.measure_rtt(RemoteAddr::new(TEST_REGION, 0), 5).unwrap());
+        config.lease = Duration::from_millis(lease_ms);
+        let mut c =
+            CitronClient::new(citron_stress::layout(), config, Box::new(citron_stress::spillover(&ep)));
+        for (l, r) in [(15, 300), (0, 1024)] {
+            let t = Instant::now();
+            let held = c.acquire(&ep, l, r).unwrap();
+            c.release(&ep, held).unwrap();
+            println!("{backend:?}: [{l}, {r}) after {:?}", t.elapsed());
+        }
+        assert!(c.stats().recoveries > 0);
+    }
+}

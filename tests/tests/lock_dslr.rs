@@ -104,3 +104,34 @@ fn a_dead_holder_is_reset_after_twice_the_lease() {
         let _ = (dead, dead_ep);
     }
 }
+
+/// §4.7 with real crashes: a process SIGKILLed while holding, and one
+/// SIGKILLed while queued behind it; a survivor gets the lock once their
+/// tickets have been silent for twice the lease (bounded by a few leases).
+#[test]
+fn processes_killed_holding_and_queued_are_recovered() {
+    use citronfs_tests::Watched;
+    let exe = env!("CARGO_BIN_EXE_lock-hold-worker");
+    for backend in BACKENDS {
+        let fabric = TestFabric::new(backend, 1 << 20);
+        let lease_ms = 100;
+        let args = |mode: &str| {
+            vec!["dslr".to_string(), fabric.addr.to_string(), mode.to_string(), lease_ms.to_string()]
+        };
+        let mut holder = Watched::spawn(exe, &args("exclusive"));
+        holder.wait_for("held");
+        let mut queued = Watched::spawn(exe, &args("exclusive"));
+        queued.wait_for("acquiring");
+        std::thread::sleep(Duration::from_millis(20)); // let it take its ticket
+        holder.kill();
+        queued.kill();
+        let ep = Node::join(&fabric.addr).unwrap().endpoint().unwrap();
+        let config = DslrConfig { omega: Duration::from_micros(5), lease: Duration::from_millis(lease_ms) };
+        let t = Instant::now();
+        let mut survivor = DslrLock::new(lock_addr(), config);
+        survivor.acquire(&ep, Mode::Exclusive).unwrap();
+        survivor.release(&ep).unwrap();
+        println!("{backend:?}: survivor acquired after {:?} ({} resets)", t.elapsed(), survivor.resets);
+        assert!(survivor.resets >= 1);
+    }
+}
