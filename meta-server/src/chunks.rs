@@ -98,6 +98,13 @@ impl ChunkAllocator {
             + quarantined_ready.count() as u64
     }
 
+    /// How long until the oldest quarantined chunk can be reused, if any is
+    /// quarantined: an allocation that found no free chunk waits this long
+    /// instead of failing with ENOSPC.
+    pub fn next_release(&self) -> Option<Duration> {
+        self.quarantine.front().map(|(t, _)| self.quarantine_for.saturating_sub(t.elapsed()))
+    }
+
     pub fn chunk_size(&self) -> u64 {
         self.chunk_size
     }

@@ -107,6 +107,12 @@ impl Slots {
 
 pub struct Namespace {
     inodes: HashMap<Ino, Inode>,
+    /// Inodes with no link and no open, kept for `orphan_grace` before they
+    /// are freed: the kernel may open an inode it looked up just before a
+    /// rename replaced it, and that open must find it (POSIX gives it the old
+    /// file). See [`Namespace::sweep_orphans`].
+    orphans: std::collections::VecDeque<(Ino, std::time::Instant)>,
+    orphan_grace: std::time::Duration,
     next_ino: u64,
     next_cookie: u64,
     slots: Slots,
@@ -126,10 +132,17 @@ fn check_name(name: &[u8]) -> Result<(), FsError> {
 
 impl Namespace {
     /// A namespace with an empty root directory owned by `root_owner`.
-    pub fn new(slot_memory: Arc<RegionMemory>, chunks: ChunkAllocator, root_owner: Caller) -> Self {
+    pub fn new(
+        slot_memory: Arc<RegionMemory>,
+        chunks: ChunkAllocator,
+        root_owner: Caller,
+        orphan_grace: std::time::Duration,
+    ) -> Self {
         let geometry = ChunkGeometry::new(chunks.chunk_size()).expect("chunk size validated by the server");
         let mut ns = Self {
             inodes: HashMap::new(),
+            orphans: std::collections::VecDeque::new(),
+            orphan_grace,
             next_ino: Ino::ROOT.0 + 1,
             next_cookie: FIRST_COOKIE,
             slots: Slots { memory: slot_memory, next: 0, free: Vec::new() },
@@ -351,6 +364,39 @@ impl Namespace {
         if !dead {
             return;
         }
+        if matches!(inode.content, Content::File(_)) {
+            self.orphans.push_back((ino, std::time::Instant::now()));
+            return;
+        }
+        self.inodes.remove(&ino);
+    }
+
+    /// When space held by orphans or quarantined chunks will next come back.
+    pub fn next_space_event(&self) -> Option<std::time::Duration> {
+        let orphan = self.orphans.front().map(|(_, since)| self.orphan_grace.saturating_sub(since.elapsed()));
+        match (orphan, self.chunks.next_release()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Frees the orphans whose grace has passed and that are still unlinked
+    /// and unopened.
+    pub fn sweep_orphans(&mut self) {
+        while let Some(&(ino, since)) = self.orphans.front() {
+            if since.elapsed() < self.orphan_grace {
+                break;
+            }
+            self.orphans.pop_front();
+            let still_dead = matches!(self.inodes.get(&ino), Some(Inode { attr, content: Content::File(f), .. })
+                if attr.nlink == 0 && f.opens.is_empty());
+            if still_dead {
+                self.free_file(ino);
+            }
+        }
+    }
+
+    fn free_file(&mut self, ino: Ino) {
         if let Some(Inode { content: Content::File(f), .. }) = self.inodes.remove(&ino) {
             for (_, loc) in f.chunks {
                 self.chunks.free(loc);

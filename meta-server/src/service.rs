@@ -108,6 +108,26 @@ impl MetaService {
         Ok(MetaResponse::DataServerRegistered(id))
     }
 
+    /// Runs an allocation; when the data servers are full but freed chunks
+    /// are in quarantine, waits for them (outside the namespace lock) rather
+    /// than answer ENOSPC for space that is about to return.
+    fn with_space<T>(&self, mut op: impl FnMut(&mut Namespace) -> Result<T, FsError>) -> Result<T, FsError> {
+        loop {
+            let wait = {
+                let mut ns = self.ns.lock();
+                ns.sweep_orphans();
+                match op(&mut ns) {
+                    Err(FsError::NoSpace) => match ns.next_space_event() {
+                        Some(wait) => wait,
+                        None => return Err(FsError::NoSpace),
+                    },
+                    other => return other,
+                }
+            };
+            std::thread::sleep(wait.max(Duration::from_millis(1)));
+        }
+    }
+
     fn expire_clients(&self) {
         let now = Instant::now();
         let expired: Vec<ClientId> = {
@@ -126,6 +146,7 @@ impl MetaService {
             log::warn!("client {} missed its lease; dropping its opens", c.0);
             self.ns.lock().drop_client(c);
         }
+        self.ns.lock().sweep_orphans();
     }
 
     fn dispatch(&self, request: MetaRequest) -> Result<MetaResponse, FsError> {
@@ -218,12 +239,12 @@ impl MetaService {
                 A::Done
             }
             R::AllocChunks { ino, chunks } => {
-                let allocation = self.ns.lock().alloc_chunks(ino, &chunks)?;
+                let allocation = self.with_space(|ns| ns.alloc_chunks(ino, &chunks))?;
                 self.zero(&allocation.zero)?;
                 A::Chunks(allocation.chunks)
             }
             R::Fallocate { ino, offset, len, keep_size } => {
-                let zero = self.ns.lock().fallocate(ino, offset, len, keep_size)?;
+                let zero = self.with_space(|ns| ns.fallocate(ino, offset, len, keep_size))?;
                 self.zero(&zero)?;
                 A::Done
             }
@@ -286,12 +307,19 @@ impl MetaServer {
             }
         };
         let nic = TcpHost::spawn(config.nic_listen, regions).map_err(io)?;
-        // Data-server chunks freed while a client may still hold the old
-        // layout stay unused for two leases (the client refetches on the
-        // epoch change long before).
-        let chunks = ChunkAllocator::new(config.chunk_size, 2 * config.lease);
+        // Freed chunks stay unused for a lease: a client whose I/O was in
+        // flight when a truncate freed them finishes long before, and every
+        // later I/O sees the epoch change first.
+        let chunks = ChunkAllocator::new(config.chunk_size, config.lease);
         let service = Arc::new(MetaService {
-            ns: Mutex::new(Namespace::new(slots, chunks, config.root_owner)),
+            // The lookup-then-open window an orphan's grace covers is
+            // microseconds; a second is ample.
+            ns: Mutex::new(Namespace::new(
+                slots,
+                chunks,
+                config.root_owner,
+                config.lease.min(Duration::from_secs(1)),
+            )),
             chunk_size: config.chunk_size,
             lease: config.lease,
             nic: nic.local_addr(),

@@ -252,3 +252,40 @@ fn a_vanished_data_server_gives_eio_promptly() {
     // Metadata still works: only the data server is gone.
     assert_eq!(fs::metadata(a.path("f")).unwrap().len(), 4);
 }
+
+#[test]
+fn rename_over_a_file_is_atomic_as_seen_from_the_other_mount() {
+    // Every replaced file keeps its chunk through a grace and a quarantine:
+    // room for all 200 of them.
+    let cluster = TestCluster::start(1, 256 << 20, CHUNK);
+    let (a, b) = (cluster.mount(), cluster.mount());
+    fs::write(a.path("target"), b"version 0000").unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Never missing, never a mix of two versions.
+                let got = fs::read(b.path("target")).expect("target exists at every instant");
+                assert!(got.starts_with(b"version ") && got.len() == 12, "{got:?}");
+                reads += 1;
+            }
+            reads
+        });
+        // Stop the reader however the writer ends, or the scope never would.
+        struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(&stop);
+        for i in 1..=200 {
+            fs::write(a.path("tmp"), format!("version {i:04}")).unwrap();
+            fs::rename(a.path("tmp"), a.path("target")).unwrap();
+        }
+        drop(_stop);
+        assert!(reader.join().unwrap() > 0);
+    });
+    assert_eq!(fs::read(b.path("target")).unwrap(), b"version 0200");
+}
