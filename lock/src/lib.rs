@@ -5,3 +5,4 @@ pub mod citron;
 pub mod dslr;
 pub mod rdma;
 pub mod rwlock;
+pub mod shiftlock;

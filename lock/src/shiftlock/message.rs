@@ -1,0 +1,263 @@
+//! The two-sided messages of ShiftLock (§3.3, §3.5.2, §3.6) and the postbox
+//! that sorts them by lock.
+//!
+//! Clients notify each other with `Successor`, `Handover` and `ModeChanged`
+//! ([`PeerMessage`]); a client that finds a lock stalled asks the lock host's
+//! recovery service with [`RecoveryRequest`] and gets a [`RecoveryReply`].
+//! All of them travel as one [`Wire`] enum, bincode-encoded with the verbs
+//! layer's codec, and each names its lock: one endpoint (one mailbox, the
+//! `TailPtr` of §3.2) serves every ShiftLock its thread uses, so a message
+//! for lock A may arrive while the thread waits on lock B. The [`Postbox`]
+//! keeps such messages until A's handle looks for them.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::entry::{Epoch, RelCnt};
+use crate::rdma::{codec, ClientAddr, Endpoint, Message, RemoteAddr};
+
+/// Client-to-client notifications (Alg. 2 line 15, Alg. 3 lines 18 and 23).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PeerMessage {
+    /// "I enqueued behind you" (Alg. 2 line 15). The successor is the
+    /// message's sender; `enqueued_at` is the `RelCnt` its enqueue returned,
+    /// which lets the receiver discard a message from before a recovery.
+    Successor { enqueued_at: RelCnt },
+    /// The lock is yours (Alg. 3 line 23): `RelCnt` after our release, the
+    /// consecutive-writer count, and the current epoch. The paper's payload
+    /// is `(curRelCnt, consWrt)`; the epoch is ours (see [`super`]).
+    Handover { rel_cnt: RelCnt, cons_wrt: u32, epoch: Epoch },
+    /// The lock went to the readers (Alg. 3 line 18): take it when `RelCnt`
+    /// reaches `expected`; `epoch` is the epoch after the flip.
+    ModeChanged { expected: RelCnt, epoch: Epoch },
+}
+
+/// Asks the lock host to recover a lock (§3.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecoveryRequest {
+    /// Recover `lock` if `era` is still the current era of its era counter.
+    Recover { lock: RemoteAddr, era: u64 },
+    /// Stop the service (accepted only from the service's own node).
+    Shutdown,
+}
+
+/// The lock host's answer to [`RecoveryRequest::Recover`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecoveryReply {
+    /// The lock was reset; its era counter is now `era`.
+    Recovered { lock: RemoteAddr, era: u64 },
+    /// `requested` is not the current era (`current`): someone recovered
+    /// under this era already. Wait T_lease and look at `RelCnt` again.
+    Stale { lock: RemoteAddr, requested: u64, current: u64 },
+    /// The request is invalid (misaligned address, unknown region...).
+    Refused { lock: RemoteAddr, reason: String },
+}
+
+impl RecoveryReply {
+    pub fn lock(&self) -> RemoteAddr {
+        match *self {
+            RecoveryReply::Recovered { lock, .. }
+            | RecoveryReply::Stale { lock, .. }
+            | RecoveryReply::Refused { lock, .. } => lock,
+        }
+    }
+}
+
+/// Everything ShiftLock puts in a mailbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Wire {
+    Peer { lock: RemoteAddr, message: PeerMessage },
+    Request(RecoveryRequest),
+    Reply(RecoveryReply),
+}
+
+impl Wire {
+    pub fn encode(&self) -> Vec<u8> {
+        codec::encode(self)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Wire, String> {
+        codec::decode(bytes)
+    }
+
+    /// The lock a client-bound message is about.
+    pub fn lock(&self) -> Option<RemoteAddr> {
+        match self {
+            Wire::Peer { lock, .. } => Some(*lock),
+            Wire::Reply(r) => Some(r.lock()),
+            Wire::Request(_) => None,
+        }
+    }
+}
+
+/// What a receiver does with a message it is shown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// The message it waits for.
+    Take,
+    /// Stale (from before a recovery): drop it.
+    Discard,
+    /// Not now: keep it for later.
+    Keep,
+}
+
+/// A received ShiftLock message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Letter {
+    pub from: ClientAddr,
+    pub wire: Wire,
+}
+
+#[derive(Default)]
+struct Slots {
+    owner: Option<ClientAddr>,
+    by_lock: HashMap<RemoteAddr, VecDeque<Letter>>,
+    foreign: VecDeque<Message>,
+}
+
+/// Messages that arrived at one endpoint for a lock other than the one its
+/// thread was waiting on. Share one postbox (an `Arc`) among all ShiftLock
+/// handles used with the same endpoint; a handle with its own postbox loses
+/// the messages of other locks to it.
+#[derive(Default)]
+pub struct Postbox {
+    slots: Mutex<Slots>,
+}
+
+impl std::fmt::Debug for Postbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.slots.lock();
+        f.debug_struct("Postbox")
+            .field("owner", &s.owner)
+            .field("kept", &s.by_lock.values().map(VecDeque::len).sum::<usize>())
+            .field("foreign", &s.foreign.len())
+            .finish()
+    }
+}
+
+impl Postbox {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Binds the postbox to `ep`'s mailbox on first use; `false` if it
+    /// belongs to another endpoint.
+    pub fn bind(&self, ep: &Endpoint) -> bool {
+        let mut s = self.slots.lock();
+        *s.owner.get_or_insert(ep.addr()) == ep.addr()
+    }
+
+    /// Messages that were not ShiftLock's (another protocol sharing the
+    /// mailbox), in arrival order.
+    pub fn take_foreign(&self) -> Vec<Message> {
+        self.slots.lock().foreign.drain(..).collect()
+    }
+
+    /// Messages kept for `lock`.
+    pub fn kept(&self, lock: RemoteAddr) -> usize {
+        self.slots.lock().by_lock.get(&lock).map_or(0, VecDeque::len)
+    }
+
+    fn keep(&self, letter: Letter) {
+        let lock = letter.wire.lock().expect("only client-bound messages are kept");
+        self.slots.lock().by_lock.entry(lock).or_default().push_back(letter);
+    }
+
+    /// Shows the kept messages of `lock` to `judge`, oldest first; returns
+    /// the first it takes and drops those it discards.
+    fn search(&self, lock: RemoteAddr, judge: &mut impl FnMut(&Letter) -> Verdict) -> Option<Letter> {
+        let mut s = self.slots.lock();
+        let queue = s.by_lock.get_mut(&lock)?;
+        let mut i = 0;
+        while i < queue.len() {
+            match judge(&queue[i]) {
+                Verdict::Take => return queue.remove(i),
+                Verdict::Discard => {
+                    queue.remove(i);
+                }
+                Verdict::Keep => i += 1,
+            }
+        }
+        None
+    }
+
+    /// Waits until `deadline` for a message about `lock` that `judge` takes:
+    /// first among the kept ones, then from the mailbox. Messages about
+    /// other locks, and those `judge` keeps, are kept; messages that are not
+    /// ShiftLock's go to the foreign queue. With `deadline` in the past this
+    /// only looks at what has already arrived.
+    pub fn receive(
+        &self,
+        ep: &Endpoint,
+        lock: RemoteAddr,
+        deadline: Instant,
+        mut judge: impl FnMut(&Letter) -> Verdict,
+    ) -> Option<Letter> {
+        if let Some(l) = self.search(lock, &mut judge) {
+            return Some(l);
+        }
+        loop {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            let message = if wait.is_zero() { ep.try_recv()? } else { ep.recv_timeout(wait)? };
+            let wire = match Wire::decode(&message.payload) {
+                Ok(w) if w.lock().is_some() => w,
+                Ok(w) => {
+                    log::warn!("dropping {w:?} from {}: a request sent to a client", message.from);
+                    continue;
+                }
+                Err(e) => {
+                    log::debug!("keeping a foreign message from {} ({e})", message.from);
+                    self.slots.lock().foreign.push_back(message);
+                    continue;
+                }
+            };
+            let letter = Letter { from: message.from, wire };
+            if letter.wire.lock() != Some(lock) {
+                self.keep(letter);
+                continue;
+            }
+            match judge(&letter) {
+                Verdict::Take => return Some(letter),
+                Verdict::Discard => log::debug!("discarding stale {letter:?}"),
+                Verdict::Keep => self.keep(letter),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rdma::RegionId;
+
+    #[test]
+    fn wire_round_trips() {
+        let lock = RemoteAddr::new(RegionId(2), 48);
+        for w in [
+            Wire::Peer { lock, message: PeerMessage::Successor { enqueued_at: RelCnt(5) } },
+            Wire::Peer {
+                lock,
+                message: PeerMessage::Handover {
+                    rel_cnt: RelCnt(u64::MAX),
+                    cons_wrt: 15,
+                    epoch: Epoch(true),
+                },
+            },
+            Wire::Peer {
+                lock,
+                message: PeerMessage::ModeChanged { expected: RelCnt(9), epoch: Epoch(false) },
+            },
+            Wire::Request(RecoveryRequest::Recover { lock, era: 3 }),
+            Wire::Request(RecoveryRequest::Shutdown),
+            Wire::Reply(RecoveryReply::Recovered { lock, era: 4 }),
+            Wire::Reply(RecoveryReply::Stale { lock, requested: 3, current: 4 }),
+            Wire::Reply(RecoveryReply::Refused { lock, reason: "x".into() }),
+        ] {
+            assert_eq!(Wire::decode(&w.encode()).unwrap(), w);
+        }
+        assert!(Wire::decode(b"\xff\xff\xff garbage").is_err());
+    }
+}

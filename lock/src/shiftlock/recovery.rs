@@ -1,0 +1,249 @@
+//! Era-based recovery of ShiftLock entries by the lock host (§3.6, Fig. 2(c)).
+//!
+//! The lock host keeps 64-bit era counters in its memory ([`EraTable`]),
+//! readable by clients with one-sided reads. A client that sees a lock's
+//! `RelCnt` stand still for 3 × T_lease reads the lock's era and sends a
+//! [`RecoveryRequest::Recover`] with it to the [`RecoveryService`], a thread
+//! with its own endpoint in the lock-host process. The service recovers
+//! *once per era*: if the era in the request is the counter's current value
+//! it resets the entry (every field zero, `RelCnt` + 2^63) with an extended
+//! CAS and then increments the era; otherwise it answers `Stale`. So when
+//! several waiters time out on the same stall, exactly one reset happens,
+//! and a request that was delayed past a recovery (the ABA case of Fig.
+//! 2(b)) cannot reset the lock again.
+//!
+//! Ordering argument (why a client's request can never cause a second reset
+//! for one stall): the service resets the entry *before* it increments the
+//! era, and a client reads the era *before* it re-reads the entry to confirm
+//! the stall. If a reset R happened and the client's re-read did not see its
+//! leap, the re-read preceded R's reset, so the client's era read preceded
+//! R's era increment: the client holds R's era, and R, handled first by the
+//! single service thread, makes the request stale.
+//!
+//! Choices:
+//! * Several era counters (the paper's "improving recovery performance"):
+//!   a lock's counter is chosen by hashing its address, so recoveries of
+//!   locks under different counters do not reject each other's requests.
+//! * The service is the only writer of its era words; exactly one service
+//!   must serve an era table.
+//! * A request for an era that does not exist yet (greater than the current
+//!   one) is answered `Stale` like an old one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::entry::{Entry, ExtCas, ENTRY_ALIGN};
+use super::message::{RecoveryReply, RecoveryRequest, Wire};
+use crate::rdma::{ClientAddr, Endpoint, Node, RdmaError, RemoteAddr};
+use crate::rwlock::LockError;
+
+/// The era counters: `count` 8-byte words from `base`, zero at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EraTable {
+    pub base: RemoteAddr,
+    pub count: u32,
+}
+
+impl EraTable {
+    /// Bytes of host memory for `count` counters.
+    pub const fn bytes(count: u32) -> u64 {
+        8 * count as u64
+    }
+
+    /// The era counter that governs `lock`.
+    pub fn era_of(&self, lock: RemoteAddr) -> RemoteAddr {
+        let count = u64::from(self.count.max(1));
+        // Entries are 16-aligned: hash the entry index, region included.
+        let key = (lock.offset / ENTRY_ALIGN) ^ (u64::from(lock.region.0) << 48);
+        let slot = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+        self.base + 8 * (slot % count)
+    }
+}
+
+/// Where clients find a lock's recovery: the service's mailbox and the era
+/// counters it keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RecoveryLocator {
+    pub service: ClientAddr,
+    pub eras: EraTable,
+}
+
+/// What the service has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryStats {
+    /// Locks reset (one per era advanced).
+    pub recovered: u64,
+    /// Requests with an era that was not current.
+    pub stale: u64,
+    /// Requests refused as invalid.
+    pub refused: u64,
+}
+
+#[derive(Default)]
+struct SharedStats {
+    recovered: AtomicU64,
+    stale: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// The lock host's recovery thread. Dropping it stops the thread.
+pub struct RecoveryService {
+    locator: RecoveryLocator,
+    node: Node,
+    stats: Arc<SharedStats>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RecoveryService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecoveryService").field("locator", &self.locator).finish()
+    }
+}
+
+impl RecoveryService {
+    /// Starts the service on `node` (a node of the lock-host process) for
+    /// the era counters `eras`, which must be zeroed host memory.
+    pub fn spawn(node: &Node, eras: EraTable) -> Result<Self, LockError> {
+        if eras.count == 0 || !eras.base.is_aligned(8) {
+            return Err(LockError::Misuse("an era table needs at least one 8-aligned counter"));
+        }
+        let ep = node.endpoint()?;
+        // Fail early if the era table is not readable host memory.
+        for i in 0..eras.count {
+            ep.read_u64(eras.base + 8 * u64::from(i))?;
+        }
+        let locator = RecoveryLocator { service: ep.addr(), eras };
+        let stats = Arc::new(SharedStats::default());
+        let thread = {
+            let stats = stats.clone();
+            std::thread::Builder::new()
+                .name("shiftlock-recovery".into())
+                .spawn(move || serve(&ep, eras, &stats))
+                .map_err(|e| LockError::Host(format!("cannot start the recovery thread: {e}")))?
+        };
+        log::info!("ShiftLock recovery service at {}", locator.service);
+        Ok(Self { locator, node: node.clone(), stats, thread: Some(thread) })
+    }
+
+    pub fn locator(&self) -> RecoveryLocator {
+        self.locator
+    }
+
+    pub fn stats(&self) -> RecoveryStats {
+        RecoveryStats {
+            recovered: self.stats.recovered.load(Ordering::Relaxed),
+            stale: self.stats.stale.load(Ordering::Relaxed),
+            refused: self.stats.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for RecoveryService {
+    fn drop(&mut self) {
+        let stopped = self.node.endpoint().map_err(LockError::from).and_then(|ep| {
+            Ok(ep.send(self.locator.service, &Wire::Request(RecoveryRequest::Shutdown).encode())?)
+        });
+        match stopped {
+            Ok(()) => {
+                if let Some(t) = self.thread.take() {
+                    let _ = t.join();
+                }
+            }
+            // The thread stays parked on its mailbox; it holds no lock state.
+            Err(e) => log::warn!("cannot stop the recovery service: {e}"),
+        }
+    }
+}
+
+/// The service loop: one request at a time, so the era check, the reset and
+/// the era increment of one request are never interleaved with another's.
+fn serve(ep: &Endpoint, eras: EraTable, stats: &SharedStats) {
+    loop {
+        let Some(message) = ep.recv_timeout(Duration::from_secs(3600)) else { continue };
+        let request = match Wire::decode(&message.payload) {
+            Ok(Wire::Request(r)) => r,
+            Ok(other) => {
+                log::warn!("recovery service: ignoring {other:?} from {}", message.from);
+                continue;
+            }
+            Err(e) => {
+                log::warn!("recovery service: malformed message from {}: {e}", message.from);
+                continue;
+            }
+        };
+        let reply = match request {
+            RecoveryRequest::Shutdown if message.from.node == ep.addr().node => return,
+            RecoveryRequest::Shutdown => {
+                log::warn!("recovery service: shutdown from foreign node {} refused", message.from);
+                continue;
+            }
+            RecoveryRequest::Recover { lock, era } => match recover(ep, eras, lock, era) {
+                Ok(reply) => reply,
+                Err(e) => RecoveryReply::Refused { lock, reason: e.to_string() },
+            },
+        };
+        let counter = match reply {
+            RecoveryReply::Recovered { .. } => &stats.recovered,
+            RecoveryReply::Stale { .. } => &stats.stale,
+            RecoveryReply::Refused { .. } => &stats.refused,
+        };
+        // Relaxed: statistics only.
+        counter.fetch_add(1, Ordering::Relaxed);
+        log::info!("recovery service: {reply:?} for {}", message.from);
+        if let Err(e) = ep.send(message.from, &Wire::Reply(reply).encode()) {
+            log::warn!("recovery service: cannot answer {}: {e}", message.from);
+        }
+    }
+}
+
+/// One recovery request (§3.6): reject an era that is not current; else
+/// reset the entry, then advance the era.
+fn recover(ep: &Endpoint, eras: EraTable, lock: RemoteAddr, era: u64) -> Result<RecoveryReply, RdmaError> {
+    if !lock.is_aligned(ENTRY_ALIGN) {
+        return Ok(RecoveryReply::Refused { lock, reason: format!("{lock} is not 16-aligned") });
+    }
+    let era_word = eras.era_of(lock);
+    let current = ep.read_u64(era_word)?;
+    if era != current {
+        return Ok(RecoveryReply::Stale { lock, requested: era, current });
+    }
+    // The reset: an extended CAS from the value last seen, retried with the
+    // value the failed CAS returned (clients may still be changing fields).
+    let mut seen = Entry::from_le_bytes(ep.read_u128(lock)?.to_le_bytes());
+    loop {
+        let cas = ExtCas::recover(seen);
+        let old = Entry(ep.ext_cas(lock, cas.cmp, cas.cmp_mask, cas.swap, cas.swap_mask)?);
+        if old == seen {
+            log::warn!("recovered ShiftLock {lock} (was {seen:?}) in era {era}");
+            break;
+        }
+        seen = old;
+    }
+    // Only after the reset (see the module comment).
+    ep.write_u64(era_word, era + 1)?;
+    Ok(RecoveryReply::Recovered { lock, era: era + 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rdma::RegionId;
+
+    #[test]
+    fn era_of_spreads_locks_and_stays_in_the_table() {
+        let t = EraTable { base: RemoteAddr::new(RegionId(1), 4096), count: 8 };
+        let mut used = std::collections::HashSet::new();
+        for i in 0..256u64 {
+            let e = t.era_of(RemoteAddr::new(RegionId(1), 16 * i));
+            assert!(e.offset >= 4096 && e.offset < 4096 + EraTable::bytes(8) && e.is_aligned(8));
+            used.insert(e.offset);
+        }
+        assert_eq!(used.len(), 8, "every counter serves some lock");
+        let one = EraTable { base: RemoteAddr::new(RegionId(1), 64), count: 1 };
+        assert_eq!(one.era_of(RemoteAddr::new(RegionId(9), 1 << 20)), one.base);
+    }
+}
