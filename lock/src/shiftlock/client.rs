@@ -18,9 +18,6 @@ use crate::rwlock::{LockError, Mode, RwLockClient};
 /// The paper's maximum number of consecutive writer handovers, N (§3.5.2, §4.7).
 pub const DEFAULT_WRITER_THRESHOLD: u32 = 16;
 
-/// Polls that only yield the processor before polls start to sleep.
-const SPIN_POLLS: u32 = 4;
-
 /// Timing and tunables of the protocol.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ShiftLockConfig {
@@ -106,6 +103,11 @@ pub struct ShiftLockStats {
     pub mode_changes_received: u64,
     /// Largest consecutive-writer count this handle held the lock with.
     pub max_cons_wrt: u32,
+    /// Reads of the entry by readers waiting for the epoch to change (Alg. 2 line 5).
+    pub reader_polls: u64,
+    /// Reads of the entry by writers waiting for `RelCnt` (lines 18, 24) or
+    /// checking for a stall while they wait for a message.
+    pub writer_polls: u64,
     /// Acquisitions started over after a recovery leap of `RelCnt`.
     pub restarts: u64,
     pub recovery_requests: u64,
@@ -187,26 +189,22 @@ impl Stall {
     }
 }
 
-/// Pauses between polls: a few yields, then sleeps that double up to
-/// `max_poll`.
+/// Pauses between polls: sleeps that start at `poll` and double up to
+/// `max_poll`. (Spinning instead would poll a shm entry every few hundred
+/// nanoseconds and multiply the reads per acquisition, the figure of merit
+/// the paper's Fig. 6 reports, for little gain in latency.)
 struct Backoff {
-    polls: u32,
     next: Duration,
 }
 
 impl Backoff {
     fn new(config: &ShiftLockConfig) -> Self {
-        Self { polls: 0, next: config.poll }
+        Self { next: config.poll }
     }
 
     fn pause(&mut self, config: &ShiftLockConfig) {
-        self.polls += 1;
-        if self.polls <= SPIN_POLLS {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(self.next);
-            self.next = (self.next * 2).min(config.max_poll);
-        }
+        std::thread::sleep(self.next);
+        self.next = (self.next * 2).min(config.max_poll);
     }
 }
 
@@ -217,7 +215,7 @@ pub struct ShiftLockClient {
     postbox: Arc<Postbox>,
     state: State,
     stats: ShiftLockStats,
-    /// An acquisition gave up while queued: the queue may still point at us.
+    /// An acquisition gave up: the entry may still count it.
     poisoned: bool,
 }
 
@@ -274,7 +272,7 @@ impl ShiftLockClient {
             return Err(LockError::Misuse("acquire while this handle holds or waits for the lock"));
         }
         if self.poisoned {
-            return Err(LockError::Misuse("this ShiftLock handle gave up an acquisition while queued"));
+            return Err(LockError::Misuse("this ShiftLock handle gave up an acquisition"));
         }
         if !self.postbox.bind(ep) {
             return Err(LockError::Misuse("a ShiftLock postbox serves one endpoint only"));
@@ -369,9 +367,10 @@ impl ShiftLockClient {
         let mut look_now = false;
         loop {
             if Instant::now() >= give_up_at {
-                if matches!(self.state, State::WriterQueued { .. } | State::WriterDraining { .. }) {
-                    self.poisoned = true;
-                }
+                // Our RdrCnt increment or TailPtr stays in the entry (undoing
+                // either could admit someone too early), so the lock stalls
+                // until the host recovers it, and this handle is not reused.
+                self.poisoned = true;
                 self.state = State::Idle;
                 return Err(LockError::Timeout(self.config.give_up));
             }
@@ -381,6 +380,7 @@ impl ShiftLockClient {
                         backoff.pause(&self.config);
                     }
                     let posted = Instant::now();
+                    self.stats.reader_polls += 1;
                     let e = self.read_entry(ep)?;
                     if e.rel_cnt().leaped_from(since) {
                         // Recovered: our RdrCnt increment is gone.
@@ -435,6 +435,7 @@ impl ShiftLockClient {
                             look_now = true;
                         }
                         _ => {
+                            self.stats.writer_polls += 1;
                             let e = self.read_entry(ep)?;
                             if e.rel_cnt().leaped_from(enqueued_at) {
                                 if self.restart(ep, Mode::Exclusive, &mut stall)? {
@@ -453,6 +454,7 @@ impl ShiftLockClient {
                     if !std::mem::take(&mut look_now) {
                         backoff.pause(&self.config);
                     }
+                    self.stats.writer_polls += 1;
                     let e = self.read_entry(ep)?;
                     if e.rel_cnt() == target {
                         self.state =

@@ -17,8 +17,11 @@
 //! A writer's `TailPtr` is the [`ClientAddr`](crate::rdma::ClientAddr) of the
 //! endpoint it acquires with: messages for it arrive in that endpoint's
 //! mailbox, so a lock must be released through the endpoint it was acquired
-//! with, and every ShiftLock handle used with one endpoint must share one
-//! [`Postbox`].
+//! with, one endpoint must not hold two handles of the same lock, and every
+//! ShiftLock handle used with one endpoint must share one [`Postbox`].
+//! An acquisition that exceeds [`ShiftLockConfig::give_up`] fails with
+//! [`LockError::Timeout`](crate::rwlock::LockError::Timeout) and leaves its
+//! handle unusable: its part of the entry stays until a recovery.
 //!
 //! # Choices where the paper leaves room, and why
 //!

@@ -72,6 +72,36 @@ pub struct RecoveryLocator {
     pub eras: EraTable,
 }
 
+impl RecoveryLocator {
+    /// The current era of `lock`'s counter.
+    pub fn current_era(&self, ep: &Endpoint, lock: RemoteAddr) -> Result<u64, LockError> {
+        Ok(ep.read_u64(self.eras.era_of(lock))?)
+    }
+
+    /// Sends one recovery request for `lock` under `era` and waits up to
+    /// `timeout` for the service's answer. For tools and tests: it consumes
+    /// whatever else arrives at `ep` meanwhile, so use an endpoint that
+    /// carries no other traffic (lock handles ask through their postbox).
+    pub fn request(
+        &self,
+        ep: &Endpoint,
+        lock: RemoteAddr,
+        era: u64,
+        timeout: Duration,
+    ) -> Result<RecoveryReply, LockError> {
+        ep.send(self.service, &Wire::Request(RecoveryRequest::Recover { lock, era }).encode())?;
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let wait = deadline.saturating_duration_since(std::time::Instant::now());
+            let Some(message) = ep.recv_timeout(wait) else { return Err(LockError::Timeout(timeout)) };
+            match Wire::decode(&message.payload) {
+                Ok(Wire::Reply(reply)) if reply.lock() == lock => return Ok(reply),
+                other => log::debug!("ignoring {other:?} from {} while waiting for recovery", message.from),
+            }
+        }
+    }
+}
+
 /// What the service has done so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryStats {
