@@ -525,7 +525,7 @@ impl ShiftLockClient {
             e.rel_cnt().0,
             stall.since.elapsed()
         );
-        let request = Wire::Request(RecoveryRequest::Recover { lock, era });
+        let request = Wire::Request(RecoveryRequest::Recover { lock, era, stuck_at: stall.last });
         if let Err(e) = ep.send(self.lock.recovery.service, &request.encode()) {
             log::warn!("ShiftLock {lock}: cannot reach the recovery service: {e}");
             return Ok(false);
@@ -534,6 +534,7 @@ impl ShiftLockClient {
         let reply = self.postbox.receive(ep, lock, deadline, |l| match &l.wire {
             Wire::Reply(RecoveryReply::Recovered { era: new, .. }) if *new == era + 1 => Verdict::Take,
             Wire::Reply(RecoveryReply::Stale { requested, .. }) if *requested == era => Verdict::Take,
+            Wire::Reply(RecoveryReply::Progressed { era: asked, .. }) if *asked == era => Verdict::Take,
             Wire::Reply(RecoveryReply::Refused { .. }) => Verdict::Take,
             Wire::Reply(_) => Verdict::Discard,
             Wire::Peer { .. } | Wire::Request(_) => Verdict::Keep,
@@ -548,6 +549,12 @@ impl ShiftLockClient {
                 log::info!("ShiftLock {lock}: recovery for era {era} rejected (now {current})");
                 self.stats.stale_recoveries += 1;
                 Ok(false)
+            }
+            Some(Wire::Reply(RecoveryReply::Progressed { rel_cnt, .. })) => {
+                // Someone released meanwhile: not a failure after all.
+                stall.observe(rel_cnt);
+                stall.not_before = Instant::now();
+                Ok(true)
             }
             Some(Wire::Reply(RecoveryReply::Refused { reason, .. })) => Err(LockError::Host(reason)),
             _ => {

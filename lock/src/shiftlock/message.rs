@@ -38,8 +38,10 @@ pub enum PeerMessage {
 /// Asks the lock host to recover a lock (§3.6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RecoveryRequest {
-    /// Recover `lock` if `era` is still the current era of its era counter.
-    Recover { lock: RemoteAddr, era: u64 },
+    /// Recover `lock` if `era` is still the current era of its era counter
+    /// and its `RelCnt` is still `stuck_at`, the value the client saw stand
+    /// still.
+    Recover { lock: RemoteAddr, era: u64, stuck_at: RelCnt },
     /// Stop the service (accepted only from the service's own node).
     Shutdown,
 }
@@ -52,6 +54,9 @@ pub enum RecoveryReply {
     /// `requested` is not the current era (`current`): someone recovered
     /// under this era already. Wait T_lease and look at `RelCnt` again.
     Stale { lock: RemoteAddr, requested: u64, current: u64 },
+    /// `RelCnt` is no longer the value the request saw stuck: a client is
+    /// alive after all, nothing was reset.
+    Progressed { lock: RemoteAddr, era: u64, rel_cnt: RelCnt },
     /// The request is invalid (misaligned address, unknown region...).
     Refused { lock: RemoteAddr, reason: String },
 }
@@ -61,6 +66,7 @@ impl RecoveryReply {
         match *self {
             RecoveryReply::Recovered { lock, .. }
             | RecoveryReply::Stale { lock, .. }
+            | RecoveryReply::Progressed { lock, .. }
             | RecoveryReply::Refused { lock, .. } => lock,
         }
     }
@@ -250,10 +256,11 @@ mod tests {
                 lock,
                 message: PeerMessage::ModeChanged { expected: RelCnt(9), epoch: Epoch(false) },
             },
-            Wire::Request(RecoveryRequest::Recover { lock, era: 3 }),
+            Wire::Request(RecoveryRequest::Recover { lock, era: 3, stuck_at: RelCnt(8) }),
             Wire::Request(RecoveryRequest::Shutdown),
             Wire::Reply(RecoveryReply::Recovered { lock, era: 4 }),
             Wire::Reply(RecoveryReply::Stale { lock, requested: 3, current: 4 }),
+            Wire::Reply(RecoveryReply::Progressed { lock, era: 3, rel_cnt: RelCnt(9) }),
             Wire::Reply(RecoveryReply::Refused { lock, reason: "x".into() }),
         ] {
             assert_eq!(Wire::decode(&w.encode()).unwrap(), w);

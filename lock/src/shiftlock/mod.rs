@@ -64,7 +64,10 @@
 //!   entry to confirm the stall, and the service resets the entry *before*
 //!   advancing the era; the recovery module shows why that rules out a
 //!   second reset for one stall. A rejected request is repeated only after
-//!   T_lease, as the paper says.
+//!   T_lease, as the paper says. Beyond the paper's (lock, era), a request
+//!   carries the `RelCnt` value seen stuck, and the service resets only if it
+//!   is still there: a release that races with the reset then either
+//!   prevents it or is fenced, so no handover crosses a reset.
 //! * **Timing** from the measured RTT ([`ShiftLockConfig::from_rtt`]): T_lease,
 //!   the drift bound δ = 10^-4 stretching every timeout, a `RelCnt` check
 //!   every T_lease / 2 while waiting for a message, polls that start one RTT

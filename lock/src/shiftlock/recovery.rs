@@ -20,6 +20,17 @@
 //! R's era increment: the client holds R's era, and R, handled first by the
 //! single service thread, makes the request stale.
 //!
+//! Beyond the paper, a request also carries the `RelCnt` value the client saw
+//! stand still, and the service resets only an entry whose `RelCnt` still has
+//! it (the reset's CAS compares the whole entry, so a release racing with it
+//! makes it fail and is then seen). Every release, handover and epoch flip
+//! changes `RelCnt` with an atomic that a reset makes fail (see the client's
+//! fenced checks), so each of them either precedes the reset and prevents it
+//! (answer [`RecoveryReply::Progressed`]) or follows it and changes nothing.
+//! In particular no `Handover` or `ModeChanged` can be in flight from before
+//! a reset: a slow holder that releases just as a waiter gives up cannot
+//! pass a lock that is being reset.
+//!
 //! Choices:
 //! * Several era counters (the paper's "improving recovery performance"):
 //!   a lock's counter is chosen by hashing its address, so recoveries of
@@ -36,7 +47,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::entry::{Entry, ExtCas, ENTRY_ALIGN};
+use super::entry::{Entry, ExtCas, RelCnt, ENTRY_ALIGN};
 use super::message::{RecoveryReply, RecoveryRequest, Wire};
 use crate::rdma::{ClientAddr, Endpoint, Node, RdmaError, RemoteAddr};
 use crate::rwlock::LockError;
@@ -78,7 +89,7 @@ impl RecoveryLocator {
         Ok(ep.read_u64(self.eras.era_of(lock))?)
     }
 
-    /// Sends one recovery request for `lock` under `era` and waits up to
+    /// Sends one recovery request for `lock` under `era`, stuck at `stuck_at`, and waits up to
     /// `timeout` for the service's answer. For tools and tests: it consumes
     /// whatever else arrives at `ep` meanwhile, so use an endpoint that
     /// carries no other traffic (lock handles ask through their postbox).
@@ -87,9 +98,10 @@ impl RecoveryLocator {
         ep: &Endpoint,
         lock: RemoteAddr,
         era: u64,
+        stuck_at: RelCnt,
         timeout: Duration,
     ) -> Result<RecoveryReply, LockError> {
-        ep.send(self.service, &Wire::Request(RecoveryRequest::Recover { lock, era }).encode())?;
+        ep.send(self.service, &Wire::Request(RecoveryRequest::Recover { lock, era, stuck_at }).encode())?;
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let wait = deadline.saturating_duration_since(std::time::Instant::now());
@@ -109,6 +121,8 @@ pub struct RecoveryStats {
     pub recovered: u64,
     /// Requests with an era that was not current.
     pub stale: u64,
+    /// Requests for a lock whose `RelCnt` had moved.
+    pub progressed: u64,
     /// Requests refused as invalid.
     pub refused: u64,
 }
@@ -117,6 +131,7 @@ pub struct RecoveryStats {
 struct SharedStats {
     recovered: AtomicU64,
     stale: AtomicU64,
+    progressed: AtomicU64,
     refused: AtomicU64,
 }
 
@@ -167,6 +182,7 @@ impl RecoveryService {
         RecoveryStats {
             recovered: self.stats.recovered.load(Ordering::Relaxed),
             stale: self.stats.stale.load(Ordering::Relaxed),
+            progressed: self.stats.progressed.load(Ordering::Relaxed),
             refused: self.stats.refused.load(Ordering::Relaxed),
         }
     }
@@ -211,14 +227,17 @@ fn serve(ep: &Endpoint, eras: EraTable, stats: &SharedStats) {
                 log::warn!("recovery service: shutdown from foreign node {} refused", message.from);
                 continue;
             }
-            RecoveryRequest::Recover { lock, era } => match recover(ep, eras, lock, era) {
-                Ok(reply) => reply,
-                Err(e) => RecoveryReply::Refused { lock, reason: e.to_string() },
-            },
+            RecoveryRequest::Recover { lock, era, stuck_at } => {
+                match recover(ep, eras, lock, era, stuck_at) {
+                    Ok(reply) => reply,
+                    Err(e) => RecoveryReply::Refused { lock, reason: e.to_string() },
+                }
+            }
         };
         let counter = match reply {
             RecoveryReply::Recovered { .. } => &stats.recovered,
             RecoveryReply::Stale { .. } => &stats.stale,
+            RecoveryReply::Progressed { .. } => &stats.progressed,
             RecoveryReply::Refused { .. } => &stats.refused,
         };
         // Relaxed: statistics only.
@@ -230,9 +249,16 @@ fn serve(ep: &Endpoint, eras: EraTable, stats: &SharedStats) {
     }
 }
 
-/// One recovery request (§3.6): reject an era that is not current; else
-/// reset the entry, then advance the era.
-fn recover(ep: &Endpoint, eras: EraTable, lock: RemoteAddr, era: u64) -> Result<RecoveryReply, RdmaError> {
+/// One recovery request (§3.6): reject an era that is not current and an
+/// entry that has moved since the client saw it stuck; else reset the entry,
+/// then advance the era.
+fn recover(
+    ep: &Endpoint,
+    eras: EraTable,
+    lock: RemoteAddr,
+    era: u64,
+    stuck_at: RelCnt,
+) -> Result<RecoveryReply, RdmaError> {
     if !lock.is_aligned(ENTRY_ALIGN) {
         return Ok(RecoveryReply::Refused { lock, reason: format!("{lock} is not 16-aligned") });
     }
@@ -242,9 +268,13 @@ fn recover(ep: &Endpoint, eras: EraTable, lock: RemoteAddr, era: u64) -> Result<
         return Ok(RecoveryReply::Stale { lock, requested: era, current });
     }
     // The reset: an extended CAS from the value last seen, retried with the
-    // value the failed CAS returned (clients may still be changing fields).
+    // value the failed CAS returned (clients may still be changing fields),
+    // as long as RelCnt has not moved.
     let mut seen = Entry::from_le_bytes(ep.read_u128(lock)?.to_le_bytes());
     loop {
+        if seen.rel_cnt() != stuck_at {
+            return Ok(RecoveryReply::Progressed { lock, era, rel_cnt: seen.rel_cnt() });
+        }
         let cas = ExtCas::recover(seen);
         let old = Entry(ep.ext_cas(lock, cas.cmp, cas.cmp_mask, cas.swap, cas.swap_mask)?);
         if old == seen {
