@@ -536,8 +536,8 @@ impl ShiftLockClient {
             Wire::Reply(RecoveryReply::Stale { requested, .. }) if *requested == era => Verdict::Take,
             Wire::Reply(RecoveryReply::Progressed { era: asked, .. }) if *asked == era => Verdict::Take,
             Wire::Reply(RecoveryReply::Refused { .. }) => Verdict::Take,
-            Wire::Reply(_) => Verdict::Discard,
-            Wire::Peer { .. } | Wire::Request(_) => Verdict::Keep,
+            Wire::Reply(_) | Wire::Request(_) => Verdict::Discard,
+            Wire::Peer { .. } => Verdict::Keep,
         });
         match reply.map(|l| l.wire) {
             Some(Wire::Reply(RecoveryReply::Recovered { .. })) => {
@@ -588,7 +588,13 @@ impl ShiftLockClient {
         if lease_start.elapsed() < self.config.lease {
             // No recovery can have happened: every waiter's 3 × T_lease
             // started no earlier than our lease did (§3.6).
-            ep.ext_faa(self.lock.entry, READER_LEAVE, BOUNDARIES)?;
+            let old = Entry(ep.ext_faa(self.lock.entry, READER_LEAVE, BOUNDARIES)?);
+            if old.rel_cnt().leaped_from(since) {
+                log::error!(
+                    "ShiftLock {}: a reader within its lease released into a recovered entry",
+                    self.lock.entry
+                );
+            }
             return Ok(());
         }
         self.release_reader_slow(ep, since)
