@@ -1,348 +1,895 @@
-//! DSLR: the decentralized reader-writer lock built on Lamport's bakery
-//! algorithm with one fetch-and-add (dslr-sigmod18.md §4–5). Citron's
-//! spillover mutex, and a selectable lock of its own.
+//! DSLR: the decentralized, starvation-free reader-writer lock of
+//! dslr-sigmod18.md §4–5 — Lamport's bakery with one fetch-and-add per
+//! acquisition. A selectable lock of its own (`--inode-lock dslr`), and
+//! Citron's spillover mutex (through [`DslrLock::lock_exclusive`] /
+//! [`DslrLock::unlock`] or the [`RwLockClient`] trait).
 //!
-//! The lock word (§4.4, Fig. 3), four 16-bit counters:
+//! # The lock word (§4.4, Fig. 3)
 //!
-//! | bits | field | meaning |
-//! |---|---|---|
-//! | 48..64 | n_X | exclusive tickets served |
-//! | 32..48 | n_S | shared tickets served |
-//! | 16..32 | max_X | next exclusive ticket |
-//! | 0..16 | max_S | next shared ticket |
+//! One 8-byte, 8-aligned word ([`DSLR_BYTES`], [`DSLR_ALIGN`]) of four
+//! 16-bit counters, `{n_X, n_S, max_X, max_S}`:
 //!
-//! A client takes a ticket with one FA on max_X or max_S (Alg. 1); a shared
-//! request waits until n_X reaches its ticket's max_X, an exclusive one until
-//! both n_X and n_S reach its ticket's max_X and max_S (Alg. 2); release is one
-//! FA on n_X or n_S (Alg. 3). Waiting polls at an interval proportional to the
-//! tickets ahead (`wait_count × ω`, Alg. 2 line 20).
+//! | bits   | field   | constant        | meaning (bakery analogy)                 |
+//! |--------|---------|-----------------|------------------------------------------|
+//! | 48..64 | `n_X`   | [`N_X_SHIFT`]   | exclusive tickets served (released)      |
+//! | 32..48 | `n_S`   | [`N_S_SHIFT`]   | shared tickets served (released)         |
+//! | 16..32 | `max_X` | [`MAX_X_SHIFT`] | next exclusive ticket                    |
+//! | 0..16  | `max_S` | [`MAX_S_SHIFT`] | next shared ticket                       |
 //!
-//! Counters stay below COUNT_MAX = 2^15 (the 16th bit is a canary, §4.9):
-//! the request whose ticket reaches COUNT_MAX - 1 resets the word to zero when
-//! it releases, once everyone before it is done; requests arriving meanwhile
-//! take their ticket back and back off (Alg. 1 lines 4–9, 18–23).
+//! A zeroed word is a free lock. Every counter stays below `count_max`
+//! (the paper's `COUNT_MAX` = 2^15, [`COUNT_MAX`]); bit 15 of a `max` field is
+//! the canary of §4.9.
 //!
-//! Failures and deadlocks (§4.7): a waiter that sees n_X and n_S unchanged
-//! for twice the lease skips the stuck tickets before its own with a CAS
-//! (Alg. 2 lines 11–19; see `handle_conflict` for how we differ). A holder releases only within its lease
-//! (Alg. 3 line 1), so a late release cannot corrupt a reset word.
+//! # Protocol
 //!
-//! Choices where the paper leaves room:
-//! * FA is a masked FAA with a boundary at every field's top bit: one verb
-//!   like the paper's FA, and a borrow or carry can never cross into the
-//!   neighbouring counter even in the overflow window.
-//! * ω and the lease come from the measured RTT (the paper's 5 µs ω on a
-//!   ~2 µs RTT is 2.5 RTT; its 10 ms lease is 5000 RTT), with floors (1 µs,
-//!   1 s) because a holder here is an ordinary thread the scheduler can stall.
-//! * Multi-slot leases (§5.1): [`DslrLock::acquire_slots`] takes `k`
-//!   consecutive tickets and releases them together; a waiter's failure
-//!   timeout scales with the tickets ahead of it (δ), so a long holder that
-//!   announced itself is not mistaken for a dead one.
+//! * **Acquire** (Alg. 1): one FA on `max_X` (exclusive) or `max_S` (shared)
+//!   returns `prev`, whose `max` fields are the [`Ticket`]. A shared ticket
+//!   may proceed once `n_X == prev.max_X`; an exclusive one once also
+//!   `n_S == prev.max_S` (lines 12 and 26). Uncontended that is the only verb.
+//! * **Conflict** (Alg. 2): poll with READ, waiting `wait_count × ω` between
+//!   reads, where `wait_count` is the number of tickets still ahead (line 20).
+//! * **Release** (Alg. 3): one FA on `n_X` or `n_S`, only within the lease.
+//! * **Counter reset** (§4.9, Alg. 1 lines 4–11 / 18–25, Alg. 3 lines 6–7):
+//!   the request whose ticket takes a `max` field to `count_max` becomes the
+//!   resetter: after its release it CASes the fully drained word to zero.
+//!   Requests that find a `max` field at `count_max` give their ticket back
+//!   with a second FA and back off ([`RandomBackoff`], Appendix A.3).
+//! * **Failures and deadlocks** (§4.7, Alg. 2 lines 11–19): a waiter that sees
+//!   `n_X`/`n_S` unchanged for twice the lease resets the word with a CAS so
+//!   that the stuck tickets before it count as served. A requester that finds
+//!   the canary set and `n_X`/`n_S` unchanged for twice the lease (the
+//!   resetter died) resets the word to zero (Alg. 1 lines 7–8).
+//! * **Multi-slot leases** (§5.1): [`DslrLock::acquire_slots`] takes `k`
+//!   consecutive tickets with one FA of `k` (its lease is `k` leases) and
+//!   releases them with one FA of `k`.
+//!
+//! # Choices where the paper leaves room (and where it has to be corrected)
+//!
+//! * **Field-wise FA.** Every FA is a masked FAA with a boundary at the top
+//!   bit of each field ([`FIELD_BOUNDARIES`]): still one verb that always
+//!   succeeds, but a carry or borrow can never reach a neighbouring counter,
+//!   even when a give-back FA lands on a word somebody has just reset.
+//! * **Timing from the RTT** ([`DslrConfig::from_rtt`]): ω = 2.5 RTT and the
+//!   lease = 5000 RTT, the paper's ratios (ω = 5 µs and a 10 ms lease on a
+//!   ~2 µs fabric), with a 1 s floor on the lease because our holders are
+//!   ordinary threads that a busy scheduler can stall. The random backoff uses
+//!   R = 2ω and L = min(1000 R, lease) (the paper's 10 µs and 10 ms). A poll
+//!   never sleeps longer than lease/16, so a waiter notices silence in time.
+//! * **The failure timeout with multi-slot leases** is `2 × lease ×
+//!   min(δ, max_slots)` of silence, where δ is the number of tickets ahead
+//!   (§5.1 makes expiry proportional to δ; capping by [`DslrLimits`]'s
+//!   `max_slots`, "the maximum value of k", keeps the paper's 2 × lease when
+//!   multi-slot leases are not in use, the default).
+//! * **Which tickets a lease reset consumes.** Alg. 2 line 3 reports
+//!   "reset past us" when `n_X > prev.max_X` or `n_S > prev.max_S`. For an
+//!   exclusive waiter both are exact (no later ticket can be served before
+//!   it). For a shared waiter `n_S > prev.max_S` happens legitimately (readers
+//!   behind it share its grant and may release before it polls), and a reader
+//!   that then gave up its unreleased ticket would block every later writer;
+//!   so a shared waiter only trusts `n_X > prev.max_X`. For the same reason
+//!   the shared reset of line 13, `{prev.max_X, prev.max_S + 1}`, would let
+//!   readers waiting beside it enter with tickets the reset counted as
+//!   served; our shared waiter sets only `n_X = prev.max_X` (skipping the
+//!   exclusive tickets that block it, whose waiters see `n_X` pass them) and
+//!   proceeds holding its own ticket. The exclusive reset is the paper's
+//!   (line 15, `{prev.max_X + k, prev.max_S}`, own ticket included, then a
+//!   new ticket). Tickets a reset consumes are never released: their waiters
+//!   see themselves passed and take a new ticket; their holders are past
+//!   their lease (silence for 2 × lease implies it) and by Alg. 3 line 1 do
+//!   not release.
+//! * **Zero resets and waiters of the old numbering.** A waiter also counts
+//!   itself passed if a `max` field is below its own ticket (impossible while
+//!   its ticket is in the word: nobody takes back another's FA), so a waiter
+//!   that sleeps through a reset to zero notices when it wakes — unless
+//!   `count_max − (clients × k)` new tickets were taken within one poll
+//!   interval (≤ lease/16), far out of reach with the paper's 2^15.
+//! * **Alg. 2 lines 17–18** ("reset L to zero" when the reset word has the
+//!   canary): only when the reset leaves the word drained, i.e. the waiter was
+//!   the resetter and gave up its role; otherwise the resetter is still
+//!   queued and resets as usual, or it is dead and Alg. 1 lines 7–8 apply.
+//! * **Alg. 3 line 1** lets the resetter release after its lease. We do not:
+//!   by then a waiter may have skipped its ticket and the FA would push `n`
+//!   past `max`. The resetter still tries its CAS; if the word never drains,
+//!   the stuck-canary reset (Alg. 1 lines 7–8) clears it. A release after
+//!   the lease returns [`LockError::Fenced`].
+//! * **Polling order.** Alg. 2 reads, then waits; we wait first (the `prev`
+//!   of the FA already says how many tickets are ahead), then read.
 
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
 use crate::rdma::arith::{field_boundaries, field_delta};
 use crate::rdma::{Endpoint, RemoteAddr};
 use crate::rwlock::{LockError, Mode, RwLockClient};
 
-const NX: u32 = 48;
-const NS: u32 = 32;
-const MAXX: u32 = 16;
-const MAXS: u32 = 0;
-const FIELD: u32 = 16;
-const COUNTER: u64 = 0xFFFF;
-/// Counters stay below this (§4.9).
-pub const COUNT_MAX: u64 = 1 << 15;
-const BOUNDARIES: u64 = field_boundaries(&[(MAXS, FIELD), (MAXX, FIELD), (NS, FIELD), (NX, FIELD)]);
-
-/// Bytes of lock memory: one 8-aligned word.
+/// Bytes of lock memory: one word.
 pub const DSLR_BYTES: u64 = 8;
+/// Alignment of the lock word (an 8-byte atomic).
+pub const DSLR_ALIGN: u64 = 8;
+/// Width of each counter.
+pub const FIELD_BITS: u32 = 16;
+/// A counter's bits, before shifting.
+pub const FIELD_MASK: u64 = (1 << FIELD_BITS) - 1;
+pub const N_X_SHIFT: u32 = 48;
+pub const N_S_SHIFT: u32 = 32;
+pub const MAX_X_SHIFT: u32 = 16;
+pub const MAX_S_SHIFT: u32 = 0;
+/// Masked-FAA boundaries: the top bit of every counter.
+pub const FIELD_BOUNDARIES: u64 = field_boundaries(&[
+    (MAX_S_SHIFT, FIELD_BITS),
+    (MAX_X_SHIFT, FIELD_BITS),
+    (N_S_SHIFT, FIELD_BITS),
+    (N_X_SHIFT, FIELD_BITS),
+]);
+/// The paper's COUNT_MAX (§4.9): counters are reset before a `max` field
+/// reaches it; its bit is the canary.
+pub const COUNT_MAX: u16 = 1 << 15;
 
-/// A decoded lock word.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Below this a wait spins (yielding); above it the thread sleeps.
+const SPIN_LIMIT: Duration = Duration::from_micros(50);
+
+/// A lock word, decoded.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DslrWord(pub u64);
 
+impl fmt::Debug for DslrWord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{{n_X {}, n_S {}, max_X {}, max_S {}}}", self.nx(), self.ns(), self.maxx(), self.maxs())
+    }
+}
+
 impl DslrWord {
-    pub fn nx(self) -> u64 {
-        (self.0 >> NX) & COUNTER
+    pub const FREE: DslrWord = DslrWord(0);
+
+    pub const fn new(nx: u16, ns: u16, maxx: u16, maxs: u16) -> Self {
+        DslrWord(
+            (nx as u64) << N_X_SHIFT
+                | (ns as u64) << N_S_SHIFT
+                | (maxx as u64) << MAX_X_SHIFT
+                | (maxs as u64) << MAX_S_SHIFT,
+        )
     }
-    pub fn ns(self) -> u64 {
-        (self.0 >> NS) & COUNTER
+
+    const fn field(self, shift: u32) -> u16 {
+        ((self.0 >> shift) & FIELD_MASK) as u16
     }
-    pub fn maxx(self) -> u64 {
-        (self.0 >> MAXX) & COUNTER
+
+    pub const fn nx(self) -> u16 {
+        self.field(N_X_SHIFT)
     }
-    pub fn maxs(self) -> u64 {
-        (self.0 >> MAXS) & COUNTER
+
+    pub const fn ns(self) -> u16 {
+        self.field(N_S_SHIFT)
     }
-    pub fn pack(nx: u64, ns: u64, maxx: u64, maxs: u64) -> u64 {
-        (nx << NX) | (ns << NS) | (maxx << MAXX) | (maxs << MAXS)
+
+    pub const fn maxx(self) -> u16 {
+        self.field(MAX_X_SHIFT)
     }
-    /// The served counters, whose movement is progress.
-    fn served(self) -> u64 {
-        self.0 >> NS
+
+    pub const fn maxs(self) -> u16 {
+        self.field(MAX_S_SHIFT)
+    }
+
+    /// `{n_X, n_S}`: what moves when anybody releases, i.e. progress (§4.6).
+    pub const fn served(self) -> u32 {
+        (self.0 >> N_S_SHIFT) as u32
+    }
+
+    /// A `max` field has reached `count_max`: a reset is pending (§4.9).
+    pub const fn canary(self, count_max: u16) -> bool {
+        self.maxx() >= count_max || self.maxs() >= count_max
+    }
+
+    /// Every ticket taken has been served: nobody holds or waits.
+    pub const fn drained(self) -> bool {
+        self.nx() == self.maxx() && self.ns() == self.maxs()
     }
 }
 
-/// Timing of one DSLR client.
-#[derive(Clone, Copy, Debug)]
-pub struct DslrConfig {
-    /// ω: the polling interval per ticket ahead.
-    pub omega: Duration,
-    pub lease: Duration,
+/// A place in the bakery's queue: the `max_X` and `max_S` the request's FA
+/// returned (§4.5, Fig. 4 (b)), with its mode and number of slots (§5.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// Exclusive tickets before this one.
+    pub x: u16,
+    /// Shared tickets before this one.
+    pub s: u16,
+    pub mode: Mode,
+    /// Consecutive tickets taken at once (1 unless a multi-slot lease).
+    pub slots: u16,
 }
 
-impl DslrConfig {
-    pub fn from_rtt(rtt: Duration) -> Self {
-        Self {
-            omega: (rtt * 5 / 2).max(Duration::from_micros(1)),
-            lease: (rtt * 5000).max(Duration::from_secs(1)),
+impl Ticket {
+    /// The ticket an FA that returned `prev` obtained.
+    pub const fn taken(prev: DslrWord, mode: Mode, slots: u16) -> Self {
+        Ticket { x: prev.maxx(), s: prev.maxs(), mode, slots }
+    }
+
+    /// Tickets (slots) taken before this one since the last reset: the order
+    /// of arrival that DSLR serves in (Appendix A.2, Lemma 2).
+    pub const fn position(self) -> u32 {
+        self.x as u32 + self.s as u32
+    }
+
+    /// May proceed (Alg. 1 lines 12, 26; Alg. 2 lines 6, 9).
+    pub fn ready(self, val: DslrWord) -> bool {
+        match self.mode {
+            Mode::Shared => val.nx() == self.x,
+            Mode::Exclusive => val.nx() == self.x && val.ns() == self.s,
+        }
+    }
+
+    /// The word was reset past this ticket, so it will never be served
+    /// (Alg. 2 line 3, restricted as the module comment explains), or it was
+    /// reset to zero under it (a `max` field below this ticket's own FA).
+    pub fn passed(self, val: DslrWord) -> bool {
+        let (x, s, k) = (u32::from(self.x), u32::from(self.s), u32::from(self.slots));
+        let (nx, ns, maxx, maxs) =
+            (u32::from(val.nx()), u32::from(val.ns()), u32::from(val.maxx()), u32::from(val.maxs()));
+        match self.mode {
+            Mode::Shared => nx > x || maxs < s + k || maxx < x,
+            Mode::Exclusive => nx > x || ns > s || maxx < x + k || maxs < s,
+        }
+    }
+
+    /// Tickets ahead of this one not yet served: Alg. 2 line 20's
+    /// `wait_count`, and §5.1's δ.
+    pub fn ahead(self, val: DslrWord) -> u32 {
+        u32::from(self.x.saturating_sub(val.nx())) + u32::from(self.s.saturating_sub(val.ns()))
+    }
+
+    /// The word once this ticket and every ticket before it are served and
+    /// no later one was taken: Alg. 1 lines 11 and 25's `ResetFrom`.
+    pub const fn drained_word(self) -> DslrWord {
+        match self.mode {
+            Mode::Shared => {
+                let s = self.s + self.slots;
+                DslrWord::new(self.x, s, self.x, s)
+            }
+            Mode::Exclusive => {
+                let x = self.x + self.slots;
+                DslrWord::new(x, self.s, x, self.s)
+            }
+        }
+    }
+
+    /// This ticket took its `max` field to `count_max`: its holder resets
+    /// the word after releasing (Alg. 1 lines 10–11, 24–25).
+    pub fn resets_counters(self, count_max: u16) -> bool {
+        let mine = match self.mode {
+            Mode::Shared => self.s,
+            Mode::Exclusive => self.x,
+        };
+        u32::from(mine) + u32::from(self.slots) >= u32::from(count_max)
+    }
+
+    /// The word a waiter that found `val` silent for too long writes (Alg. 2
+    /// lines 12–15; see the module comment for the shared case).
+    pub fn skip_word(self, val: DslrWord) -> DslrWord {
+        match self.mode {
+            Mode::Shared => DslrWord::new(self.x, val.ns(), val.maxx(), val.maxs()),
+            Mode::Exclusive => DslrWord::new(self.x + self.slots, self.s, val.maxx(), val.maxs()),
         }
     }
 }
 
+/// Timing of one DSLR client, derived from the transport's RTT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DslrConfig {
+    /// ω: the polling wait per ticket ahead (Alg. 2 line 20).
+    pub omega: Duration,
+    /// The lease of one ticket (slot): a holder releases within it; a waiter
+    /// resets after twice it of silence (§4.7).
+    pub lease: Duration,
+}
+
+impl DslrConfig {
+    /// The floor of [`DslrConfig::from_rtt`]'s lease.
+    pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+    /// ω = 2.5 RTT, lease = max(5000 RTT, 1 s): see the module comment.
+    pub fn from_rtt(rtt: Duration) -> Self {
+        Self { omega: (rtt * 5 / 2).max(Duration::from_nanos(100)), lease: (rtt * 5000).max(Self::MIN_LEASE) }
+    }
+
+    pub fn with_lease(self, lease: Duration) -> Self {
+        Self { lease, ..self }
+    }
+
+    /// The longest single wait between two polls.
+    fn poll_cap(&self) -> Duration {
+        self.lease / 16
+    }
+
+    /// Appendix A.3's R and L.
+    fn backoff(&self) -> RandomBackoff {
+        let base = self.omega * 2;
+        RandomBackoff::new(base, (base * 1000).min(self.lease))
+    }
+}
+
+/// What every client of one lock must agree on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DslrLimits {
+    count_max: u16,
+    max_slots: u16,
+}
+
+impl Default for DslrLimits {
+    fn default() -> Self {
+        Self::PAPER
+    }
+}
+
+impl DslrLimits {
+    /// COUNT_MAX = 2^15, single-slot leases.
+    pub const PAPER: DslrLimits = DslrLimits { count_max: COUNT_MAX, max_slots: 1 };
+
+    /// `count_max`: where counters are reset (§4.9; at most [`COUNT_MAX`]
+    /// so a `max` field never leaves its 16 bits). `max_slots`: the largest
+    /// `k` of a multi-slot lease (§5.1), which also scales the failure
+    /// timeout.
+    pub fn new(count_max: u16, max_slots: u16) -> Result<Self, LockError> {
+        if !(4..=COUNT_MAX).contains(&count_max) {
+            return Err(LockError::Misuse("DSLR count_max must be in 4..=32768"));
+        }
+        if max_slots == 0 || max_slots > count_max / 4 {
+            return Err(LockError::Misuse("DSLR max_slots must be in 1..=count_max/4"));
+        }
+        Ok(Self { count_max, max_slots })
+    }
+
+    pub fn count_max(&self) -> u16 {
+        self.count_max
+    }
+
+    pub fn max_slots(&self) -> u16 {
+        self.max_slots
+    }
+}
+
+/// What one client did, for tests and diagnostics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DslrStats {
+    pub acquisitions: u64,
+    /// Acquisitions that had to wait (Alg. 2 ran).
+    pub conflicts: u64,
+    /// READs of Alg. 2.
+    pub polls: u64,
+    /// Tickets given back because a reset was pending (Alg. 1 lines 4–6).
+    pub canary_backoffs: u64,
+    /// Our ticket was passed by a reset; we took a new one.
+    pub passed: u64,
+    /// Lease resets we made for silent tickets (§4.7).
+    pub lease_resets: u64,
+    /// Counter resets we made as the ticket that reached count_max (§4.9).
+    pub overflow_resets: u64,
+    /// Zero resets of a canary word whose resetter never came (Alg. 1 l. 7–8).
+    pub stuck_resets: u64,
+    /// Releases after the lease, not applied (Alg. 3 line 1).
+    pub late_releases: u64,
+}
+
+impl std::ops::AddAssign for DslrStats {
+    fn add_assign(&mut self, o: Self) {
+        self.acquisitions += o.acquisitions;
+        self.conflicts += o.conflicts;
+        self.polls += o.polls;
+        self.canary_backoffs += o.canary_backoffs;
+        self.passed += o.passed;
+        self.lease_resets += o.lease_resets;
+        self.overflow_resets += o.overflow_resets;
+        self.stuck_resets += o.stuck_resets;
+        self.late_releases += o.late_releases;
+    }
+}
+
 struct Held {
-    mode: Mode,
-    slots: u64,
+    ticket: Ticket,
     since: Instant,
-    /// Set when our ticket reached COUNT_MAX - 1: reset the word from this
-    /// value to zero on release (Alg. 3 lines 6–7).
-    reset_from: Option<u64>,
+    /// Set when our ticket reached count_max: reset the word from this value
+    /// to zero after releasing (Alg. 3 lines 6–7).
+    reset_from: Option<DslrWord>,
+}
+
+enum Waited {
+    Granted,
+    /// Our ticket was consumed by a reset (ours or another's): take a new one.
+    Passed,
 }
 
 /// One client's handle to one DSLR lock word.
 pub struct DslrLock {
     addr: RemoteAddr,
     config: DslrConfig,
+    limits: DslrLimits,
     held: Option<Held>,
-    /// Resets made by this client (failures, deadlocks, overflow), for tests.
-    pub resets: u64,
+    stats: DslrStats,
 }
 
-enum Outcome {
-    Acquired(Option<u64>),
-    /// The word was reset past us, or by us: take a new ticket.
-    Retry,
+impl fmt::Debug for DslrLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DslrLock")
+            .field("addr", &self.addr)
+            .field("held", &self.held.as_ref().map(|h| h.ticket))
+            .finish()
+    }
 }
 
 impl DslrLock {
+    /// A handle with the paper's limits ([`DslrLimits::PAPER`]).
     pub fn new(addr: RemoteAddr, config: DslrConfig) -> Self {
-        Self { addr, config, held: None, resets: 0 }
+        Self::with_limits(addr, config, DslrLimits::PAPER)
     }
 
-    /// Acquires with `slots` consecutive tickets (§5.1; 1 is the usual lease).
-    pub fn acquire_slots(&mut self, ep: &Endpoint, mode: Mode, slots: u64) -> Result<(), LockError> {
+    pub fn with_limits(addr: RemoteAddr, config: DslrConfig, limits: DslrLimits) -> Self {
+        Self { addr, config, limits, held: None, stats: DslrStats::default() }
+    }
+
+    pub fn addr(&self) -> RemoteAddr {
+        self.addr
+    }
+
+    pub fn config(&self) -> DslrConfig {
+        self.config
+    }
+
+    pub fn stats(&self) -> DslrStats {
+        self.stats
+    }
+
+    /// The ticket held now, if any.
+    pub fn ticket(&self) -> Option<Ticket> {
+        self.held.as_ref().map(|h| h.ticket)
+    }
+
+    /// The plain mutex (Citron's spillover): exclusive, one slot.
+    #[inline]
+    pub fn lock_exclusive(&mut self, ep: &Endpoint) -> Result<(), LockError> {
+        self.acquire_slots(ep, Mode::Exclusive, 1)
+    }
+
+    /// Releases what [`DslrLock::lock_exclusive`] (or any acquire) took.
+    #[inline]
+    pub fn unlock(&mut self, ep: &Endpoint) -> Result<(), LockError> {
+        let held = self.held.take().ok_or(LockError::Misuse("DSLR unlock without a lock"))?;
+        let t = held.ticket;
+        // Alg. 3 line 1: only within the lease (k leases for k slots).
+        let in_lease = held.since.elapsed() < self.config.lease * u32::from(t.slots);
+        if in_lease {
+            // Lines 3 / 5: one FA on n_S or n_X.
+            let shift = if t.mode == Mode::Shared { N_S_SHIFT } else { N_X_SHIFT };
+            ep.masked_faa(self.addr, field_delta(shift, FIELD_BITS, i64::from(t.slots)), FIELD_BOUNDARIES)?;
+        }
+        if let Some(from) = held.reset_from {
+            self.reset_overflow(ep, from)?;
+        }
+        if in_lease {
+            Ok(())
+        } else {
+            self.stats.late_releases += 1;
+            log::warn!("DSLR {}: released after its lease; others may have reset it", self.addr);
+            Err(LockError::Fenced)
+        }
+    }
+
+    /// Acquires with `slots` consecutive tickets, a lease of `slots` leases
+    /// (§5.1; 1 is the usual lock).
+    #[inline]
+    pub fn acquire_slots(&mut self, ep: &Endpoint, mode: Mode, slots: u16) -> Result<(), LockError> {
         if self.held.is_some() {
             return Err(LockError::Misuse("DSLR lock acquired twice"));
         }
-        if slots == 0 || slots >= COUNT_MAX / 2 {
-            return Err(LockError::Misuse("DSLR slots must be in 1..16384"));
+        if slots == 0 || slots > self.limits.max_slots {
+            return Err(LockError::Misuse("DSLR slots must be in 1..=max_slots"));
         }
-        let mut backoff = self.config.omega;
-        let mut blocked_since: Option<(u64, Instant)> = None;
-        loop {
-            match self.try_acquire(ep, mode, slots, &mut backoff, &mut blocked_since)? {
-                Outcome::Acquired(reset_from) => {
-                    self.held = Some(Held { mode, slots, since: Instant::now(), reset_from });
-                    return Ok(());
-                }
-                Outcome::Retry => {}
+        // Alg. 1 line 3 / 17: the ticket.
+        let prev = self.take_ticket(ep, mode, slots)?;
+        if !prev.canary(self.limits.count_max) {
+            let ticket = Ticket::taken(prev, mode, slots);
+            if ticket.ready(prev) {
+                // Lines 12–13 / 26–27.
+                self.grant(ticket);
+                return Ok(());
             }
         }
+        self.acquire_slow(ep, mode, slots, prev)
     }
 
-    fn try_acquire(
+    #[inline]
+    fn take_ticket(&self, ep: &Endpoint, mode: Mode, slots: u16) -> Result<DslrWord, LockError> {
+        let shift = if mode == Mode::Shared { MAX_S_SHIFT } else { MAX_X_SHIFT };
+        let add = field_delta(shift, FIELD_BITS, i64::from(slots));
+        Ok(DslrWord(ep.masked_faa(self.addr, add, FIELD_BOUNDARIES)?))
+    }
+
+    #[inline]
+    fn grant(&mut self, ticket: Ticket) {
+        let reset_from = ticket.resets_counters(self.limits.count_max).then(|| ticket.drained_word());
+        self.held = Some(Held { ticket, since: Instant::now(), reset_from });
+        self.stats.acquisitions += 1;
+    }
+
+    /// Alg. 1 past its first FA: a pending reset, or a conflict.
+    #[cold]
+    fn acquire_slow(
         &mut self,
         ep: &Endpoint,
         mode: Mode,
-        slots: u64,
-        backoff: &mut Duration,
-        blocked_since: &mut Option<(u64, Instant)>,
-    ) -> Result<Outcome, LockError> {
-        let shift = if mode == Mode::Shared { MAXS } else { MAXX };
-        // Alg. 1 lines 3 / 17: the ticket.
-        let prev = DslrWord(ep.masked_faa(self.addr, field_delta(shift, FIELD, slots as i64), BOUNDARIES)?);
-        if prev.maxs() >= COUNT_MAX || prev.maxx() >= COUNT_MAX {
-            // Lines 4–9 / 18–23: a reset is pending; give the ticket back.
-            ep.masked_faa(self.addr, field_delta(shift, FIELD, -(slots as i64)), BOUNDARIES)?;
-            random_backoff(backoff);
-            // If the resetter died, nobody moves n_X/n_S: reset to zero.
-            let now = Instant::now();
-            match *blocked_since {
-                Some((served, since)) if served == prev.served() => {
-                    if now.duration_since(since) > 2 * self.config.lease {
-                        if ep.cas(self.addr, prev.0, 0)? == prev.0 {
-                            log::warn!(
-                                "DSLR {}: resetting a word whose overflow reset never came",
-                                self.addr
-                            );
-                            self.resets += 1;
+        slots: u16,
+        first: DslrWord,
+    ) -> Result<(), LockError> {
+        let mut backoff = self.config.backoff();
+        // The served counters seen at the first of consecutive canary hits,
+        // and when (Alg. 1 line 7: "has not changed ... since last failure").
+        let mut canary_watch: Option<(u32, Instant)> = None;
+        let mut prev = first;
+        loop {
+            if prev.canary(self.limits.count_max) {
+                // Lines 4–6 / 18–20: give the ticket back and back off.
+                let back = if mode == Mode::Shared { MAX_S_SHIFT } else { MAX_X_SHIFT };
+                ep.masked_faa(self.addr, field_delta(back, FIELD_BITS, -i64::from(slots)), FIELD_BOUNDARIES)?;
+                self.stats.canary_backoffs += 1;
+                match canary_watch {
+                    Some((served, since)) if served == prev.served() => {
+                        let silence = self.config.lease * 2 * u32::from(self.limits.max_slots);
+                        if since.elapsed() > silence {
+                            // Lines 7–9: the resetter never came.
+                            self.reset_stuck(ep, served)?;
+                            canary_watch = None;
                         }
-                        *blocked_since = None;
                     }
+                    _ => canary_watch = Some((prev.served(), Instant::now())),
                 }
-                _ => *blocked_since = Some((prev.served(), now)),
-            }
-            return Ok(Outcome::Retry);
-        }
-        let mine = if mode == Mode::Shared { prev.maxs() } else { prev.maxx() };
-        // Our tickets are mine..mine+slots; the last reaching COUNT_MAX - 1
-        // makes us the resetter (lines 10–11 / 24–25).
-        let reset_from = (mine + slots >= COUNT_MAX).then(|| match mode {
-            Mode::Shared => DslrWord::pack(prev.maxx(), mine + slots, prev.maxx(), mine + slots),
-            Mode::Exclusive => DslrWord::pack(mine + slots, prev.maxs(), mine + slots, prev.maxs()),
-        });
-        if ready(prev, prev, mode) {
-            return Ok(Outcome::Acquired(reset_from));
-        }
-        self.handle_conflict(ep, prev, mode).map(|ok| {
-            if ok {
-                Outcome::Acquired(reset_from)
+                backoff.wait();
             } else {
-                Outcome::Retry
+                canary_watch = None;
+                let ticket = Ticket::taken(prev, mode, slots);
+                if ticket.ready(prev) {
+                    self.grant(ticket);
+                    return Ok(());
+                }
+                self.stats.conflicts += 1;
+                match self.handle_conflict(ep, ticket, prev)? {
+                    Waited::Granted => {
+                        self.grant(ticket);
+                        return Ok(());
+                    }
+                    Waited::Passed => self.stats.passed += 1,
+                }
             }
-        })
+            prev = self.take_ticket(ep, mode, slots)?;
+        }
     }
 
-    /// Alg. 2: poll until our turn; detect failures and deadlocks.
+    /// Alg. 2: poll until `ticket` may proceed, resetting silent tickets.
     #[cold]
-    fn handle_conflict(&mut self, ep: &Endpoint, prev: DslrWord, mode: Mode) -> Result<bool, LockError> {
-        let mut last_served = None;
-        let mut since = Instant::now();
-        // §5.1: the failure timeout grows with the tickets ahead (δ).
-        let ahead = (prev.maxx() - prev.nx().min(prev.maxx())) + (prev.maxs() - prev.ns().min(prev.maxs()));
-        let expire = 2 * self.config.lease * (ahead.max(1) as u32);
+    fn handle_conflict(&mut self, ep: &Endpoint, ticket: Ticket, prev: DslrWord) -> Result<Waited, LockError> {
+        let mut val = prev;
+        let mut watch = (prev.served(), Instant::now());
         loop {
-            let val = DslrWord(ep.read_u64(self.addr)?);
-            // Line 3: the counters were reset past our ticket. Only counters
-            // that cannot pass us without a reset count: n_X for everyone
-            // (exclusive tickets after ours wait for us), n_S only for an
-            // exclusive waiter (readers release in any order, so n_S can pass
-            // a waiting reader's ticket legitimately).
-            let passed = prev.maxx() < val.nx() || (mode == Mode::Exclusive && prev.maxs() < val.ns());
-            if passed {
-                return Ok(false);
+            // Line 20 (before the read: see the module comment).
+            let wait = self.config.omega.saturating_mul(ticket.ahead(val).max(1));
+            pause(wait.min(self.config.poll_cap()));
+            // Line 2.
+            val = DslrWord(ep.read_u64(self.addr)?);
+            self.stats.polls += 1;
+            // Lines 3–4.
+            if ticket.passed(val) {
+                return Ok(Waited::Passed);
             }
-            if ready(prev, val, mode) {
-                return Ok(true);
+            // Lines 5–10.
+            if ticket.ready(val) {
+                return Ok(Waited::Granted);
             }
-            if last_served != Some(val.served()) {
-                last_served = Some(val.served());
-                since = Instant::now();
-            } else if since.elapsed() > expire {
-                // Lines 11–19: skip the stuck tickets before ours. Unlike the
-                // paper (which resets past its own ticket too and retries)
-                // we make our own ticket the one being served and proceed:
-                // a retry would take a second ticket and leave the first one
-                // unreleased, which blocks every later writer for good.
-                let reset = match mode {
-                    Mode::Shared => DslrWord::pack(prev.maxx(), val.ns(), val.maxx(), val.maxs()),
-                    Mode::Exclusive => DslrWord::pack(prev.maxx(), prev.maxs(), val.maxx(), val.maxs()),
-                };
-                if ep.cas(self.addr, val.0, reset)? == val.0 {
-                    log::warn!("DSLR {}: holder silent for {expire:?}; skipped its tickets", self.addr);
-                    self.resets += 1;
-                    return Ok(true);
+            if val.served() != watch.0 {
+                watch = (val.served(), Instant::now());
+                continue;
+            }
+            // Line 11, with §5.1's δ-proportional expiry.
+            let slots_ahead = ticket.ahead(val).clamp(1, u32::from(self.limits.max_slots));
+            if watch.1.elapsed() <= self.config.lease * 2 * slots_ahead {
+                continue;
+            }
+            // Lines 12–16.
+            let reset = ticket.skip_word(val);
+            if ep.cas(self.addr, val.0, reset.0)? != val.0 {
+                continue; // the word moved: judge it afresh
+            }
+            self.stats.lease_resets += 1;
+            log::warn!(
+                "DSLR {}: {} silent for {:?}; reset {val:?} to {reset:?}",
+                self.addr,
+                if ticket.mode == Mode::Shared { "exclusive tickets" } else { "tickets" },
+                watch.1.elapsed()
+            );
+            return Ok(match ticket.mode {
+                // Our own ticket is still ours and now served.
+                Mode::Shared => Waited::Granted,
+                // Line 19: our ticket was consumed with the others. If that
+                // drained a canary word we were its resetter (lines 17–18).
+                Mode::Exclusive => {
+                    if reset.canary(self.limits.count_max) && reset.drained() {
+                        self.reset_drained(ep, reset)?;
+                    }
+                    Waited::Passed
                 }
-            }
-            // Line 20: wait in proportion to the tickets ahead.
-            let wait_count = (prev.maxx().saturating_sub(val.nx())) + (prev.maxs().saturating_sub(val.ns()));
-            let wait = self.config.omega * wait_count.max(1) as u32;
-            if wait < Duration::from_micros(50) {
-                let t = Instant::now();
-                while t.elapsed() < wait {
-                    std::thread::yield_now();
-                }
-            } else {
-                std::thread::sleep(wait);
-            }
+            });
         }
     }
 
-    fn reset_to_zero(&mut self, ep: &Endpoint, from: u64) -> Result<(), LockError> {
-        // Alg. 3 line 7: repeat until it succeeds (everyone before us has
-        // released; late comers only move max_* and back off).
-        let mut backoff = self.config.omega;
+    /// Alg. 3 line 7: CAS the drained word `from` to zero, repeating while
+    /// earlier holders finish or arrivals give their ticket back.
+    #[cold]
+    fn reset_overflow(&mut self, ep: &Endpoint, from: DslrWord) -> Result<(), LockError> {
+        let mut backoff = self.config.backoff();
+        let mut watch = (from.served(), Instant::now());
         loop {
-            let cur = ep.cas(self.addr, from, 0)?;
+            let cur = DslrWord(ep.cas(self.addr, from.0, 0)?);
             if cur == from {
+                self.stats.overflow_resets += 1;
                 return Ok(());
             }
-            // Not yet `from`: holders before us are still inside (a shared
-            // resetter does not wait for earlier readers), or arrivals that
-            // saw the canary are taking their ticket back. Once the canary is
-            // gone, someone else has reset the word.
-            let c = DslrWord(cur);
-            if c.maxx() < COUNT_MAX && c.maxs() < COUNT_MAX {
+            if !cur.canary(self.limits.count_max) {
+                // Somebody reset it (a stuck reset after our lease ran out).
                 return Ok(());
             }
-            random_backoff(&mut backoff);
+            if cur.served() != watch.0 {
+                watch = (cur.served(), Instant::now());
+            } else if watch.1.elapsed() > self.config.lease * 2 * u32::from(self.limits.max_slots) {
+                // A holder before us died: nobody else will drain the word.
+                return self.reset_stuck(ep, cur.served());
+            }
+            backoff.wait();
         }
     }
-}
 
-/// Whether the ticket `prev` may proceed given the current word `val`.
-fn ready(prev: DslrWord, val: DslrWord, mode: Mode) -> bool {
-    match mode {
-        Mode::Shared => prev.maxx() == val.nx(),
-        Mode::Exclusive => prev.maxx() == val.nx() && prev.maxs() == val.ns(),
+    /// Zeroes a drained canary word (Alg. 2 line 18).
+    fn reset_drained(&mut self, ep: &Endpoint, from: DslrWord) -> Result<(), LockError> {
+        if ep.cas(self.addr, from.0, 0)? == from.0 {
+            self.stats.overflow_resets += 1;
+        } else {
+            // An arrival's FA is in flight; it gives the ticket back and
+            // the word is drained again: the same loop as a resetter's.
+            self.reset_overflow(ep, from)?;
+        }
+        Ok(())
     }
-}
 
-/// A random sleep up to `*cap`, doubling the cap up to 1 ms (Appendix A.3).
-fn random_backoff(cap: &mut Duration) {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let r = (u64::from(now.subsec_nanos()) ^ u64::from(std::process::id()))
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        >> 16;
-    let nanos = cap.as_nanos().max(1) as u64;
-    std::thread::sleep(Duration::from_nanos(r % nanos));
-    *cap = (*cap * 2).min(Duration::from_millis(1));
+    /// Alg. 1 lines 7–8: the canary is set and the counters were silent
+    /// for twice the lease since we first saw `served`: reset to zero.
+    #[cold]
+    fn reset_stuck(&mut self, ep: &Endpoint, served: u32) -> Result<(), LockError> {
+        let val = DslrWord(ep.read_u64(self.addr)?);
+        if !val.canary(self.limits.count_max) || val.served() != served {
+            return Ok(()); // progress after all
+        }
+        if ep.cas(self.addr, val.0, 0)? == val.0 {
+            self.stats.stuck_resets += 1;
+            log::warn!("DSLR {}: counter reset never came; reset {val:?} to zero", self.addr);
+        }
+        Ok(())
+    }
 }
 
 impl RwLockClient for DslrLock {
+    #[inline]
     fn acquire(&mut self, ep: &Endpoint, mode: Mode) -> Result<(), LockError> {
         self.acquire_slots(ep, mode, 1)
     }
 
-    /// Alg. 3.
+    #[inline]
     fn release(&mut self, ep: &Endpoint) -> Result<(), LockError> {
-        let held = self.held.take().ok_or(LockError::Misuse("DSLR release without acquire"))?;
-        let in_lease = held.since.elapsed() < self.config.lease * held.slots as u32;
-        if in_lease || held.reset_from.is_some() {
-            let shift = if held.mode == Mode::Shared { NS } else { NX };
-            ep.masked_faa(self.addr, field_delta(shift, FIELD, held.slots as i64), BOUNDARIES)?;
-        } else {
-            log::warn!("DSLR {}: released after its lease; others may have reset it", self.addr);
+        self.unlock(ep)
+    }
+}
+
+/// Waits `d`: yielding spin for short waits, sleep for long ones.
+pub fn pause(d: Duration) {
+    if d >= SPIN_LIMIT {
+        std::thread::sleep(d);
+    } else {
+        let t = Instant::now();
+        while t.elapsed() < d {
+            std::thread::yield_now();
         }
-        if let Some(from) = held.reset_from {
-            self.reset_to_zero(ep, from)?;
-        }
-        Ok(())
+    }
+}
+
+/// Truncated binary exponential random backoff (Appendix A.3): after the
+/// c-th consecutive failure wait W uniform in `[0, min(R · 2^(c−1), L)]`.
+#[derive(Debug)]
+pub struct RandomBackoff {
+    base: Duration,
+    cap: Duration,
+    failures: u32,
+    rng: u64,
+}
+
+impl RandomBackoff {
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(base.as_nanos() as u64);
+        Self { base, cap: cap.max(base), failures: 0, rng: h.finish() | 1 }
+    }
+
+    /// The window the next wait is drawn from.
+    pub fn window(&self) -> Duration {
+        let doublings = self.failures.saturating_sub(1).min(30);
+        self.base.saturating_mul(1 << doublings).min(self.cap)
+    }
+
+    /// Records a failure and waits; returns the wait.
+    pub fn wait(&mut self) -> Duration {
+        self.failures += 1;
+        let window = self.window().as_nanos() as u64;
+        // xorshift64*: plenty for spreading retries.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let r = self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        let w = Duration::from_nanos(r % (window + 1));
+        pause(w);
+        w
+    }
+
+    /// After a success.
+    pub fn reset(&mut self) {
+        self.failures = 0;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rdma::arith::masked_faa_u64;
 
-    #[test]
-    fn word_packing() {
-        let w = DslrWord(DslrWord::pack(1, 2, 3, 4));
-        assert_eq!((w.nx(), w.ns(), w.maxx(), w.maxs()), (1, 2, 3, 4));
-        let old = DslrWord::pack(0, 0, 0, COUNTER);
-        let after = crate::rdma::arith::masked_faa_u64(old, field_delta(MAXS, FIELD, 1), BOUNDARIES);
-        assert_eq!(after, 0, "max_S wraps inside its field, max_X untouched");
+    fn w(nx: u16, ns: u16, maxx: u16, maxs: u16) -> DslrWord {
+        DslrWord::new(nx, ns, maxx, maxs)
+    }
+
+    fn fa(word: DslrWord, shift: u32, delta: i64) -> DslrWord {
+        DslrWord(masked_faa_u64(word.0, field_delta(shift, FIELD_BITS, delta), FIELD_BOUNDARIES))
     }
 
     #[test]
-    fn readiness_follows_the_bakery_rules() {
-        // Figure 4: L = {1,1,1,4}; an exclusive ticket {1,1,1,4} waits for n_S = 4.
-        let prev = DslrWord(DslrWord::pack(1, 1, 1, 4));
-        assert!(!ready(prev, prev, Mode::Exclusive));
-        assert!(ready(prev, DslrWord(DslrWord::pack(1, 4, 2, 4)), Mode::Exclusive));
-        // A shared ticket waits only for exclusive ones before it.
-        assert!(ready(prev, prev, Mode::Shared));
-        assert!(!ready(DslrWord(DslrWord::pack(1, 1, 2, 4)), prev, Mode::Shared));
+    fn fields_pack_where_the_table_says() {
+        let word = w(0x1234, 0x5678, 0x9abc, 0xdef0);
+        assert_eq!(word.0, 0x1234_5678_9abc_def0);
+        assert_eq!((word.nx(), word.ns(), word.maxx(), word.maxs()), (0x1234, 0x5678, 0x9abc, 0xdef0));
+        assert_eq!(word.served(), 0x1234_5678);
+        assert_eq!(FIELD_BOUNDARIES, 1 << 15 | 1 << 31 | 1 << 47 | 1 << 63);
+        assert_eq!(DSLR_BYTES, 8);
+        assert_eq!(DslrWord::FREE, w(0, 0, 0, 0));
+    }
+
+    #[test]
+    fn every_fa_stays_in_its_field() {
+        // A ticket and its give-back restore the word exactly.
+        let word = w(3, 4, 5, 6);
+        for shift in [N_X_SHIFT, N_S_SHIFT, MAX_X_SHIFT, MAX_S_SHIFT] {
+            assert_eq!(fa(fa(word, shift, 7), shift, -7), word);
+        }
+        assert_eq!(fa(word, MAX_X_SHIFT, 1), w(3, 4, 6, 6));
+        assert_eq!(fa(word, N_S_SHIFT, 2), w(3, 6, 5, 6));
+        // Wrap-around (a give-back landing on a zeroed word) stays inside.
+        assert_eq!(fa(DslrWord::FREE, MAX_S_SHIFT, -1), w(0, 0, 0, 0xFFFF));
+        assert_eq!(fa(w(0, 0, 0xFFFF, 0), MAX_X_SHIFT, 1), DslrWord::FREE);
+        assert_eq!(fa(w(0xFFFF, 0, 0, 0), N_X_SHIFT, 1), DslrWord::FREE);
+    }
+
+    #[test]
+    fn figure_4_exclusive_waits_for_shared_tickets() {
+        // L = {1,1,1,4}; T3's FA(max_X) gives ticket {1,4} and L = {1,1,2,4}.
+        let prev = w(1, 1, 1, 4);
+        let t = Ticket::taken(prev, Mode::Exclusive, 1);
+        assert_eq!((t.x, t.s, t.position()), (1, 4, 5));
+        let now = fa(prev, MAX_X_SHIFT, 1);
+        assert_eq!(now, w(1, 1, 2, 4));
+        assert!(!t.ready(now) && !t.passed(now));
+        assert_eq!(t.ahead(now), 3, "three shared tickets ahead (Fig. 4 (c))");
+        assert!(!t.ready(w(1, 3, 2, 4)));
+        assert!(t.ready(w(1, 4, 2, 6)) && !t.passed(w(1, 4, 2, 6)));
+    }
+
+    #[test]
+    fn shared_tickets_wait_only_for_exclusive_ones() {
+        let t = Ticket::taken(w(1, 1, 2, 4), Mode::Shared, 1);
+        assert!(!t.ready(w(1, 1, 2, 5)));
+        assert!(t.ready(w(2, 1, 2, 5)), "earlier readers may still be inside");
+        // Readers behind us may release before we poll: n_S > our ticket is
+        // not a reset for a reader.
+        assert!(!t.passed(w(2, 6, 2, 6)));
+        assert!(t.ready(w(2, 6, 2, 6)));
+        // n_X past our ticket is: the exclusive after us cannot have been
+        // served before us.
+        assert!(t.passed(w(3, 1, 3, 5)));
+    }
+
+    #[test]
+    fn passed_detects_resets_past_and_to_zero() {
+        let ex = Ticket::taken(w(0, 0, 5, 9), Mode::Exclusive, 1);
+        // In the word after our FA: {.., max_X 6, max_S 9}.
+        assert!(!ex.passed(w(4, 9, 6, 9)));
+        assert!(ex.passed(w(6, 9, 6, 9)), "n_X past us");
+        assert!(ex.passed(w(5, 10, 6, 10)), "n_S past us");
+        // Reset to zero, new tickets not yet past ours.
+        assert!(ex.passed(DslrWord::FREE));
+        assert!(ex.passed(w(0, 0, 5, 12)), "max_X below our own FA");
+        assert!(ex.passed(w(2, 3, 7, 8)), "max_S below our ticket");
+        let sh = Ticket::taken(w(0, 0, 2, 9), Mode::Shared, 1);
+        assert!(!sh.passed(w(1, 0, 2, 10)));
+        assert!(sh.passed(w(0, 0, 2, 9)), "max_S below our own FA");
+        assert!(sh.passed(w(0, 0, 1, 12)), "max_X below our ticket");
+    }
+
+    #[test]
+    fn overflow_reset_is_armed_by_the_ticket_reaching_count_max() {
+        // Fig. 6: prev = {29998, 32765, 30000, 32767}, shared.
+        let prev = w(29998, 32765, 30000, 32767);
+        let t = Ticket::taken(prev, Mode::Shared, 1);
+        assert!(t.resets_counters(COUNT_MAX));
+        assert_eq!(t.drained_word(), w(30000, 32768, 30000, 32768));
+        let after = fa(prev, MAX_S_SHIFT, 1);
+        assert!(after.canary(COUNT_MAX) && !prev.canary(COUNT_MAX));
+        assert!(!Ticket::taken(w(0, 0, 0, 32766), Mode::Shared, 1).resets_counters(COUNT_MAX));
+        // Exclusive, with a small threshold and two slots crossing it.
+        let t = Ticket::taken(w(0, 0, 14, 3), Mode::Exclusive, 2);
+        assert!(t.resets_counters(16) && !t.resets_counters(17));
+        assert_eq!(t.drained_word(), w(16, 3, 16, 3));
+        assert!(t.drained_word().drained() && t.drained_word().canary(16));
+        // Arrivals after the canary back off.
+        assert!(w(3, 3, 16, 3).canary(16) && !w(3, 3, 15, 3).canary(16));
+    }
+
+    #[test]
+    fn lease_resets_consume_exactly_the_tickets_ahead() {
+        // A dead exclusive holder (ticket x=0), a waiting exclusive (x=1),
+        // a waiting reader (x=2, s=0) and us, exclusive (x=2, s=1).
+        let val = w(0, 0, 3, 1);
+        let e1 = Ticket { x: 1, s: 0, mode: Mode::Exclusive, slots: 1 };
+        let r = Ticket { x: 2, s: 0, mode: Mode::Shared, slots: 1 };
+        let us = Ticket { x: 2, s: 1, mode: Mode::Exclusive, slots: 1 };
+        let reset = us.skip_word(val);
+        assert_eq!(reset, w(3, 1, 3, 1), "Alg. 2 line 15: {{prev(max_X)+1, prev(max_S)}}");
+        assert!(e1.passed(reset) && r.passed(reset), "both skipped tickets notice");
+        // A later reader (x=3) may now go; the word is drained: we retry.
+        assert!(Ticket { x: 3, s: 1, mode: Mode::Shared, slots: 1 }.ready(reset));
+        assert!(reset.drained());
+        // Had the reader timed out first: only the exclusive tickets before
+        // it are skipped, and the reader holds its own ticket.
+        let reset = r.skip_word(val);
+        assert_eq!(reset, w(2, 0, 3, 1));
+        assert!(e1.passed(reset) && !r.passed(reset) && r.ready(reset));
+        assert!(!us.passed(reset) && !us.ready(reset), "the writer still waits for the reader");
+    }
+
+    #[test]
+    fn backoff_window_doubles_up_to_the_cap() {
+        let mut b = RandomBackoff::new(Duration::from_nanos(10), Duration::from_nanos(50));
+        assert_eq!(b.window(), Duration::from_nanos(10));
+        let mut windows = Vec::new();
+        for _ in 0..5 {
+            b.failures += 1;
+            windows.push(b.window().as_nanos());
+        }
+        assert_eq!(windows, [10, 20, 40, 50, 50]);
+        assert!(b.wait() <= Duration::from_nanos(50));
+        b.reset();
+        assert_eq!(b.window(), Duration::from_nanos(10));
+    }
+
+    #[test]
+    fn limits_and_config() {
+        assert!(DslrLimits::new(3, 1).is_err());
+        assert!(DslrLimits::new(COUNT_MAX + 1, 1).is_err());
+        assert!(DslrLimits::new(64, 0).is_err() && DslrLimits::new(64, 17).is_err());
+        assert_eq!(DslrLimits::new(64, 16).unwrap().max_slots(), 16);
+        let c = DslrConfig::from_rtt(Duration::from_micros(2));
+        assert_eq!(c.omega, Duration::from_micros(5), "the paper's ω on its ~2 µs fabric");
+        assert_eq!(c.lease, DslrConfig::MIN_LEASE);
+        assert_eq!(DslrConfig::from_rtt(Duration::from_millis(1)).lease, Duration::from_secs(5));
     }
 }
