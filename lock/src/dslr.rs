@@ -94,6 +94,12 @@
 //!   the lease returns [`LockError::Fenced`].
 //! * **Polling order.** Alg. 2 reads, then waits; we wait first (the `prev`
 //!   of the FA already says how many tickets are ahead), then read.
+//! * **Polling during silence.** The wait between polls is `wait_count × ω`
+//!   (line 20) or, if longer, 1/16 of the time the counters have been silent:
+//!   a holder that takes far longer than ω per ticket (a long critical
+//!   section, a dead client) is then polled a few dozen times instead of
+//!   once per ω (on shm, ω is a fraction of a microsecond), for at most 1/16
+//!   of extra latency. Never longer than lease/16.
 
 use std::collections::hash_map::RandomState;
 use std::fmt;
@@ -566,13 +572,19 @@ impl DslrLock {
 
     /// Alg. 2: poll until `ticket` may proceed, resetting silent tickets.
     #[cold]
-    fn handle_conflict(&mut self, ep: &Endpoint, ticket: Ticket, prev: DslrWord) -> Result<Waited, LockError> {
+    fn handle_conflict(
+        &mut self,
+        ep: &Endpoint,
+        ticket: Ticket,
+        prev: DslrWord,
+    ) -> Result<Waited, LockError> {
         let mut val = prev;
         let mut watch = (prev.served(), Instant::now());
         loop {
-            // Line 20 (before the read: see the module comment).
+            // Line 20 (before the read: see the module comment), stretched
+            // while the counters stay silent.
             let wait = self.config.omega.saturating_mul(ticket.ahead(val).max(1));
-            pause(wait.min(self.config.poll_cap()));
+            pause(wait.max(watch.1.elapsed() / 16).min(self.config.poll_cap()));
             // Line 2.
             val = DslrWord(ep.read_u64(self.addr)?);
             self.stats.polls += 1;
