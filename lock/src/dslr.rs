@@ -87,11 +87,18 @@
 //!   canary): only when the reset leaves the word drained, i.e. the waiter was
 //!   the resetter and gave up its role; otherwise the resetter is still
 //!   queued and resets as usual, or it is dead and Alg. 1 lines 7–8 apply.
-//! * **Alg. 3 line 1** lets the resetter release after its lease. We do not:
-//!   by then a waiter may have skipped its ticket and the FA would push `n`
-//!   past `max`. The resetter still tries its CAS; if the word never drains,
-//!   the stuck-canary reset (Alg. 1 lines 7–8) clears it. A release after
-//!   the lease returns [`LockError::Fenced`].
+//! * **Alg. 3 line 1** (no release after the lease) is refined: after the
+//!   lease a holder READs the word and releases with a CAS only if no reset
+//!   has passed its ticket (`n_X` still equals its `max_X`, and no zero
+//!   reset); then nobody can have entered beside it and the release is an
+//!   ordinary one (`late_releases` counts it). If a reset did pass it, it
+//!   does not touch the word (the FA would push `n` past `max`) and returns
+//!   [`LockError::Fenced`]: its critical section may have overlapped
+//!   another's. The paper skips the late FA unconditionally, which makes
+//!   every waiter pay 2 × lease for a holder that was merely slow. The
+//!   resetter (which the paper lets release late) follows the same rule; if
+//!   its word never drains, the stuck-canary reset (Alg. 1 lines 7–8)
+//!   clears it.
 //! * **Polling order.** Alg. 2 reads, then waits; we wait first (the `prev`
 //!   of the FA already says how many tickets are ahead), then read.
 //! * **Polling during silence.** The wait between polls is `wait_count × ω`
@@ -106,7 +113,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
-use crate::rdma::arith::{field_boundaries, field_delta};
+use crate::rdma::arith::{field_boundaries, field_delta, masked_faa_u64};
 use crate::rdma::{Endpoint, RemoteAddr};
 use crate::rwlock::{LockError, Mode, RwLockClient};
 
@@ -374,8 +381,10 @@ pub struct DslrStats {
     pub overflow_resets: u64,
     /// Zero resets of a canary word whose resetter never came (Alg. 1 l. 7–8).
     pub stuck_resets: u64,
-    /// Releases after the lease, not applied (Alg. 3 line 1).
+    /// Releases after the lease (Alg. 3 line 1).
     pub late_releases: u64,
+    /// Late releases that a reset had passed: not applied, `Fenced`.
+    pub fenced: u64,
 }
 
 impl std::ops::AddAssign for DslrStats {
@@ -389,6 +398,7 @@ impl std::ops::AddAssign for DslrStats {
         self.overflow_resets += o.overflow_resets;
         self.stuck_resets += o.stuck_resets;
         self.late_releases += o.late_releases;
+        self.fenced += o.fenced;
     }
 }
 
@@ -462,22 +472,45 @@ impl DslrLock {
     pub fn unlock(&mut self, ep: &Endpoint) -> Result<(), LockError> {
         let held = self.held.take().ok_or(LockError::Misuse("DSLR unlock without a lock"))?;
         let t = held.ticket;
-        // Alg. 3 line 1: only within the lease (k leases for k slots).
-        let in_lease = held.since.elapsed() < self.config.lease * u32::from(t.slots);
-        if in_lease {
-            // Lines 3 / 5: one FA on n_S or n_X.
-            let shift = if t.mode == Mode::Shared { N_S_SHIFT } else { N_X_SHIFT };
-            ep.masked_faa(self.addr, field_delta(shift, FIELD_BITS, i64::from(t.slots)), FIELD_BOUNDARIES)?;
-        }
+        let shift = if t.mode == Mode::Shared { N_S_SHIFT } else { N_X_SHIFT };
+        let add = field_delta(shift, FIELD_BITS, i64::from(t.slots));
+        // Alg. 3 line 1: within the lease (k leases for k slots) ...
+        let released = if held.since.elapsed() < self.config.lease * u32::from(t.slots) {
+            // ... lines 3 / 5: one FA on n_S or n_X.
+            ep.masked_faa(self.addr, add, FIELD_BOUNDARIES)?;
+            true
+        } else {
+            self.release_late(ep, t, add)?
+        };
         if let Some(from) = held.reset_from {
+            // Lines 6–7.
             self.reset_overflow(ep, from)?;
         }
-        if in_lease {
+        if released {
             Ok(())
         } else {
-            self.stats.late_releases += 1;
-            log::warn!("DSLR {}: released after its lease; others may have reset it", self.addr);
+            log::warn!("DSLR {}: released after its lease, which a reset had passed", self.addr);
             Err(LockError::Fenced)
+        }
+    }
+
+    /// A release after the lease: applied with a CAS only while no reset
+    /// has passed `t` (see the module comment). Returns whether it was.
+    #[cold]
+    fn release_late(&mut self, ep: &Endpoint, t: Ticket, add: u64) -> Result<bool, LockError> {
+        self.stats.late_releases += 1;
+        let mut val = DslrWord(ep.read_u64(self.addr)?);
+        loop {
+            if t.passed(val) || val.nx() != t.x {
+                self.stats.fenced += 1;
+                return Ok(false);
+            }
+            let new = masked_faa_u64(val.0, add, FIELD_BOUNDARIES);
+            let old = ep.cas(self.addr, val.0, new)?;
+            if old == val.0 {
+                return Ok(true);
+            }
+            val = DslrWord(old);
         }
     }
 
@@ -756,7 +789,6 @@ impl RandomBackoff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rdma::arith::masked_faa_u64;
 
     fn w(nx: u16, ns: u16, maxx: u16, maxs: u16) -> DslrWord {
         DslrWord::new(nx, ns, maxx, maxs)

@@ -131,6 +131,7 @@ impl Lock {
                 out.add("overflow_resets", s.overflow_resets);
                 out.add("stuck_resets", s.stuck_resets);
                 out.add("late_releases", s.late_releases);
+                out.add("fenced", s.fenced);
             }
             Lock::Cas(l) => {
                 let s = l.stats();
