@@ -28,7 +28,8 @@
 //!   `n_S == prev.max_S` (lines 12 and 26). Uncontended that is the only verb.
 //! * **Conflict** (Alg. 2): poll with READ, waiting `wait_count × ω` between
 //!   reads, where `wait_count` is the number of tickets still ahead (line 20).
-//! * **Release** (Alg. 3): one FA on `n_X` or `n_S`, only within the lease.
+//! * **Release** (Alg. 3): one FA on `n_X` or `n_S` within the lease (after
+//!   it, see below).
 //! * **Counter reset** (§4.9, Alg. 1 lines 4–11 / 18–25, Alg. 3 lines 6–7):
 //!   the request whose ticket takes a `max` field to `count_max` becomes the
 //!   resetter: after its release it CASes the fully drained word to zero.
@@ -75,8 +76,8 @@
 //!   (line 15, `{prev.max_X + k, prev.max_S}`, own ticket included, then a
 //!   new ticket). Tickets a reset consumes are never released: their waiters
 //!   see themselves passed and take a new ticket; their holders are past
-//!   their lease (silence for 2 × lease implies it) and by Alg. 3 line 1 do
-//!   not release.
+//!   their lease (silence for 2 × lease implies it), and a release after the
+//!   lease sees the reset and is not applied (Alg. 3 line 1, below).
 //! * **Zero resets and waiters of the old numbering.** A waiter also counts
 //!   itself passed if a `max` field is below its own ticket (impossible while
 //!   its ticket is in the word: nobody takes back another's FA), so a waiter
