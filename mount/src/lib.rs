@@ -293,14 +293,9 @@ impl Filesystem for CitronFuse {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let ino = Ino(ino.0);
-        let r = self.client.getattr(ino).and_then(|a| match a.kind {
-            FileKind::File => self.open_fh(ino, flags.0),
-            FileKind::Dir => Err(FsError::IsDir),
-            // Devices, fifos and sockets are opened by the kernel, not us.
-            _ => Ok(FileHandle(0)),
-        });
-        match r {
+        // One round trip: the meta-server's Open refuses directories (EISDIR)
+        // itself, and the kernel opens devices, fifos and sockets without us.
+        match self.open_fh(Ino(ino.0), flags.0) {
             Ok(fh) => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(errno(&e)),
         }
