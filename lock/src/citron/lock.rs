@@ -424,16 +424,11 @@ impl CitronClient {
             batch.push(Verb::Read { addr: self.layout.node(a), len: 8 });
         }
         let posted = Instant::now();
-        let replies = batch.submit()?.into_vec();
-        let mut prefetched = Some((posted, read_words(&replies[usize::from(!leaf)..])?));
+        let replies = batch.submit()?;
+        let mut prefetched = Some((posted, read_words(&replies.as_slice()[usize::from(!leaf)..])?));
         if let Some(slot) = ticket_slot {
             // Phase 2(a) (lines 10–11): the bakery lock of an internal node.
-            let old = replies.first().cloned().ok_or_else(|| LockError::Host("no reply".into()))??;
-            let old = match old {
-                crate::rdma::VerbReply::Old(v) => v,
-                other => return Err(LockError::Host(format!("unexpected reply {other:?}"))),
-            };
-            let _ = slot;
+            let old = replies.old(slot)?;
             let ticket = Ticket::from_old_word(old);
             if !ticket.is_served(Internal(old)) {
                 // Not served at once: the ancestors read before we were is stale.

@@ -530,6 +530,10 @@ impl BatchReplies {
         self.0.iter().find_map(|r| r.as_ref().err())
     }
 
+    pub fn as_slice(&self) -> &[Result<VerbReply, VerbError>] {
+        &self.0
+    }
+
     pub fn into_vec(self) -> Vec<Result<VerbReply, VerbError>> {
         self.0
     }
