@@ -35,6 +35,18 @@ pub enum FsError {
     NotSupported(String),
     #[error("would create a loop in the directory tree")]
     Loop,
+    /// A conflicting lock is held (`F_SETLK`, `LOCK_NB`).
+    #[error("a conflicting lock is held")]
+    WouldBlock,
+    /// Waiting would close a cycle of lock owners waiting for each other.
+    #[error("resource deadlock would occur")]
+    Deadlock,
+    /// A blocked lock request was interrupted by a signal.
+    #[error("interrupted")]
+    Interrupted,
+    /// No room left for another lock record.
+    #[error("no locks available")]
+    NoLocks,
     /// A server could not be reached or answered garbage.
     #[error("i/o error: {0}")]
     Io(String),
@@ -49,5 +61,11 @@ impl From<citron_lock::rdma::RdmaError> for FsError {
 impl From<citron_lock::rdma::TransportError> for FsError {
     fn from(e: citron_lock::rdma::TransportError) -> Self {
         FsError::Io(e.to_string())
+    }
+}
+
+impl From<citron_lock::rwlock::LockError> for FsError {
+    fn from(e: citron_lock::rwlock::LockError) -> Self {
+        FsError::Io(format!("lock: {e}"))
     }
 }

@@ -4,12 +4,15 @@
 //! * [`types`]: inode numbers, attributes, chunk locations — the vocabulary.
 //! * [`proto`]: requests to the meta-server and its answers (serde + bincode).
 //! * [`layout`]: the arithmetic of splitting byte ranges over chunks.
+//! * [`locks`]: byte-range locks (fcntl, flock) across mounts, over one-sided
+//!   verbs on lock-server memory.
 //! * [`client`]: what a mount does: metadata by RPC, file data by one-sided
 //!   verbs straight to data-server memory (Octopus's client-active I/O).
 
 pub mod client;
 pub mod error;
 pub mod layout;
+pub mod locks;
 pub mod proto;
 pub mod types;
 

@@ -14,6 +14,7 @@ use citron_lock::rdma::RemoteAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::FsError;
+use crate::locks::{ClusterLockParams, LockArea, WaitsFor};
 use crate::types::{
     Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino, SetAttr,
 };
@@ -26,7 +27,7 @@ use crate::types::{
 /// | 0 | size in bytes | clients: CAS up to a write's end; meta-server: truncate |
 /// | 8 | mtime, ns since the epoch | clients: fetch-and-store after a write |
 /// | 16 | layout epoch | meta-server: +1 whenever chunks are freed |
-/// | 24 | reserved (zero) | |
+/// | 24 | allocation generation | meta-server: +1 whenever chunks are allocated |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttrSlot(pub RemoteAddr);
 
@@ -35,6 +36,7 @@ impl AttrSlot {
     pub const SIZE: u64 = 0;
     pub const MTIME: u64 = 8;
     pub const EPOCH: u64 = 16;
+    pub const ALLOCS: u64 = 24;
 
     pub fn size(self) -> RemoteAddr {
         self.0 + Self::SIZE
@@ -44,6 +46,9 @@ impl AttrSlot {
     }
     pub fn epoch(self) -> RemoteAddr {
         self.0 + Self::EPOCH
+    }
+    pub fn allocs(self) -> RemoteAddr {
+        self.0 + Self::ALLOCS
     }
 }
 
@@ -65,8 +70,15 @@ pub struct FileLayout {
     /// Bumped by the meta-server whenever chunks of the file are freed; a
     /// client whose cached layout has an older epoch refetches it.
     pub epoch: u64,
+    /// The slot's allocation generation when the chunk list was taken: a
+    /// client whose cached list is older refetches it before it reads a
+    /// hole (another client may have written there since).
+    pub allocs: u64,
     /// The allocated chunks, sorted by index (holes are absent).
     pub chunks: Vec<(ChunkIndex, ChunkLoc)>,
+    /// The file's lock memory (range locks, inode mutex, lock records);
+    /// allocated at its first open, so present in every open's answer.
+    pub locks: Option<LockArea>,
 }
 
 /// What a client learns when it registers.
@@ -80,6 +92,20 @@ pub struct ClusterInfo {
     pub data_servers: Vec<DataServerInfo>,
     /// How often the client must renew its lease, in milliseconds.
     pub lease_ms: u64,
+    /// The cluster's table of blocked POSIX lock owners (deadlock checks).
+    pub waits_for: WaitsFor,
+    /// Lock parameters every client must share.
+    pub lock_params: ClusterLockParams,
+    /// The lock host's services (ShiftLock recovery, RPC lock server).
+    pub lock_host: citron_lock::lock_host::LockHostInfo,
+}
+
+/// A registered client, as `citronfs locks` and `status` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientInfo {
+    pub id: ClientId,
+    pub hostname: String,
+    pub pid: u32,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -191,6 +217,15 @@ pub enum MetaRequest {
         client: ClientId,
         ino: Ino,
     },
+    /// Creates the file's lock-record table (`last: None`) or appends a
+    /// block after `last`; answers the table's first block. Idempotent: a
+    /// request that lost a race gets the table as it is.
+    GrowLockTable {
+        ino: Ino,
+        last: Option<RemoteAddr>,
+    },
+    /// The registered clients.
+    Clients,
     /// Allocates the missing chunks among `chunks` (a write into holes).
     AllocChunks {
         ino: Ino,
@@ -261,6 +296,8 @@ pub enum MetaResponse {
     Opened(Attr, FileLayout),
     Chunks(Vec<(ChunkIndex, ChunkLoc)>),
     Stats(FsStats),
+    LockTable(RemoteAddr),
+    Clients(Vec<ClientInfo>),
     Xattr(Vec<u8>),
     XattrNames(Vec<Vec<u8>>),
     Done,

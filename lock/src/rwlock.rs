@@ -8,7 +8,7 @@
 //! through the caller's [`Endpoint`], so they are counted there.
 //!
 //! ```text
-//!   let mut handle = algorithm.client(&ep, lock_addr)?;   // once per (client, lock)
+//!   let mut handle = open_lock(algorithm, &ep, &host, lock_addr, timing, &ctx)?; // once per (client, lock)
 //!   {
 //!       let _g = RwLockGuard::acquire(&mut *handle, &ep, Mode::Exclusive)?;
 //!       ... critical section, may use `ep` ...
@@ -18,6 +18,9 @@
 //! Every algorithm is a reader-writer lock in this interface; a pure mutex
 //! (DQL, the CAS spin lock) treats `Shared` as `Exclusive` and says so through
 //! [`RwLockClient::shares_readers`].
+//!
+//! [`crate::lock_host`] is the factory: how much memory each [`Algorithm`]
+//! needs, the lock host's services, and `open_lock` for clients.
 
 use std::fmt;
 use std::str::FromStr;
@@ -48,6 +51,10 @@ pub enum LockError {
     /// The lock host refused or failed a control request (recovery, RPC lock).
     #[error("lock host: {0}")]
     Host(String),
+    /// The algorithm is named but its module is not part of this build yet
+    /// (see [`Algorithm::is_built`]).
+    #[error("lock algorithm {0} is not built in this binary yet")]
+    NotBuilt(Algorithm),
 }
 
 impl From<TransportError> for LockError {
@@ -74,6 +81,11 @@ pub trait RwLockClient: Send {
     /// Whether two `Shared` holders can be inside at once.
     fn shares_readers(&self) -> bool {
         true
+    }
+    /// Calls to a lock server this handle has made: the round trips of an
+    /// algorithm whose lock is not in fabric memory (no verb counts them).
+    fn server_calls(&self) -> u64 {
+        0
     }
 }
 
@@ -114,18 +126,37 @@ impl Drop for RwLockGuard<'_> {
 }
 
 /// The selectable lock algorithms (`--inode-lock`, `bench locks`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+///
+/// [`crate::lock_host::open_lock`] opens any of them; [`Algorithm::BUILT`]
+/// lists those this binary has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Algorithm {
+    /// shiftlock-fast25.md: writers queue and hand over; the inode mutex.
     ShiftLock,
+    /// dslr-sigmod18.md: the bakery reader-writer lock on one FAA.
     Dslr,
+    /// dql-icpp05.md: the distributed FIFO queue lock (a mutex).
     Dql,
+    /// The CAS spin reader-writer lock with backoff (the papers' baseline).
     Cas,
+    /// A centralised lock server taking lock requests as RPCs (baseline).
     Rpc,
+    /// alock-spaa24.md: the asymmetric lock (host threads and remote clients).
+    ALock,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 5] =
-        [Algorithm::ShiftLock, Algorithm::Dslr, Algorithm::Dql, Algorithm::Cas, Algorithm::Rpc];
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::ShiftLock,
+        Algorithm::Dslr,
+        Algorithm::Dql,
+        Algorithm::Cas,
+        Algorithm::Rpc,
+        Algorithm::ALock,
+    ];
+
+    /// The algorithms this binary can open, in [`Algorithm::ALL`]'s order.
+    pub const BUILT: [Algorithm; 6] = Algorithm::ALL;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -134,6 +165,46 @@ impl Algorithm {
             Algorithm::Dql => "dql",
             Algorithm::Cas => "cas",
             Algorithm::Rpc => "rpc",
+            Algorithm::ALock => "alock",
+        }
+    }
+
+    /// Whether [`crate::lock_host::open_lock`] can open this algorithm here;
+    /// the others fail with [`LockError::NotBuilt`].
+    pub const fn is_built(self) -> bool {
+        match self {
+            Algorithm::ShiftLock
+            | Algorithm::Dslr
+            | Algorithm::Dql
+            | Algorithm::Cas
+            | Algorithm::Rpc
+            | Algorithm::ALock => true,
+        }
+    }
+
+    /// Bytes of host memory one lock needs; zeroed memory is an idle lock.
+    /// Allocate at an address aligned to [`Algorithm::lock_align`].
+    pub const fn lock_bytes(self) -> u64 {
+        self.layout().0
+    }
+
+    /// Alignment of one lock's memory (a power of two).
+    pub const fn lock_align(self) -> u64 {
+        self.layout().1
+    }
+
+    /// (bytes, alignment), from each algorithm's own layout constants.
+    const fn layout(self) -> (u64, u64) {
+        match self {
+            Algorithm::ShiftLock => (crate::shiftlock::ENTRY_BYTES, crate::shiftlock::ENTRY_ALIGN),
+            Algorithm::Dslr => (crate::dslr::DSLR_BYTES, crate::dslr::DSLR_ALIGN),
+            Algorithm::Cas => (crate::cas_spin::CAS_SPIN_BYTES, crate::cas_spin::CAS_SPIN_ALIGN),
+            Algorithm::Dql => (crate::dql::DQL_BYTES, crate::dql::DQL_ALIGN),
+            // The server keeps the lock's state; the address only names it.
+            Algorithm::Rpc => (8, 8),
+            Algorithm::ALock => {
+                (crate::alock::AlockLayout::LOCK_BYTES, crate::alock::AlockLayout::LOCK_ALIGN)
+            }
         }
     }
 }
@@ -147,9 +218,41 @@ impl fmt::Display for Algorithm {
 impl FromStr for Algorithm {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Algorithm::ALL
-            .into_iter()
-            .find(|a| a.name() == s)
-            .ok_or_else(|| format!("unknown lock algorithm {s:?}; one of shiftlock, dslr, dql, cas, rpc"))
+        Algorithm::ALL.into_iter().find(|a| a.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+            format!("unknown lock algorithm {s:?}; one of {}", names.join(", "))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_are_refused() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.name().parse::<Algorithm>(), Ok(a));
+            assert_eq!(a.to_string(), a.name());
+        }
+        let e = "mcs".parse::<Algorithm>().unwrap_err();
+        assert!(e.contains("mcs") && e.contains("shiftlock") && e.contains("alock"), "{e}");
+    }
+
+    #[test]
+    fn built_is_the_built_subset_of_all_in_order() {
+        let built: Vec<Algorithm> = Algorithm::ALL.into_iter().filter(|a| a.is_built()).collect();
+        assert_eq!(built, Algorithm::BUILT.to_vec());
+    }
+
+    #[test]
+    fn layouts_are_the_modules_constants_and_hold_aligned_words() {
+        assert_eq!((Algorithm::ShiftLock.lock_bytes(), Algorithm::ShiftLock.lock_align()), (16, 16));
+        assert_eq!((Algorithm::Dslr.lock_bytes(), Algorithm::Dslr.lock_align()), (8, 8));
+        assert_eq!((Algorithm::Cas.lock_bytes(), Algorithm::Cas.lock_align()), (8, 8));
+        for a in Algorithm::ALL {
+            assert!(a.lock_align().is_power_of_two() && a.lock_align() >= 8, "{a}");
+            assert!(a.lock_bytes() > 0 && a.lock_bytes().is_multiple_of(8), "{a}");
+        }
     }
 }

@@ -86,6 +86,18 @@ impl ChunkAllocator {
         self.quarantine.push_back((Instant::now(), loc));
     }
 
+    /// Gives back a chunk that no client can still write: its file is gone
+    /// (unlinked, released by every client, past the orphan grace), so it
+    /// is reused at once (zeroed first). A client that lost its lease with
+    /// the file open cannot write either: it fenced itself before the
+    /// meta-server dropped its opens. Without this, a workload that creates
+    /// and deletes files (SQLite's journals) waits a lease for every chunk.
+    pub fn free_unreachable(&mut self, loc: ChunkLoc) {
+        if let Some(s) = self.servers.iter_mut().find(|s| s.id == loc.server) {
+            s.recycled.push(loc.addr.offset / self.chunk_size);
+        }
+    }
+
     pub fn total_chunks(&self) -> u64 {
         self.servers.iter().map(|s| s.total).sum()
     }
@@ -129,6 +141,17 @@ mod tests {
         let again = a.allocate().unwrap();
         assert_eq!(again.loc, got[1].loc);
         assert!(again.needs_zeroing, "a recycled chunk must be zeroed");
+    }
+
+    #[test]
+    fn chunks_of_a_freed_file_are_reused_at_once() {
+        let mut a = ChunkAllocator::new(4096, Duration::from_secs(3600));
+        a.add_server(DataServerId(1), RegionId(1), 4096);
+        let c = a.allocate().unwrap();
+        a.free_unreachable(c.loc);
+        let again = a.allocate().unwrap();
+        assert_eq!(again.loc, c.loc);
+        assert!(again.needs_zeroing);
     }
 
     #[test]

@@ -5,8 +5,10 @@
 
 pub mod chunks;
 pub mod data_server;
+pub mod lock_cleanup;
+pub mod lock_memory;
 pub mod namespace;
 pub mod service;
 
 pub use data_server::DataServer;
-pub use service::{MetaServer, MetaServerConfig};
+pub use service::{CitronTreeState, MetaServer, MetaServerConfig};

@@ -11,8 +11,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
+use citron_lock::alock::{AlockHost, AlockLocal};
+use citron_lock::citron::host::{InstanceId, LockMemoryHost, TreeHost, TreeHostError};
+use citron_lock::citron::tree::TreeShape;
+use citron_lock::dslr::DSLR_BYTES;
+use citron_lock::range_lock::{RangeAlgorithm, RangeLockSite};
 use citron_lock::rdma::{RegionMemory, RemoteAddr};
 use citronfs_core::layout::ChunkGeometry;
+use citronfs_core::locks::area::LockChoice;
+use citronfs_core::locks::record::{block_header, pack_addr, BLOCK_BYTES, SLOTS_PER_BLOCK};
+use citronfs_core::locks::LockArea;
 use citronfs_core::proto::{AttrSlot, FileLayout, RenameMode, XattrMode};
 use citronfs_core::types::{
     Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DirEntry, FileKind, FsStats, Ino, SetAttr, Timestamp,
@@ -21,6 +29,7 @@ use citronfs_core::types::{
 use citronfs_core::FsError;
 
 use crate::chunks::ChunkAllocator;
+use crate::lock_memory::LockMemory;
 
 /// Cookies 1 and 2 are "." and ".." in listings; entries start after them.
 const FIRST_COOKIE: u64 = 3;
@@ -37,6 +46,14 @@ struct RegularFile {
     epoch: u64,
     /// Opens by client; the data lives while any remains, even at nlink 0.
     opens: HashMap<ClientId, u32>,
+    /// Lock memory, from the first open on.
+    locks: Option<FileLockMemory>,
+}
+
+/// A file's lock area and the blocks of its lock-record table.
+struct FileLockMemory {
+    area: LockArea,
+    blocks: Vec<RemoteAddr>,
 }
 
 enum Content {
@@ -118,6 +135,51 @@ pub struct Namespace {
     slots: Slots,
     pub chunks: ChunkAllocator,
     geometry: ChunkGeometry,
+    lock_memory: LockMemory,
+    /// How files are locked (range and inode-mutex algorithms, granule).
+    lock_choice: LockChoice,
+    /// The RPC range lock server, when files use it.
+    range_server: Option<std::net::SocketAddr>,
+    /// The meta-server's side of every file's attribute ALock.
+    attr_host: AlockHost,
+    /// This namespace's handle on it (taken out while in use).
+    attr_lock: Option<AlockLocal>,
+    /// Where files' Citron trees live when they grow.
+    trees: Option<TreeHosting>,
+}
+
+/// The Citron tree host of the meta-server (DESIGN.md §4 "Tree growth"):
+/// every file's tree is an instance of it, created at the file's first open
+/// and destroyed with the inode; it runs the instances' scale-ups.
+#[derive(Clone)]
+pub struct TreeHosting {
+    pub host: Arc<LockMemoryHost>,
+    /// Where clients reach it (its [`citron_lock::citron::host::TreeHostServer`]).
+    pub addr: std::net::SocketAddr,
+    /// The deepest tree a file's scale-ups may make.
+    pub max_depth: u32,
+}
+
+/// How the namespace gives files their lock memory.
+pub struct FileLocking {
+    pub memory: LockMemory,
+    pub choice: LockChoice,
+    /// The RPC range lock server, when `choice` uses it.
+    pub range_server: Option<std::net::SocketAddr>,
+    /// The meta-server's cohort of the attribute ALocks (in `memory`'s region).
+    pub attr_host: AlockHost,
+    /// Citron trees that grow, when `choice` is Citron (else fixed trees in
+    /// the files' areas).
+    pub trees: Option<TreeHosting>,
+}
+
+/// A file whose lock-record table exists: what cleanup after a dead client
+/// needs to visit.
+#[derive(Clone, Copy, Debug)]
+pub struct LockTableRef {
+    pub ino: Ino,
+    pub area: LockArea,
+    pub first_block: RemoteAddr,
 }
 
 fn check_name(name: &[u8]) -> Result<(), FsError> {
@@ -135,6 +197,7 @@ impl Namespace {
     pub fn new(
         slot_memory: Arc<RegionMemory>,
         chunks: ChunkAllocator,
+        locking: FileLocking,
         root_owner: Caller,
         orphan_grace: std::time::Duration,
     ) -> Self {
@@ -148,6 +211,12 @@ impl Namespace {
             slots: Slots { memory: slot_memory, next: 0, free: Vec::new() },
             chunks,
             geometry,
+            lock_memory: locking.memory,
+            lock_choice: locking.choice,
+            range_server: locking.range_server,
+            attr_lock: locking.attr_host.local().ok(),
+            attr_host: locking.attr_host,
+            trees: locking.trees.filter(|_| locking.choice.range == RangeAlgorithm::Citron),
         };
         let now = Timestamp::now();
         let root = Inode {
@@ -289,6 +358,7 @@ impl Namespace {
                 chunks: BTreeMap::new(),
                 epoch: 0,
                 opens: HashMap::new(),
+                locks: None,
             }),
             FileKind::Symlink => {
                 let target =
@@ -399,9 +469,22 @@ impl Namespace {
     fn free_file(&mut self, ino: Ino) {
         if let Some(Inode { content: Content::File(f), .. }) = self.inodes.remove(&ino) {
             for (_, loc) in f.chunks {
-                self.chunks.free(loc);
+                self.chunks.free_unreachable(loc);
             }
             self.slots.free.push(f.slot.0.offset);
+            if let Some(locks) = f.locks {
+                self.lock_memory.free(locks.area.base, locks.area.bytes);
+                for b in locks.blocks {
+                    self.lock_memory.free(b, BLOCK_BYTES);
+                }
+                if let (RangeLockSite::CitronHosted { instance, .. }, Some(t)) =
+                    (locks.area.range, &self.trees)
+                {
+                    if let Err(e) = t.host.destroy(instance) {
+                        log::error!("freeing the Citron tree of inode {}: {e}", ino.0);
+                    }
+                }
+            }
         }
     }
 
@@ -563,13 +646,137 @@ impl Namespace {
             ino,
             slot: f.slot,
             epoch: f.epoch,
+            allocs: self.slots.word(f.slot.allocs()).load(SeqCst),
             chunks: f.chunks.iter().map(|(i, l)| (*i, *l)).collect(),
+            locks: f.locks.as_ref().map(|l| l.area),
         })
     }
 
     pub fn open(&mut self, client: ClientId, ino: Ino) -> Result<FileLayout, FsError> {
+        if self.file(ino)?.locks.is_none() {
+            let size = self.slots.word(self.file(ino)?.slot.size()).load(SeqCst);
+            let area = match self.trees.clone() {
+                Some(trees) => self.hosted_area(&trees, size)?,
+                None => {
+                    let bad = |e: citron_lock::rwlock::LockError| FsError::Io(format!("lock area: {e}"));
+                    let bytes = LockArea::bytes_for(self.lock_choice, size).map_err(bad)?;
+                    let base = self.lock_memory.allocate(bytes)?;
+                    LockArea::plan(base, self.lock_choice, size, ino, self.range_server).map_err(|e| {
+                        self.lock_memory.free(base, bytes);
+                        bad(e)
+                    })?
+                }
+            };
+            self.file_mut(ino)?.locks = Some(FileLockMemory { area, blocks: Vec::new() });
+        }
         *self.file_mut(ino)?.opens.entry(client).or_insert(0) += 1;
         self.layout(ino)
+    }
+
+    /// A lock area whose range lock is a new instance of the tree host: the
+    /// tree as [`LockArea::plan`] would size it, its spillover word (an
+    /// allocation of the instance, freed with it), scaled by the host up to
+    /// `trees.max_depth`; the area itself holds the other locks.
+    fn hosted_area(&mut self, trees: &TreeHosting, size: u64) -> Result<LockArea, FsError> {
+        let tree_err = |e: TreeHostError| match e {
+            TreeHostError::OutOfMemory { .. } => FsError::NoLocks,
+            other => FsError::Io(format!("Citron tree host: {other}")),
+        };
+        let shape = TreeShape::covering(LockArea::initial_units(self.lock_choice, size));
+        let (instance, geometry) = trees.host.create(shape).map_err(tree_err)?;
+        let made = (|| {
+            let spillover = trees.host.instance(instance).allocate(DSLR_BYTES).map_err(tree_err)?;
+            trees.host.enable_scaling(instance, spillover, trees.max_depth).map_err(tree_err)?;
+            let site = RangeLockSite::CitronHosted {
+                tree: geometry.maximizer,
+                depth: shape.depth(),
+                spillover,
+                host: trees.addr,
+                instance,
+                max_depth: trees.max_depth,
+            };
+            let base = self.lock_memory.allocate(LockArea::bytes_for_hosted())?;
+            LockArea::with_range(base, self.lock_choice, site).map_err(|e| {
+                self.lock_memory.free(base, LockArea::bytes_for_hosted());
+                FsError::Io(format!("lock area: {e}"))
+            })
+        })();
+        if made.is_err() {
+            let _ = trees.host.destroy(instance);
+        }
+        made
+    }
+
+    /// The hosted Citron tree of a file, if it has one: its instance.
+    pub fn hosted_tree(&self, ino: Ino) -> Option<(InstanceId, RangeLockSite)> {
+        let f = self.file(ino).ok()?;
+        match f.locks.as_ref()?.area.range {
+            site @ RangeLockSite::CitronHosted { instance, .. } => Some((instance, site)),
+            _ => None,
+        }
+    }
+
+    /// Creates the lock-record table of an open file, or appends a block
+    /// after `last` if that is still the last one; returns the first block.
+    pub fn grow_lock_table(&mut self, ino: Ino, last: Option<RemoteAddr>) -> Result<RemoteAddr, FsError> {
+        let current = match &self.file(ino)?.locks {
+            Some(l) => (l.area, l.blocks.first().copied(), l.blocks.last().copied()),
+            None => return Err(FsError::Invalid("lock table of a file that was never opened".into())),
+        };
+        let (area, first, tail) = current;
+        let wanted = match (first, last) {
+            (None, _) => true,
+            (Some(_), Some(l)) => Some(l) == tail,
+            (Some(_), None) => false,
+        };
+        if !wanted {
+            return first.ok_or_else(|| FsError::Io("lock table vanished".into()));
+        }
+        let block = self.lock_memory.allocate(BLOCK_BYTES)?;
+        let memory = self.lock_memory.memory().clone();
+        let word = |addr: RemoteAddr| {
+            memory.word(addr).map_err(|e| FsError::Io(format!("lock memory at {addr}: {e}")))
+        };
+        let packed =
+            pack_addr(block).ok_or_else(|| FsError::Io("lock block address does not pack".into()))?;
+        // The header first, then the link that makes the block reachable
+        // (SeqCst stores: a client that reads the link sees the header).
+        word(block)?.store(block_header(SLOTS_PER_BLOCK), SeqCst);
+        match tail {
+            None => word(area.table_head())?.store(packed, SeqCst),
+            Some(t) => word(t + 8)?.store(packed, SeqCst),
+        }
+        let locks = self.file_mut(ino)?.locks.as_mut().expect("checked above");
+        locks.blocks.push(block);
+        Ok(locks.blocks[0])
+    }
+
+    /// Every file with a lock-record table.
+    pub fn lock_tables(&self) -> Vec<LockTableRef> {
+        self.inodes
+            .iter()
+            .filter_map(|(ino, i)| match &i.content {
+                Content::File(RegularFile { locks: Some(l), .. }) => {
+                    l.blocks.first().map(|&first_block| LockTableRef { ino: *ino, area: l.area, first_block })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A word of the lock region (diagnostics).
+    pub fn lock_memory_word(&self, addr: RemoteAddr) -> Option<u64> {
+        self.lock_memory.memory().word(addr).ok().map(|w| w.load(SeqCst))
+    }
+
+    /// Lock memory allocated and not freed, in bytes.
+    pub fn lock_memory_in_use(&self) -> u64 {
+        self.lock_memory.in_use()
+    }
+
+    /// Allocates lock memory outside any file (the waits-for table).
+    pub fn allocate_lock_memory(&mut self, bytes: u64) -> Result<RemoteAddr, FsError> {
+        self.lock_memory.allocate(bytes)
     }
 
     pub fn release(&mut self, client: ClientId, ino: Ino) -> Result<(), FsError> {
@@ -630,13 +837,70 @@ impl Namespace {
             fresh.push((c, a.loc));
             out.push((c, a.loc));
         }
+        if !fresh.is_empty() {
+            // Clients with an older chunk list refetch it (see `AttrSlot`).
+            self.slots.word(self.file(ino)?.slot.allocs()).fetch_add(1, SeqCst);
+        }
         Ok(Allocation { chunks: out, zero })
+    }
+
+    /// Runs `f` holding `ino`'s attribute ALock (if the file has lock
+    /// memory; a file never opened has no client that could race), so the
+    /// meta-server's changes to the size and mtime words and clients'
+    /// one-sided ones exclude each other (DESIGN.md §4).
+    ///
+    /// ALock has no recovery of its own (the paper assumes no failures): a
+    /// client that died holding or queued on the lock would block it, so the
+    /// wait is bounded (`AlockConfig::give_up`, set from the lease), and on
+    /// timeout the change goes ahead — only a dead client can hold the lock
+    /// that long, since live ones hold it for one batch of verbs — with a
+    /// fresh handle (the timed-out one is poisoned by the lock crate).
+    fn with_attr_lock<R>(&mut self, ino: Ino, f: impl FnOnce(&mut Self) -> R) -> R {
+        let lock = match &self.file(ino).ok().and_then(|f| f.locks.as_ref()) {
+            Some(l) => l.area.attr_lock(),
+            None => return f(self),
+        };
+        let Some(mut local) = self.attr_lock.take() else {
+            log::error!("no ALock handle left for the attribute words; changing inode {} unlocked", ino.0);
+            return f(self);
+        };
+        let granted = match local.lock(lock) {
+            Ok(guard) => {
+                let r = f(self);
+                if let Err(e) = guard.unlock() {
+                    log::error!("releasing the attribute ALock of inode {}: {e}", ino.0);
+                }
+                Ok(r)
+            }
+            Err(e) => Err((e, f)),
+        };
+        let result = match granted {
+            Ok(r) => r,
+            Err((e, f)) => {
+                log::error!("attribute ALock of inode {} not granted ({e}); a dead client holds it", ino.0);
+                let r = f(self);
+                match self.attr_host.local() {
+                    Ok(fresh) => local = fresh,
+                    Err(e) => {
+                        log::error!("no ALock descriptor left: {e}");
+                        return r;
+                    }
+                }
+                r
+            }
+        };
+        self.attr_lock = Some(local);
+        result
     }
 
     /// Sets the size (truncate). Shrinking frees whole chunks past the end,
     /// returns the tail of the last chunk to zero, and bumps the epoch so
     /// clients refetch their layouts.
     fn set_size(&mut self, ino: Ino, size: u64) -> Result<Vec<ZeroRange>, FsError> {
+        self.with_attr_lock(ino, |ns| ns.set_size_locked(ino, size))
+    }
+
+    fn set_size_locked(&mut self, ino: Ino, size: u64) -> Result<Vec<ZeroRange>, FsError> {
         if size > MAX_FILE_SIZE {
             return Err(FsError::FileTooBig);
         }
@@ -694,7 +958,7 @@ impl Namespace {
             // explicit one (utimens) goes there; 0 means "use the inode's".
             let slot = f.slot;
             if let Some(m) = set.mtime {
-                self.slots.word(slot.mtime()).store(m.as_nanos(), SeqCst);
+                self.with_attr_lock(ino, |ns| ns.slots.word(slot.mtime()).store(m.as_nanos(), SeqCst));
             }
         }
         Ok((self.attr(ino)?, zero))
@@ -716,7 +980,7 @@ impl Namespace {
         let zero = self.alloc_chunks(ino, &wanted)?.zero;
         if !keep_size {
             let slot = self.file(ino)?.slot;
-            self.slots.word(slot.size()).fetch_max(end, SeqCst);
+            self.with_attr_lock(ino, |ns| ns.slots.word(slot.size()).fetch_max(end, SeqCst));
         }
         Ok(zero)
     }

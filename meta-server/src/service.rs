@@ -1,6 +1,60 @@
 //! The meta-server process: the namespace behind an RPC service, its own
 //! software NIC serving attribute slots (and, with the lock issues, lock
 //! memory), the registry of data servers, and client leases.
+//!
+//! # Citron trees that grow (DESIGN.md §4 "Tree growth", citron-fast23.md §3.9)
+//!
+//! The meta-server is the lock host of every file's Citron tree. With
+//! [`MetaServerConfig::grow_trees`] (the default when files use Citron) the
+//! top of the lock region (`tree_bytes`, half of it by default) is the arena
+//! of a [`LockMemoryHost`], served by a [`TreeHostServer`] on the
+//! meta-server's IP; the rest stays with [`LockMemory`] (lock areas, record
+//! tables, the waits-for table). A file's first open creates an instance
+//! (the tree [`citronfs_core::locks::LockArea::plan`] would have sized, and
+//! its DSLR spillover word, allocated from the instance so it goes with it)
+//! and the open reply names it ([`RangeLockSite::CitronHosted`]); freeing
+//! the inode destroys it with every segment its scale-ups added.
+//!
+//! Why a `LockMemoryHost` behind its own RPC service rather than `TreeHost`
+//! over [`MetaRequest`]: the lock crate's host already keeps versioned
+//! configurations and refuses a publication that is stale, malformed or
+//! not made of the instance's own allocations, and the lock crate's range
+//! lock layer can then open a client from the site alone
+//! ([`citron_lock::range_lock::RangeLockContext::client`], its own
+//! connections to the host), with no file-system code on that path; and a
+//! scale-up that waits for a spillover mutex holds a tree-host connection
+//! thread, not one of the metadata service's.
+//!
+//! Why the host runs the scale-ups ([`LockMemoryHost::with_scaler`]) rather
+//! than the client whose release found the maximizer set, as Algorithm 4
+//! has it: a client that died between its first mark and its publication
+//! would leave the file's tree superseded without a successor, which no
+//! one can repair (the counters its marks read are gone with it), and
+//! every later I/O on the file would fail after the lock's give-up time.
+//! Run by the host, a scale-up finishes whatever happens to the client that
+//! asked; a client that dies holding the spillover mutex delays it by
+//! DSLR's lease recovery (twice the cluster's lease). The host's thread is a
+//! client of its own memory like any other (shm or its own NIC), takes the
+//! spillover mutex like any scaler, and costs the asking client one RPC
+//! instead of two RPCs and five round trips. The host CPU never takes part
+//! in acquiring or releasing a range; remote changes to instances are
+//! refused.
+//!
+//! Growth policy (what the lock layer does for the file system): a write or
+//! lock past the tree takes the spillover mutex and ORs its right border
+//! into the maximizer; its release asks for a scale-up if the maximizer is
+//! set (`ScalePolicy::AfterSpillover`); the tree grows at least 4× and to
+//! cover the border, never past [`MetaServerConfig::max_tree_units`]
+//! (default [`DEFAULT_MAX_TREE_UNITS`]; beyond it the spillover mutex keeps
+//! serialising). A lock to end of file asks for growth only to reach its
+//! start (none if it starts inside the tree). Clients open a range lock per
+//! operation without an RPC: the process's `RangeLockContext` keeps the
+//! newest configuration it has seen per instance.
+//!
+//! No scale-down: fcntl range locks are taken without the inode mutex, so
+//! the file system has no moment of exclusive use of a tree, which Citron's
+//! scale-down requires (§3.9.2); a truncated file keeps its tree until the
+//! inode is freed.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -9,18 +63,39 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use citron_lock::alock::{AlockConfig, AlockHost, AlockLayout};
+use citron_lock::citron::geometry::TreeGeometry;
+use citron_lock::citron::host::{HostScaleStats, InstanceId, LockMemoryHost, TreeHost, TreeHostServer};
+use citron_lock::citron::tree::TreeShape;
+use citron_lock::lock_host::{LockHost, LockHostConfig, LockHostInfo};
+use citron_lock::range_lock::rpc::{spawn_range_server, RangeLockServer, RangeServerConfig};
+use citron_lock::range_lock::RangeAlgorithm;
+use citron_lock::range_lock::RangeLockSite;
 use citron_lock::rdma::tcp::{RpcServer, RpcService};
-use citron_lock::rdma::{Endpoint, Node, RegionId, RegionMemory, RegionTable, ShmHost, TcpHost, TcpOptions};
-use citronfs_core::proto::{ClusterInfo, DataServerInfo, MetaRequest, MetaResponse};
-use citronfs_core::types::{Caller, ClientId, DataServerId, FileKind};
+use citron_lock::rdma::{
+    Endpoint, FabricAddr, Node, RegionId, RegionMemory, RegionTable, RemoteAddr, ShmHost, TcpHost, TcpOptions,
+};
+use citronfs_core::locks::area::LockChoice;
+use citronfs_core::locks::table::TableGrowth;
+use citronfs_core::locks::{ClusterLockParams, LockTiming, WaitsFor};
+use citronfs_core::proto::{ClientInfo, ClusterInfo, DataServerInfo, MetaRequest, MetaResponse};
+use citronfs_core::types::{Caller, ClientId, DataServerId, FileKind, Ino};
 use citronfs_core::FsError;
 use parking_lot::Mutex;
 
 use crate::chunks::ChunkAllocator;
-use crate::namespace::{Namespace, NewInode, ZeroRange};
+use crate::lock_cleanup;
+use crate::lock_memory::LockMemory;
+use crate::namespace::{FileLocking, Namespace, NewInode, TreeHosting, ZeroRange};
 
 /// The region of the meta-server's NIC that holds attribute slots.
 pub const SLOT_REGION: RegionId = RegionId(1);
+/// The region that holds lock memory (lock areas, record tables, waits-for,
+/// and at its top the Citron tree host's arena).
+pub const LOCK_REGION: RegionId = RegionId(2);
+/// Default cap of a file's Citron tree: 2^22 units (16 GiB of 4 KiB
+/// granules), a depth-8 tree of 700 KB of lock memory.
+pub const DEFAULT_MAX_TREE_UNITS: u64 = 1 << 22;
 
 #[derive(Clone, Debug)]
 pub struct MetaServerConfig {
@@ -31,6 +106,25 @@ pub struct MetaServerConfig {
     pub chunk_size: u64,
     /// Bytes of attribute slots (32 per regular file).
     pub slot_bytes: u64,
+    /// Bytes of lock memory (a few hundred bytes per open file, 2 KiB per
+    /// lock-record table block).
+    pub lock_bytes: u64,
+    /// How files are locked: `--range-lock`, `--inode-lock`, the granule.
+    pub lock_choice: LockChoice,
+    /// Most POSIX owners blocked at once, cluster-wide (deadlock checks).
+    pub max_waiting_owners: u32,
+    /// Lock parameters every client must share (Citron's T_wait, leases).
+    pub lock_params: ClusterLockParams,
+    /// Citron trees grow (DESIGN.md §4 "Tree growth"): each file's tree is
+    /// an instance of the meta-server's tree host, which runs its scale-ups.
+    /// `false`: a fixed tree in the file's lock area, beyond which ranges
+    /// are serialised by the spillover mutex.
+    pub grow_trees: bool,
+    /// Bytes of `lock_bytes` the tree host serves (0: half of them).
+    pub tree_bytes: u64,
+    /// Units a file's tree grows to cover at most (rounded up to a tree's
+    /// size); ranges beyond go through the spillover mutex.
+    pub max_tree_units: u64,
     /// A client that has not renewed its lease for this long is dropped.
     pub lease: Duration,
     /// Owner of the root directory.
@@ -47,6 +141,13 @@ impl MetaServerConfig {
             nic_listen: SocketAddr::new(listen.ip(), 0),
             chunk_size: 1 << 20,
             slot_bytes: 64 << 20,
+            lock_bytes: 64 << 20,
+            lock_choice: LockChoice::default(),
+            max_waiting_owners: 256,
+            lock_params: ClusterLockParams::default(),
+            grow_trees: true,
+            tree_bytes: 0,
+            max_tree_units: DEFAULT_MAX_TREE_UNITS,
             lease: Duration::from_secs(5),
             root_owner: Caller::ROOT,
             shm: None,
@@ -67,11 +168,39 @@ pub struct MetaService {
     nic: SocketAddr,
     shm: Option<String>,
     data_servers: Mutex<Vec<Arc<DataServerLink>>>,
-    clients: Mutex<HashMap<ClientId, Instant>>,
+    clients: Mutex<HashMap<ClientId, ClientLease>>,
     next_client: AtomicU64,
+    waits_for: WaitsFor,
+    lock_params: ClusterLockParams,
+    lock_host: LockHostInfo,
+}
+
+/// A registered client and when it last renewed its lease.
+struct ClientLease {
+    renewed: Instant,
+    hostname: String,
+    pid: u32,
+}
+
+/// Grows a file's lock-record table from inside the meta-server.
+struct NamespaceGrowth<'a> {
+    service: &'a MetaService,
+    ino: Ino,
+}
+
+impl TableGrowth for NamespaceGrowth<'_> {
+    fn grow(&self, last: Option<RemoteAddr>) -> Result<RemoteAddr, FsError> {
+        self.service.ns.lock().grow_lock_table(self.ino, last)
+    }
 }
 
 impl MetaService {
+    /// A word of lock memory, as the meta-server's CPU sees it.
+    fn lock_word(&self, addr: RemoteAddr) -> Option<u64> {
+        let ns = self.ns.lock();
+        ns.lock_memory_word(addr)
+    }
+
     fn zero(&self, ranges: &[ZeroRange]) -> Result<(), FsError> {
         if ranges.is_empty() {
             return Ok(());
@@ -128,13 +257,16 @@ impl MetaService {
         }
     }
 
-    fn expire_clients(&self) {
+    /// Fences clients whose lease ran out: their lock records and waits go
+    /// (their waiters are woken), then their opens. `ep` is the
+    /// meta-server's own endpoint on its lock memory.
+    fn expire_clients(&self, ep: &Endpoint, timing: &LockTiming) {
         let now = Instant::now();
         let expired: Vec<ClientId> = {
             let mut clients = self.clients.lock();
             let dead: Vec<ClientId> = clients
                 .iter()
-                .filter(|(_, t)| now.duration_since(**t) > self.lease)
+                .filter(|(_, l)| now.duration_since(l.renewed) > self.lease)
                 .map(|(c, _)| *c)
                 .collect();
             for c in &dead {
@@ -143,7 +275,14 @@ impl MetaService {
             dead
         };
         for c in expired {
-            log::warn!("client {} missed its lease; dropping its opens", c.0);
+            log::warn!("client {} missed its lease; releasing its locks and opens", c.0);
+            let tables = self.ns.lock().lock_tables();
+            let growth = |ino| NamespaceGrowth { service: self, ino };
+            match lock_cleanup::release_client(ep, timing, &tables, self.waits_for, c, &growth) {
+                Ok(n) if n > 0 => log::warn!("released {n} lock records of client {}", c.0),
+                Ok(_) => {}
+                Err(e) => log::error!("releasing the locks of client {}: {e}", c.0),
+            }
             self.ns.lock().drop_client(c);
         }
         self.ns.lock().sweep_orphans();
@@ -155,7 +294,13 @@ impl MetaService {
         Ok(match request {
             R::RegisterClient { hostname, pid } => {
                 let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
-                self.clients.lock().insert(client, Instant::now());
+                if client.0 >= 1 << 24 {
+                    // Claimed lock slots carry 24 bits of the claimer.
+                    return Err(FsError::Invalid("client ids are exhausted; restart the meta-server".into()));
+                }
+                self.clients
+                    .lock()
+                    .insert(client, ClientLease { renewed: Instant::now(), hostname: hostname.clone(), pid });
                 log::info!("client {} registered: {hostname} pid {pid}", client.0);
                 A::Registered(ClusterInfo {
                     client,
@@ -164,6 +309,9 @@ impl MetaService {
                     meta_shm: self.shm.clone(),
                     data_servers: self.data_servers.lock().iter().map(|l| l.info.clone()).collect(),
                     lease_ms: self.lease.as_millis() as u64,
+                    waits_for: self.waits_for,
+                    lock_params: self.lock_params,
+                    lock_host: self.lock_host.clone(),
                 })
             }
             R::DataServers => {
@@ -172,7 +320,7 @@ impl MetaService {
             R::Heartbeat { client } => {
                 let mut clients = self.clients.lock();
                 match clients.get_mut(&client) {
-                    Some(t) => *t = Instant::now(),
+                    Some(l) => l.renewed = Instant::now(),
                     // Fenced: its opens are gone; it must register again.
                     None => return Err(FsError::Io("lease expired: client was fenced".into())),
                 }
@@ -238,6 +386,14 @@ impl MetaService {
                 self.ns.lock().release(client, ino)?;
                 A::Done
             }
+            R::GrowLockTable { ino, last } => A::LockTable(self.ns.lock().grow_lock_table(ino, last)?),
+            R::Clients => A::Clients(
+                self.clients
+                    .lock()
+                    .iter()
+                    .map(|(id, l)| ClientInfo { id: *id, hostname: l.hostname.clone(), pid: l.pid })
+                    .collect(),
+            ),
             R::AllocChunks { ino, chunks } => {
                 let allocation = self.with_space(|ns| ns.alloc_chunks(ino, &chunks))?;
                 self.zero(&allocation.zero)?;
@@ -276,9 +432,28 @@ impl RpcService for MetaService {
     }
 }
 
+/// A file's hosted Citron tree as it is now ([`MetaServer::citron_tree`]).
+#[derive(Clone, Debug)]
+pub struct CitronTreeState {
+    pub instance: InstanceId,
+    /// The configuration the tree host keeps (depths, segments, version).
+    pub geometry: TreeGeometry,
+    /// The deepest tree its scale-ups may make.
+    pub max_depth: u32,
+    /// The maximizer word (0 when no range waits for a scale-up).
+    pub maximizer: u64,
+    /// The spillover mutex's DSLR word.
+    pub spillover: u64,
+}
+
 /// A running meta-server. Dropping it stops it.
 pub struct MetaServer {
     rpc: RpcServer<Arc<MetaService>>,
+    _lock_host: LockHost,
+    /// The Citron tree host and its RPC service (with `grow_trees`), and the
+    /// bytes of its arena.
+    trees: Option<(Arc<LockMemoryHost>, TreeHostServer, u64)>,
+    _range_server: Option<RangeLockServer>,
     nic: TcpHost,
     _shm: Option<ShmHost>,
     stop: Arc<AtomicBool>,
@@ -290,23 +465,103 @@ impl MetaServer {
         let io = |e: std::io::Error| FsError::Io(e.to_string());
         let geometry_ok = citronfs_core::layout::ChunkGeometry::new(config.chunk_size);
         geometry_ok.map_err(FsError::Invalid)?;
+        let granule = config.lock_choice.granule;
+        if !granule.is_power_of_two() {
+            return Err(FsError::Invalid(format!("lock granule {granule} is not a power of two")));
+        }
         let slot_bytes = config.slot_bytes.next_multiple_of(4096);
-        let (shm, regions, slots) = match &config.shm {
+        let lock_bytes = config.lock_bytes.next_multiple_of(4096);
+        let (shm, regions, slots, locks) = match &config.shm {
             Some(name) => {
                 let host = ShmHost::create(name)?;
                 let slots = host.add_region(SLOT_REGION, slot_bytes)?;
+                let locks = host.add_region(LOCK_REGION, lock_bytes)?;
                 let regions = host.regions().clone();
-                (Some(host), regions, slots)
+                (Some(host), regions, slots, locks)
             }
             None => {
                 let regions = Arc::new(RegionTable::new());
                 let slots = regions
                     .insert(RegionMemory::anonymous(SLOT_REGION, slot_bytes).map_err(io)?)
                     .map_err(io)?;
-                (None, regions, slots)
+                let locks = regions
+                    .insert(RegionMemory::anonymous(LOCK_REGION, lock_bytes).map_err(io)?)
+                    .map_err(io)?;
+                (None, regions, slots, locks)
             }
         };
-        let nic = TcpHost::spawn(config.nic_listen, regions).map_err(io)?;
+        // The tree host's arena is the top of the lock region.
+        let grow = config.grow_trees && config.lock_choice.range == RangeAlgorithm::Citron;
+        let tree_bytes = match (grow, config.tree_bytes) {
+            (false, _) => 0,
+            (true, 0) => lock_bytes / 2,
+            (true, b) => b.min(lock_bytes / 4 * 3),
+        } / 4096
+            * 4096;
+        let tree_start = lock_bytes - tree_bytes;
+        let nic = TcpHost::spawn(config.nic_listen, regions.clone()).map_err(io)?;
+        let mut lock_memory = LockMemory::below(locks.clone(), tree_start);
+        let waits_for = WaitsFor {
+            base: lock_memory.allocate(WaitsFor::bytes(config.max_waiting_owners))?,
+            capacity: config.max_waiting_owners,
+        };
+        let lock_err = |e: citron_lock::rwlock::LockError| FsError::Io(format!("lock host: {e}"));
+        // The meta-server acts on its own lock memory as a client of its own
+        // fabric (shm when published, else its NIC): the lease reaper's
+        // cleanup, and the lock host's services.
+        let own_fabric = match &config.shm {
+            Some(name) => FabricAddr::Shm(name.clone()),
+            None => FabricAddr::Tcp(nic.local_addr()),
+        };
+        let node = Node::join(&own_fabric)?;
+        // The lock host: ShiftLock's recovery service and the RPC lock
+        // server (`--inode-lock rpc`).
+        let host_config = LockHostConfig {
+            rpc_listen: SocketAddr::new(config.listen.ip(), 0),
+            rpc_lease: Some(config.lease),
+            ..LockHostConfig::default()
+        };
+        let host_area = lock_memory.allocate(host_config.area_bytes())?;
+        let lock_host = LockHost::start(&node, host_area, host_config).map_err(lock_err)?;
+        // The RPC range lock server, when files use it (`--range-lock rpc`).
+        let range_server = match config.lock_choice.range {
+            RangeAlgorithm::Rpc => Some(
+                spawn_range_server(SocketAddr::new(config.listen.ip(), 0), RangeServerConfig::default())
+                    .map_err(io)?,
+            ),
+            _ => None,
+        };
+        // The Citron tree host: allocates and configures every file's tree
+        // and runs its scale-ups as a client of this server's own memory,
+        // with the timing every client derives from the cluster's shared
+        // parameters (the spillover's lease above all).
+        let trees =
+            if grow {
+                let probe = node.endpoint()?;
+                let rtt = probe.measure_rtt(waits_for.base, 16).unwrap_or(Duration::from_micros(10));
+                let timing = LockTiming::new(rtt, config.lock_params);
+                let host =
+                    Arc::new(
+                        LockMemoryHost::new(regions.clone(), LOCK_REGION, tree_start, lock_bytes)
+                            .with_scaler(node.clone(), timing.ranges.citron, timing.ranges.dslr),
+                    );
+                let server = host.serve(SocketAddr::new(config.listen.ip(), 0)).map_err(io)?;
+                let arena = host.free_bytes();
+                Some((host, server, arena))
+            } else {
+                None
+            };
+        let max_depth = TreeShape::covering(config.max_tree_units.max(1)).depth();
+        let tree_hosting = trees.as_ref().map(|(host, server, _)| TreeHosting {
+            host: host.clone(),
+            addr: server.local_addr(),
+            max_depth,
+        });
+        // The meta-server's cohort of every file's attribute ALock.
+        let pool_slots = 64;
+        let pool = lock_memory.allocate(AlockLayout::pool_bytes(pool_slots))?;
+        let alock_config = AlockConfig::from_rtt(Duration::from_micros(1)).with_give_up(config.lease * 2);
+        let attr_host = AlockHost::new(locks, pool, pool_slots, alock_config).map_err(lock_err)?;
         // Freed chunks stay unused for a lease: a client whose I/O was in
         // flight when a truncate freed them finishes long before, and every
         // later I/O sees the epoch change first.
@@ -317,6 +572,13 @@ impl MetaServer {
             ns: Mutex::new(Namespace::new(
                 slots,
                 chunks,
+                FileLocking {
+                    memory: lock_memory,
+                    choice: config.lock_choice,
+                    range_server: range_server.as_ref().map(|r| r.local_addr()),
+                    attr_host,
+                    trees: tree_hosting,
+                },
                 config.root_owner,
                 config.lease.min(Duration::from_secs(1)),
             )),
@@ -327,9 +589,13 @@ impl MetaServer {
             data_servers: Mutex::new(Vec::new()),
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
+            waits_for,
+            lock_params: config.lock_params,
+            lock_host: lock_host.info().clone(),
         });
         let rpc = RpcServer::spawn(config.listen, service.clone(), "meta").map_err(io)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let lock_params = config.lock_params;
         let reaper = {
             let stop = stop.clone();
             let service = service.clone();
@@ -337,15 +603,74 @@ impl MetaServer {
             std::thread::Builder::new()
                 .name("meta-leases".into())
                 .spawn(move || {
+                    let ep = match node.endpoint() {
+                        Ok(ep) => ep,
+                        Err(e) => {
+                            log::error!("the lease reaper cannot reach lock memory: {e}");
+                            return;
+                        }
+                    };
+                    let rtt = ep.measure_rtt(waits_for.base, 16).unwrap_or(Duration::from_micros(10));
+                    let timing = LockTiming::new(rtt, lock_params);
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(tick);
-                        service.expire_clients();
+                        service.expire_clients(&ep, &timing);
                     }
                 })
                 .map_err(io)?
         };
         log::info!("meta-server on {} (nic {})", rpc.local_addr(), nic.local_addr());
-        Ok(Self { rpc, nic, _shm: shm, stop, reaper: Some(reaper) })
+        Ok(Self {
+            rpc,
+            nic,
+            _shm: shm,
+            stop,
+            reaper: Some(reaper),
+            _lock_host: lock_host,
+            _range_server: range_server,
+            trees,
+        })
+    }
+
+    /// Lock memory handed out and not freed, in bytes: files' lock areas and
+    /// record tables, the waits-for table and the lock services' areas, and
+    /// the Citron trees (with their later segments) on the tree host.
+    pub fn lock_memory_in_use(&self) -> u64 {
+        let areas = self.rpc.service().ns.lock().lock_memory_in_use();
+        let trees = self.trees.as_ref().map_or(0, |(host, _, arena)| arena - host.free_bytes());
+        areas + trees
+    }
+
+    /// Citron instances alive on the tree host.
+    pub fn tree_instances(&self) -> usize {
+        self.trees.as_ref().map_or(0, |(host, _, _)| host.instances())
+    }
+
+    /// What the tree host's scale-ups have done and cost.
+    pub fn tree_scale_stats(&self) -> HostScaleStats {
+        self.trees.as_ref().map_or_else(HostScaleStats::default, |(host, _, _)| host.scale_stats())
+    }
+
+    /// RPCs the tree host has answered (configurations, scale-ups).
+    pub fn tree_host_requests(&self) -> u64 {
+        self.trees.as_ref().map_or(0, |(_, server, _)| server.requests())
+    }
+
+    /// The state of a file's hosted Citron tree, read from lock memory
+    /// (diagnostics and tests): `None` if the file has none.
+    pub fn citron_tree(&self, ino: Ino) -> Option<CitronTreeState> {
+        let (host, _, _) = self.trees.as_ref()?;
+        let (instance, site) = self.rpc.service().ns.lock().hosted_tree(ino)?;
+        let RangeLockSite::CitronHosted { spillover, max_depth, .. } = site else { return None };
+        let geometry = host.instance(instance).configuration().ok()?;
+        let word = |a| self.rpc.service().lock_word(a);
+        Some(CitronTreeState {
+            instance,
+            maximizer: word(geometry.maximizer)?,
+            spillover: word(spillover)?,
+            geometry,
+            max_depth,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -360,6 +685,9 @@ impl MetaServer {
     pub fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         self.rpc.shutdown();
+        if let Some((_, server, _)) = self.trees.as_mut() {
+            server.shutdown();
+        }
         self.nic.shutdown();
         if let Some(r) = self.reaper.take() {
             let _ = r.join();

@@ -6,21 +6,26 @@
 //! memory, uncached); attribute and entry caching default to zero for strict
 //! coherence between mounts. The session is multi-threaded.
 
+mod caller;
+
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use citronfs_core::client::FsClient;
+use citronfs_core::client::{FsClient, LockCall};
+use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, OFFSET_MAX};
 use citronfs_core::proto::{RenameMode, XattrMode};
 use citronfs_core::types::{Attr, Caller, FileKind, Ino, SetAttr, Timestamp};
 use citronfs_core::FsError;
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -38,6 +43,12 @@ impl Default for MountOptions {
         Self { attr_ttl: Duration::ZERO, threads: 4 }
     }
 }
+
+/// A virtual extended attribute (never listed) whose value is the
+/// cluster-wide list of the file's lock holders and waiters, one per line,
+/// for `citronfs locks` (and `getfattr`): `state flavour mode first last pid
+/// client host`, `last` being `EOF` for a lock to the end of the file.
+pub const LOCKS_XATTR: &str = "user.citronfs.locks";
 
 /// The errno of every file-system error: the one place they are mapped.
 pub fn errno(e: &FsError) -> Errno {
@@ -57,6 +68,10 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Range => Errno::ERANGE,
         FsError::NotSupported(_) => Errno::EOPNOTSUPP,
         FsError::Loop => Errno::ELOOP,
+        FsError::WouldBlock => Errno::EAGAIN,
+        FsError::Deadlock => Errno::EDEADLK,
+        FsError::Interrupted => Errno::EINTR,
+        FsError::NoLocks => Errno::ENOLCK,
         FsError::Io(_) => Errno::EIO,
     }
 }
@@ -120,19 +135,43 @@ fn time(t: TimeOrNow) -> Timestamp {
 struct OpenFile {
     ino: Ino,
     append: bool,
+    /// The client registration it was opened under: after a lost lease the
+    /// meta-server forgot the open and the locks taken through it, so the
+    /// handle answers EIO until the file is opened again.
+    registration: u64,
 }
 
 /// The FUSE file system: a [`FsClient`] and the open-file table.
 pub struct CitronFuse {
-    client: FsClient,
+    client: Arc<FsClient>,
     options: MountOptions,
     open_files: Mutex<HashMap<u64, OpenFile>>,
     next_fh: AtomicU64,
+    /// Lock owners known to make POSIX (`F_SETLK`) calls through a file
+    /// handle, so their calls skip the `/proc` read (see
+    /// [`CitronFuse::lock_flavor`]).
+    posix_owners: Mutex<HashMap<u64, std::collections::HashSet<u64>>>,
+    /// Open `/proc/<tid>/syscall` files of callers.
+    syscalls: caller::SyscallFiles,
 }
 
 impl CitronFuse {
     pub fn new(client: FsClient, options: MountOptions) -> Self {
-        Self { client, options, open_files: Mutex::new(HashMap::new()), next_fh: AtomicU64::new(1) }
+        Self {
+            client: Arc::new(client),
+            options,
+            open_files: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            posix_owners: Mutex::new(HashMap::new()),
+            syscalls: caller::SyscallFiles::default(),
+        }
+    }
+
+    /// The mount's client, still reachable after this file system has moved
+    /// into its session (e.g. to read [`FsClient::verb_counts`] while the
+    /// mount serves). The client lives until the last handle is dropped.
+    pub fn client(&self) -> Arc<FsClient> {
+        self.client.clone()
     }
 
     fn entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
@@ -150,8 +189,113 @@ impl CitronFuse {
     /// A file handle for an open the meta-server has counted.
     fn track_open(&self, ino: Ino, flags: i32) -> FileHandle {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.open_files.lock().insert(fh, OpenFile { ino, append: flags & libc::O_APPEND != 0 });
+        let registration = self.client.registration();
+        self.open_files
+            .lock()
+            .insert(fh, OpenFile { ino, append: flags & libc::O_APPEND != 0, registration });
         FileHandle(fh)
+    }
+
+    /// Whether `fh` opened for append; EIO if it belongs to a registration
+    /// the meta-server has fenced.
+    fn check_handle(&self, fh: FileHandle) -> Result<bool, Errno> {
+        match self.open_files.lock().get(&fh.0) {
+            Some(f) if f.registration != self.client.registration() => Err(Errno::EIO),
+            Some(f) => Ok(f.append),
+            None => Ok(false),
+        }
+    }
+
+    /// The value of [`LOCKS_XATTR`] for `ino`: a snapshot of its lock
+    /// records, each with the host and process of the mount that holds it.
+    fn lock_listing(&self, ino: Ino) -> Result<Vec<u8>, FsError> {
+        use citronfs_core::locks::record::RecordState;
+        let records = self.client.lock_records(ino)?;
+        let clients = self.client.clients()?;
+        let mut out = String::new();
+        for r in records {
+            let host = clients
+                .iter()
+                .find(|c| c.id == r.owner.client)
+                .map_or_else(|| "?".to_string(), |c| format!("{}:{}", c.hostname, c.pid));
+            let last = if r.range.last == OFFSET_MAX { "EOF".to_string() } else { r.range.last.to_string() };
+            out += &format!(
+                "{} {} {} {} {} {} {} {}\n",
+                if r.state == RecordState::Held { "held" } else { "waiting" },
+                match r.flavor {
+                    LockFlavor::Posix => "POSIX",
+                    LockFlavor::Ofd => "OFDLCK",
+                    LockFlavor::Flock => "FLOCK",
+                },
+                if r.mode == LockMode::Write { "WRITE" } else { "READ" },
+                r.range.start,
+                last,
+                r.pid,
+                r.owner.client.0,
+                host,
+            );
+        }
+        Ok(out.into_bytes())
+    }
+
+    /// The flavour of a lock call by thread `tid` through `fh` for `owner`.
+    ///
+    /// Reading `/proc/<tid>/syscall` costs about 15 µs to open and read (a
+    /// third of a lock call; the file is kept open per thread, see
+    /// [`caller::SyscallFiles`]), so POSIX calls are remembered per (handle,
+    /// owner): a POSIX owner
+    /// is a process's file table, while OFD and flock calls through a handle
+    /// are owned by that handle's open file itself; the two are different
+    /// live objects, so an owner seen making POSIX calls through a handle
+    /// makes only POSIX calls through it until the handle is released (when
+    /// the memory is forgotten). OFD and flock calls share their owner, so
+    /// they are read every time.
+    fn lock_flavor(&self, tid: u32, fh: FileHandle, owner: LockOwner) -> LockFlavor {
+        if self.posix_owners.lock().get(&fh.0).is_some_and(|o| o.contains(&owner.0)) {
+            return LockFlavor::Posix;
+        }
+        let flavor = self.syscalls.lock_flavor(tid).unwrap_or_else(|| {
+            log::debug!("cannot tell the lock call of thread {tid}; taking it for POSIX");
+            LockFlavor::Posix
+        });
+        if flavor == LockFlavor::Posix {
+            self.posix_owners.lock().entry(fh.0).or_default().insert(owner.0);
+        }
+        flavor
+    }
+
+    /// A lock request as the kernel sent it, with its flavour read from the
+    /// caller's system call (see [`caller`]).
+    #[allow(clippy::too_many_arguments)]
+    fn lock_call(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+    ) -> Result<LockCall, Errno> {
+        self.check_handle(fh)?;
+        let mode = match typ {
+            libc::F_RDLCK => Some(LockMode::Read),
+            libc::F_WRLCK => Some(LockMode::Write),
+            libc::F_UNLCK => None,
+            _ => return Err(Errno::EINVAL),
+        };
+        let range = ByteRange::new(start, end.min(OFFSET_MAX)).ok_or(Errno::EINVAL)?;
+        let flavor = self.lock_flavor(req.pid(), fh, owner);
+        Ok(LockCall {
+            ino: Ino(ino.0),
+            owner: citronfs_core::locks::LockOwner(owner.0),
+            flavor,
+            mode,
+            range,
+            pid,
+            fh: fh.0,
+        })
     }
 }
 
@@ -177,6 +321,15 @@ impl Filesystem for CitronFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Bigger writes: fewer round trips per MiB.
         let _ = config.set_max_write(1 << 20);
+        // Without these the kernel keeps fcntl and flock locks node-local
+        // and the file system would silently not be distributed.
+        config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS).map_err(
+            |missing| {
+                std::io::Error::other(format!(
+                    "the kernel does not offer {missing:?}: locks would stay local to this node"
+                ))
+            },
+        )?;
         Ok(())
     }
 
@@ -305,13 +458,16 @@ impl Filesystem for CitronFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if let Err(e) = self.check_handle(fh) {
+            return reply.error(e);
+        }
         data(reply, self.client.read(Ino(ino.0), offset, size))
     }
 
@@ -327,16 +483,20 @@ impl Filesystem for CitronFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let append = self.open_files.lock().get(&fh.0).is_some_and(|f| f.append);
+        let append = match self.check_handle(fh) {
+            Ok(a) => a,
+            Err(e) => return reply.error(e),
+        };
         match self.client.write(Ino(ino.0), offset, data, append) {
             Ok(_) => reply.written(data.len() as u32),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
-        // Data is in the data servers' memory when `write` answers.
-        reply.ok()
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, owner: LockOwner, reply: ReplyEmpty) {
+        // Data is in the data servers' memory when `write` answers. A close
+        // by a POSIX lock owner releases all its locks on the file.
+        done(reply, self.client.release_owner_locks(Ino(ino.0), citronfs_core::locks::LockOwner(owner.0)))
     }
 
     fn release(
@@ -350,8 +510,21 @@ impl Filesystem for CitronFuse {
         reply: ReplyEmpty,
     ) {
         let open = self.open_files.lock().remove(&fh.0);
+        self.posix_owners.lock().remove(&fh.0);
         match open {
-            Some(f) => done(reply, self.client.release(f.ino)),
+            Some(f) => {
+                // The last close of an open file: its OFD and flock locks go.
+                let unlocked = self.client.release_handle_locks(f.ino, fh.0);
+                if let Err(e) = &unlocked {
+                    log::warn!("releasing the locks of handle {} of inode {}: {e}", fh.0, f.ino.0);
+                }
+                let released = if f.registration == self.client.registration() {
+                    self.client.release(f.ino)
+                } else {
+                    Ok(()) // the meta-server dropped this open with the old registration
+                };
+                done(reply, unlocked.and(released))
+            }
             None => reply.ok(),
         }
     }
@@ -412,7 +585,12 @@ impl Filesystem for CitronFuse {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.client.get_xattr(caller(req), Ino(ino.0), name(n)) {
+        let value = if name(n) == LOCKS_XATTR.as_bytes() {
+            self.lock_listing(Ino(ino.0))
+        } else {
+            self.client.get_xattr(caller(req), Ino(ino.0), name(n))
+        };
+        match value {
             Ok(v) if size == 0 => reply.size(v.len() as u32),
             Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
             Ok(v) => reply.data(&v),
@@ -476,6 +654,62 @@ impl Filesystem for CitronFuse {
         }
     }
 
+    fn getlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let call = match self.lock_call(req, ino, fh, lock_owner, start, end, typ, pid) {
+            Ok(c) => c,
+            Err(e) => return reply.error(e),
+        };
+        match self.client.getlk(&call) {
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Ok(Some(holder)) => {
+                let typ = if holder.mode == LockMode::Write { libc::F_WRLCK } else { libc::F_RDLCK };
+                reply.locked(holder.range.start, holder.range.last, typ, holder.pid)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let call = match self.lock_call(req, ino, fh, lock_owner, start, end, typ, pid) {
+            Ok(c) => c,
+            Err(e) => return reply.error(e),
+        };
+        if sleep && call.mode.is_some() {
+            // Never wait on a FUSE worker: the waiter thread answers.
+            let tid = req.pid();
+            self.client.setlkw(
+                &call,
+                Box::new(move || caller::interrupted(tid)),
+                Box::new(move |r| done(reply, r)),
+            );
+        } else {
+            done(reply, self.client.setlk(&call))
+        }
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
@@ -501,16 +735,25 @@ pub use fuser::BackgroundSession;
 /// Mounts `fs` at `mountpoint` and serves it on `MountOptions::threads`
 /// workers until it is unmounted; returns the background session.
 pub fn spawn_mount(fs: CitronFuse, mountpoint: &Path) -> std::io::Result<fuser::BackgroundSession> {
+    let config = session_config("citronfs", fs.options.threads);
+    fuser::spawn_mount(fs, mountpoint, &config)
+}
+
+/// How every citronfs session is mounted and served (mount options, access,
+/// `threads` workers each with its own cloned `/dev/fuse` descriptor), for
+/// another FUSE file system that must be mounted the same way (the lock
+/// benchmark's FUSE ceiling).
+pub fn session_config(fsname: &str, threads: usize) -> fuser::Config {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
-        fuser::MountOption::FSName("citronfs".into()),
-        fuser::MountOption::Subtype("citronfs".into()),
+        fuser::MountOption::FSName(fsname.into()),
+        fuser::MountOption::Subtype(fsname.into()),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::Dev,
         fuser::MountOption::Suid,
     ];
     config.acl = fuser::SessionACL::All;
-    config.n_threads = Some(fs.options.threads.max(1));
+    config.n_threads = Some(threads.max(1));
     config.clone_fd = true;
-    fuser::spawn_mount(fs, mountpoint, &config)
+    config
 }

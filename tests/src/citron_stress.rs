@@ -1,13 +1,22 @@
-//! The Citron stress workload shared by the in-process test and the worker
+//! The Citron stress workloads shared by the in-process tests and the worker
 //! processes: random ranges of mixed sizes, some crossing the tree's bound,
-//! checked by an oracle of per-unit counters in the same fabric.
+//! checked by an oracle of per-unit counters in the same fabric; and the same
+//! with a tree that starts small and is scaled up while it is used
+//! ([`run_scaling`]), with the checks of what idle means afterwards
+//! ([`check_idle_geometry`]).
 
 use std::time::Duration;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use citron_lock::citron::geometry::{SegmentedTree, TreeGeometry};
+use citron_lock::citron::host::{InstanceId, LockMemoryHost, RemoteTreeHost, TreeHost};
 use citron_lock::citron::lock::{CitronClient, CitronConfig, CitronLayout, CitronStats};
-use citron_lock::citron::tree::TreeShape;
+use citron_lock::citron::tree::{NodeKey, TreeShape};
+use citron_lock::citron::word::Internal;
 use citron_lock::dslr::{DslrConfig, DslrLock, DslrWord};
-use citron_lock::rdma::{Endpoint, RemoteAddr, Verb};
+use citron_lock::rdma::{Endpoint, RegionTable, RemoteAddr, Verb, VerbReply};
 use rand::{Rng, SeedableRng};
 
 use crate::TEST_REGION;
@@ -120,4 +129,220 @@ pub fn check_idle_tree(ep: &Endpoint) {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------
+// Scaling: a tree that starts at depth SCALE_FROM and grows while in use.
+
+/// Depth the scaling stress starts at: N = 256 units.
+pub const SCALE_FROM: u32 = 1;
+/// Requests never reach past this (a depth-5 tree covers it exactly), so
+/// the tree is scaled up at most to depth 5: up to four 4× scale-ups.
+pub const SCALE_CAP: u64 = 64 << (2 * 5);
+/// Lock memory the tree host hands out: `[HOST_ARENA, region end)`.
+pub const HOST_ARENA: u64 = 1 << 20;
+/// Region size of the scaling tests' fabrics.
+pub const SCALE_REGION: u64 = 4 << 20;
+
+/// A lock host serving the test region's arena, in the test process.
+pub fn tree_host(regions: Arc<RegionTable>) -> Arc<LockMemoryHost> {
+    Arc::new(LockMemoryHost::new(regions, TEST_REGION, HOST_ARENA, SCALE_REGION))
+}
+
+/// A configuration for tests: the paper's, with bounded waits.
+pub fn test_config(ep: &Endpoint) -> CitronConfig {
+    let rtt = ep.measure_rtt(unit_word(0), 5).expect("rtt");
+    let mut config = CitronConfig::from_rtt(rtt);
+    config.give_up = Duration::from_secs(20);
+    config
+}
+
+/// A client of `instance` on the tree host at `host` (tcp RPC, whatever the
+/// verbs' backend).
+pub fn scaling_client(ep: &Endpoint, host: SocketAddr, instance: InstanceId) -> CitronClient {
+    let rpc = RemoteTreeHost::connect(host, Duration::from_secs(10));
+    let th: Arc<dyn TreeHost> = Arc::new(RemoteTreeHost::new(rpc, instance));
+    CitronClient::with_host(th, test_config(ep), Box::new(spillover(ep))).expect("client")
+}
+
+/// A random range for a tree of `n` units: mostly small, a third of them in
+/// the first 1024 units (contention), some large, some crossing N (which
+/// raises the maximizer and, through the release's scale policy, scales up).
+/// Ranges stay below [`SCALE_CAP`] even when a poller has grown the tree
+/// further.
+fn random_scaling_range(rng: &mut impl Rng, n: u64) -> (u64, u64) {
+    let p: u32 = rng.gen_range(0..100);
+    if p >= 92 && n < SCALE_CAP {
+        let l = rng.gen_range(n - 64..n);
+        return (l, rng.gen_range(n + 1..=(n + n / 2).min(SCALE_CAP)));
+    }
+    let len = match p {
+        0..=54 => rng.gen_range(1..=4),
+        55..=84 => rng.gen_range(5..=64),
+        _ => rng.gen_range(65..=400),
+    };
+    let span = if rng.gen_bool(0.35) { n.min(1024) } else { n.min(SCALE_CAP) };
+    let len = len.min(span);
+    let l = rng.gen_range(0..=span - len);
+    (l, l + len)
+}
+
+/// The paper's poller (§4.5) with a push: until `stop`, every `period`
+/// scales the tree up 4× (up to depth `max_depth`) whatever the maximizer
+/// says, so scale-ups keep happening for the whole run. Returns how many.
+pub fn run_scaler(
+    ep: &Endpoint,
+    host: SocketAddr,
+    instance: InstanceId,
+    max_depth: u32,
+    period: Duration,
+    stop: &std::sync::atomic::AtomicBool,
+) -> u64 {
+    let mut client = scaling_client(ep, host, instance);
+    let mut done = 0;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(period);
+        client.refresh().expect("refresh");
+        let shape = client.layout().shape;
+        if shape.depth() < max_depth && client.scale_up(ep, shape.units() * 4).expect("scale up").is_some() {
+            done += 1;
+        }
+    }
+    done
+}
+
+/// Checks the oracle while `[l, r)` is held: every unit's counter goes 0 -> 1.
+fn oracle_enter(ep: &Endpoint, l: u64, r: u64, held: &citron_lock::citron::lock::HeldRange) {
+    let enter: Vec<Verb> = (l..r).map(|u| Verb::Faa { addr: unit_word(u), add: 1 }).collect();
+    for (u, reply) in (l..r).zip(ep.execute(&enter).expect("oracle enter")) {
+        let old = match reply.expect("oracle verb") {
+            VerbReply::Old(v) => v,
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(old, 0, "unit {u} of [{l}, {r}) was held by someone else too (nodes {:?})", held.nodes());
+    }
+}
+
+fn oracle_leave(ep: &Endpoint, l: u64, r: u64) {
+    let leave: Vec<Verb> = (l..r).map(|u| Verb::Faa { addr: unit_word(u), add: u64::MAX }).collect();
+    for reply in ep.execute(&leave).expect("oracle leave") {
+        reply.expect("oracle verb");
+    }
+}
+
+/// Runs `iterations` random acquisitions against a growing tree; panics on
+/// any overlap. Crossing ranges scale the tree up after their release
+/// (`ScalePolicy::AfterSpillover`), so scale-ups run while other threads and
+/// processes hold and acquire ranges under older configurations.
+pub fn run_scaling(
+    ep: &Endpoint,
+    host: SocketAddr,
+    instance: InstanceId,
+    iterations: u64,
+    seed: u64,
+) -> CitronStats {
+    let mut client = scaling_client(ep, host, instance);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    for _ in 0..iterations {
+        let (l, r) = random_scaling_range(&mut rng, client.layout().shape.units());
+        let held = client.acquire(ep, l, r).expect("acquire");
+        oracle_enter(ep, l, r, &held);
+        if rng.gen_bool(0.3) {
+            std::thread::yield_now();
+        }
+        oracle_leave(ep, l, r);
+        client.release(ep, held).expect("release");
+    }
+    client.stats()
+}
+
+/// The Exp and Sup bits an idle tree of this history bears (independent of
+/// the lock code's own plan): Sup on the root of every superseded
+/// generation; Exp on every internal node that a scale-up found less than m
+/// levels below its old root and put m or more below the new one. With
+/// `cleared_top`, a scale-down has cleared both in the top m levels.
+pub fn expected_marks(depths: &[u32], m: u32, cleared_top: bool) -> std::collections::HashMap<NodeKey, u64> {
+    use citron_lock::citron::word::{EXP_BIT, SUP_BIT};
+    let mut marks = std::collections::HashMap::new();
+    let current = *depths.last().unwrap();
+    for w in depths.windows(2) {
+        let (old, new) = (w[0], w[1]);
+        *marks.entry(NodeKey { height: old, pos: 0 }).or_insert(0) |= SUP_BIT;
+        for height in 1..=old {
+            let (old_level, new_level) = (old - height, new - height);
+            if old_level < m && new_level >= m {
+                for pos in 0..1u64 << (2 * old_level) {
+                    *marks.entry(NodeKey { height, pos }).or_insert(0) |= EXP_BIT;
+                }
+            }
+        }
+    }
+    if cleared_top {
+        marks.retain(|k, _| current - k.height >= m);
+    }
+    marks
+}
+
+/// Reads every word of every segment of `geometry` and asserts the tree is
+/// idle: every leaf zero; every internal node unoccupied, with TCnt = TMax
+/// and DCnt = DMax, the spare bit 47 clear, and exactly the marks of
+/// [`expected_marks`]; the maximizer zero. Returns the number of words.
+pub fn check_idle_geometry(ep: &Endpoint, geometry: &TreeGeometry, m: u32, cleared_top: bool) -> u64 {
+    use citron_lock::citron::word::{EXP_BIT, SUP_BIT};
+    let tree = SegmentedTree::new(geometry).expect("geometry");
+    let shape = tree.shape();
+    let marks = expected_marks(&geometry.depths(), m, cleared_top);
+    let mut words = 0;
+    for level in 0..=shape.depth() {
+        for run in tree.level_runs(level) {
+            // Reads of at most 4 KiB are word-atomic; read in such chunks.
+            for chunk_start in (0..run.count).step_by(512) {
+                let count = (run.count - chunk_start).min(512);
+                let mut buf = vec![0u8; 8 * count as usize];
+                ep.read(run.addr + 8 * chunk_start, &mut buf).expect("read tree");
+                for (j, w) in buf.chunks_exact(8).enumerate() {
+                    let w = u64::from_le_bytes(w.try_into().unwrap());
+                    let key =
+                        NodeKey { height: shape.depth() - level, pos: run.first + chunk_start + j as u64 };
+                    words += 1;
+                    if key.height == 0 {
+                        assert_eq!(w, 0, "leaf {key:?} still has bits set");
+                        continue;
+                    }
+                    let i = Internal(w);
+                    assert!(i.idle(), "node {key:?} not idle: {i:?}");
+                    assert_eq!(w & (1 << 47), 0, "node {key:?}: spare bit set");
+                    let want = marks.get(&key).copied().unwrap_or(0);
+                    assert_eq!(
+                        w & (SUP_BIT | EXP_BIT),
+                        want,
+                        "node {key:?} marks: {i:?} in {:?}",
+                        geometry.depths()
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(ep.read_u64(geometry.maximizer).unwrap(), 0, "maximizer");
+    words
+}
+
+/// After a scaling run: every oracle word zero, spillover idle and used.
+pub fn check_idle_oracle_and_spillover(ep: &Endpoint, units: u64) {
+    for start in (0..units).step_by(512) {
+        let count = (units - start).min(512);
+        let mut buf = vec![0u8; 8 * count as usize];
+        ep.read(unit_word(start), &mut buf).expect("read oracle");
+        for (j, w) in buf.chunks_exact(8).enumerate() {
+            assert_eq!(
+                u64::from_le_bytes(w.try_into().unwrap()),
+                0,
+                "oracle word of unit {}",
+                start + j as u64
+            );
+        }
+    }
+    let spill = DslrWord(ep.read_u64(RemoteAddr::new(TEST_REGION, SPILLOVER_AT)).unwrap());
+    assert!(spill.maxx() > 0, "crossing requests took the spillover mutex");
+    assert_eq!((spill.nx(), spill.ns()), (spill.maxx(), spill.maxs()), "spillover idle");
 }

@@ -5,14 +5,19 @@
 //! same code in several processes, which is how clients on several nodes are
 //! modelled on one machine.
 
+pub mod alock_oracle;
+pub mod args;
 pub mod citron_stress;
 pub mod lock_stress;
+pub mod posix_stress;
+pub mod probe;
+pub mod range_stress;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use citron_lock::rdma::{FabricAddr, RegionId, RegionMemory, RegionTable, ShmHost, TcpHost};
+use citron_lock::rdma::{FabricAddr, RegionId, RegionMemory, RegionTable, RemoteAtomicity, ShmHost, TcpHost};
 
 /// The backends every conformance and stress test runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,12 +43,19 @@ pub struct TestFabric {
 
 impl TestFabric {
     pub fn new(backend: Backend, region_len: u64) -> Self {
+        Self::with_atomicity(backend, region_len, RemoteAtomicity::WithHost)
+    }
+
+    /// A fabric whose region executes remote RMW verbs with `atomicity`
+    /// ([`RemoteAtomicity::NicOnly`]: the verbs layer's test mode in which
+    /// they are not atomic with the host's own CPU atomics).
+    pub fn with_atomicity(backend: Backend, region_len: u64, atomicity: RemoteAtomicity) -> Self {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         match backend {
             Backend::Shm => {
                 let name = format!("test-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
                 let host = ShmHost::create(&name).expect("create shm fabric");
-                host.add_region(TEST_REGION, region_len).expect("add region");
+                host.add_region_with(TEST_REGION, region_len, atomicity).expect("add region");
                 Self {
                     addr: FabricAddr::Shm(name),
                     backend,
@@ -55,7 +67,11 @@ impl TestFabric {
             Backend::Tcp => {
                 let regions = Arc::new(RegionTable::new());
                 regions
-                    .insert(RegionMemory::anonymous(TEST_REGION, region_len).expect("map"))
+                    .insert(
+                        RegionMemory::anonymous(TEST_REGION, region_len)
+                            .expect("map")
+                            .with_remote_atomicity(atomicity),
+                    )
                     .expect("insert");
                 let host =
                     TcpHost::spawn("127.0.0.1:0".parse().unwrap(), regions.clone()).expect("spawn host");
@@ -76,6 +92,11 @@ impl TestFabric {
 
     pub fn shm_host(&self) -> Option<&ShmHost> {
         self.shm.as_ref()
+    }
+
+    /// The test region as the host's own threads see it.
+    pub fn region(&self) -> Arc<RegionMemory> {
+        self.regions.get(TEST_REGION).expect("the test region")
     }
 }
 
@@ -138,6 +159,9 @@ impl Drop for TestMount {
     }
 }
 
+/// The client lease of test clusters: short, so failure tests are quick.
+pub const TEST_LEASE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A meta-server and data servers in this process, on loopback. Their
 /// memory is also published as shm fabrics, so clients on this host (the
 /// tests' mounts) use the shm backend; clients told to use tcp use the NICs.
@@ -156,8 +180,31 @@ impl TestCluster {
     pub fn start_on(ip: std::net::IpAddr, data_servers: usize, capacity: u64, chunk_size: u64) -> Self {
         let mut cfg = citronfs_meta_server::MetaServerConfig::new(std::net::SocketAddr::new(ip, 0));
         cfg.chunk_size = chunk_size;
+        cfg.lease = TEST_LEASE;
+        Self::start_with(cfg, data_servers, capacity)
+    }
+
+    /// The test defaults (1 MiB chunks, a 2 s client lease) with the
+    /// cluster's lock choice (`--range-lock`, `--inode-lock`).
+    pub fn with_locks(choice: citronfs_core::locks::area::LockChoice) -> Self {
+        let mut cfg = citronfs_meta_server::MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
+        cfg.chunk_size = 1 << 20;
+        cfg.lease = TEST_LEASE;
+        cfg.lock_choice = choice;
+        Self::start_with(cfg, 1, 64 << 20)
+    }
+
+    /// A cluster from `cfg` (its listen address, chunk size, lease and lock
+    /// choice are kept), with `data_servers` of `capacity` each, all also
+    /// published as shm fabrics.
+    pub fn start_with(
+        mut cfg: citronfs_meta_server::MetaServerConfig,
+        data_servers: usize,
+        capacity: u64,
+    ) -> Self {
+        let ip = cfg.listen.ip();
         cfg.slot_bytes = 4 << 20;
-        cfg.lease = std::time::Duration::from_secs(2);
+        cfg.lock_bytes = 16 << 20;
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let unique = format!("{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
         cfg.shm = Some(format!("meta-{unique}"));
@@ -220,5 +267,115 @@ impl Watched {
     pub fn kill(mut self) {
         self.child.kill().expect("kill worker");
         let _ = self.child.wait();
+    }
+}
+
+/// A network namespace with a veth link to this one: a second host for tests
+/// that need traffic to cross a network. Removed on drop.
+pub struct RemoteHost {
+    pub ns: String,
+    host_if: String,
+    /// This namespace's end of the link (where servers listen).
+    pub host_ip: std::net::IpAddr,
+}
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+impl RemoteHost {
+    /// `tag` keeps hosts of different tests in one process apart.
+    pub fn create(tag: u32) -> Self {
+        let id = (std::process::id() * 7 + tag) % 50_000;
+        let (ns, host_if, ns_if) = (format!("citron{id}"), format!("vch{id}"), format!("vcn{id}"));
+        let octet = 1 + id % 250;
+        let host_ip = format!("10.213.{octet}.1");
+        let ns_ip = format!("10.213.{octet}.2");
+        let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+        let _ = Command::new("ip").args(["link", "del", &host_if]).output();
+        sh(&["ip", "netns", "add", &ns]);
+        let host = Self { ns: ns.clone(), host_if: host_if.clone(), host_ip: host_ip.parse().unwrap() };
+        sh(&["ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if]);
+        sh(&["ip", "link", "set", &ns_if, "netns", &ns]);
+        sh(&["ip", "addr", "add", &format!("{host_ip}/24"), "dev", &host_if]);
+        sh(&["ip", "link", "set", &host_if, "up"]);
+        sh(&["ip", "-n", &ns, "addr", "add", &format!("{ns_ip}/24"), "dev", &ns_if]);
+        sh(&["ip", "-n", &ns, "link", "set", &ns_if, "up"]);
+        sh(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+        host
+    }
+
+    /// A command that runs in the other host's network namespace (only the
+    /// network namespace changes, so its FUSE mounts are visible here).
+    pub fn command(&self, exe: &str) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/var/run/netns/{}", self.ns)).arg(exe);
+        c
+    }
+}
+
+impl Drop for RemoteHost {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.host_if]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
+
+/// A mount served by a process of its own (a client node that can be
+/// killed or stopped): `mount-worker`, or `citronfs mount`. Unmounted (lazily,
+/// if its daemon is gone) and reaped on drop, never waiting forever.
+pub struct ProcessMount {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+}
+
+impl ProcessMount {
+    /// Starts `command` (which must mount at `dir` and print a line with
+    /// `ready` on stdout once it serves) and waits for it.
+    pub fn start(mut command: Command, dir: tempfile::TempDir, ready: &str) -> Self {
+        let mut child = command.stdout(Stdio::piped()).spawn().expect("start the mount process");
+        let stdout = child.stdout.take().expect("piped");
+        let line = std::io::BufRead::lines(std::io::BufReader::new(stdout)).next().and_then(Result::ok);
+        let m = Self { child, dir };
+        let line = line.unwrap_or_default();
+        assert!(line.contains(ready), "mount process failed to mount: {line:?}");
+        m
+    }
+
+    pub fn path(&self, rel: &str) -> std::path::PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: a signal to our own child.
+        let r = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(r, 0, "kill {} {sig}", self.pid());
+    }
+}
+
+impl Drop for ProcessMount {
+    fn drop(&mut self) {
+        // SIGCONT first: a stopped daemon can neither unmount nor die cleanly.
+        // SAFETY: signals to our own child.
+        unsafe {
+            libc::kill(self.pid(), libc::SIGCONT);
+        }
+        let _ = Command::new("fusermount3").arg("-u").arg(self.dir.path()).output();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // A daemon that died leaves its mount point dead: detach it.
+        let _ = Command::new("fusermount3").arg("-uz").arg(self.dir.path()).output();
     }
 }

@@ -185,3 +185,61 @@ fn processes_killed_holding_ranges_are_recovered() {
         assert!(c.stats().recoveries > 0);
     }
 }
+
+/// §3.10 mid-notification: a process SIGKILLed while it waits in phase 2(d)
+/// — it has occupied an internal node and notified its ancestors, and waits
+/// for a leaf holder below it — and then the leaf holder killed too. A
+/// survivor locks the node, the leaf and the whole tree; lease recovery
+/// (Lines 11, 18, 22, 36) repairs every word they left.
+#[test]
+fn a_process_killed_mid_notification_is_recovered() {
+    use std::time::{Duration, Instant};
+
+    use citron_lock::citron::lock::{CitronClient, CitronConfig};
+    use citron_lock::rdma::RemoteAddr;
+    use citronfs_tests::{Watched, TEST_REGION};
+    let exe = env!("CARGO_BIN_EXE_lock-hold-worker");
+    for backend in BACKENDS {
+        let fabric = TestFabric::new(backend, 1 << 20);
+        // The waiter is killed well within the lease, before it could take the
+        // living leaf holder for dead.
+        let lease_ms = 500u64;
+        let hold = |l: u64, r: u64| {
+            let args = [
+                "citron".to_string(),
+                fabric.addr.to_string(),
+                l.to_string(),
+                r.to_string(),
+                lease_ms.to_string(),
+            ];
+            Watched::spawn(exe, &args)
+        };
+        let mut leaf = hold(10, 20);
+        leaf.wait_for("held");
+        // [0, 256) is a node whose children are leaves: its shortcut fails on
+        // the held leaf, so it occupies the node, notifies its ancestors and
+        // waits for its descendants (phase 2(d)).
+        let waiter = hold(0, 256);
+        std::thread::sleep(Duration::from_millis(200));
+        waiter.kill();
+        leaf.kill();
+        let ep = Node::join(&fabric.addr).unwrap().endpoint().unwrap();
+        let mut config = CitronConfig::from_rtt(ep.measure_rtt(RemoteAddr::new(TEST_REGION, 0), 5).unwrap());
+        config.lease = Duration::from_millis(lease_ms);
+        config.give_up = Duration::from_secs(30);
+        let mut c =
+            CitronClient::new(citron_stress::layout(), config, Box::new(citron_stress::spillover(&ep)));
+        for (l, r) in [(0, 256), (15, 25), (0, 1024)] {
+            let t = Instant::now();
+            let held = c.acquire(&ep, l, r).unwrap();
+            c.release(&ep, held).unwrap();
+            println!("{backend:?}: [{l}, {r}) after {:?}", t.elapsed());
+        }
+        for leaf in 0..16 {
+            let held = c.acquire(&ep, leaf * 64, leaf * 64 + 64).unwrap();
+            c.release(&ep, held).unwrap();
+        }
+        assert!(c.stats().recoveries > 0, "{:?}", c.stats());
+        citron_stress::check_idle_tree(&ep);
+    }
+}

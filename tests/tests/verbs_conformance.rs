@@ -1,8 +1,16 @@
-//! The verbs conformance suite: every case runs against both backends.
+//! The verbs conformance suite: every case runs against both backends, and
+//! against both in the test mode `RemoteAtomicity::NicOnly` too (remote RMWs
+//! read, yield and write under a NIC mutex): a verb's result must not depend
+//! on the mode. Then what the mode changes: remote RMWs race with the host's
+//! CPU atomics (lost updates) but never with each other.
 
 use citron_lock::rdma::arith::{field_boundaries, field_delta};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
 use citron_lock::rdma::{
-    Endpoint, Node, RdmaError, RegionId, RemoteAddr, Verb, VerbError, VerbKind, VerbReply, MAX_TRANSFER,
+    Endpoint, Node, RdmaError, RegionId, RemoteAddr, RemoteAtomicity, Verb, VerbError, VerbKind, VerbReply,
+    MAX_TRANSFER,
 };
 use citronfs_tests::{spawn_worker, wait_all, Backend, TestFabric, BACKENDS, TEST_REGION};
 
@@ -12,13 +20,20 @@ fn at(off: u64) -> RemoteAddr {
     RemoteAddr::new(TEST_REGION, off)
 }
 
-/// Runs `case` once per backend with a fresh fabric and endpoint.
+const MODES: [RemoteAtomicity; 2] = [RemoteAtomicity::WithHost, RemoteAtomicity::NicOnly];
+
+/// Runs `case` once per backend and remote atomicity with a fresh fabric and
+/// endpoint.
 fn on_each_backend(case: impl Fn(Backend, &Endpoint)) {
     for backend in BACKENDS {
-        let fabric = TestFabric::new(backend, REGION_LEN);
-        let node = Node::join(&fabric.addr).expect("join");
-        let ep = node.endpoint().expect("endpoint");
-        case(backend, &ep);
+        for mode in MODES {
+            eprintln!("case on {backend:?}, remote atomicity {}", mode.name());
+            let fabric = TestFabric::with_atomicity(backend, REGION_LEN, mode);
+            assert_eq!(fabric.region().remote_atomicity(), mode);
+            let node = Node::join(&fabric.addr).expect("join");
+            let ep = node.endpoint().expect("endpoint");
+            case(backend, &ep);
+        }
     }
 }
 
@@ -279,20 +294,27 @@ fn two_sided_messages_between_endpoints_and_nodes() {
 fn linearizable_under_multi_process_stress() {
     const PROCESSES: u64 = 3;
     const THREADS: u64 = 4;
-    const ITERATIONS: u64 = 2000;
-    for backend in BACKENDS {
-        let fabric = TestFabric::new(backend, REGION_LEN);
+    // Remote RMWs yield inside the NIC mutex in the test mode: fewer rounds.
+    for (backend, mode, iterations) in [
+        (Backend::Shm, RemoteAtomicity::WithHost, 2000),
+        (Backend::Tcp, RemoteAtomicity::WithHost, 2000),
+        (Backend::Shm, RemoteAtomicity::NicOnly, 300),
+        (Backend::Tcp, RemoteAtomicity::NicOnly, 120),
+    ] {
+        let fabric = TestFabric::with_atomicity(backend, REGION_LEN, mode);
+        let started = Instant::now();
         let exe = env!("CARGO_BIN_EXE_verb-stress-worker");
-        let args = vec![fabric.addr.to_string(), THREADS.to_string(), ITERATIONS.to_string()];
+        let args = vec![fabric.addr.to_string(), THREADS.to_string(), iterations.to_string()];
         // Threads of this process join the race too.
         let children: Vec<_> = (0..PROCESSES - 1).map(|_| spawn_worker(exe, &args)).collect();
         let local = std::process::Command::new(exe).args(&args).status().unwrap();
         assert!(local.success());
         wait_all(children);
-        let total = PROCESSES * THREADS * ITERATIONS;
+        let total = PROCESSES * THREADS * iterations;
         let node = Node::join(&fabric.addr).unwrap();
         let ep = node.endpoint().unwrap();
-        assert_eq!(ep.read_u64(at(0)).unwrap(), total, "{backend:?}: faa");
+        println!("{backend:?} {}: {total} rounds in {:?}", mode.name(), started.elapsed());
+        assert_eq!(ep.read_u64(at(0)).unwrap(), total, "{backend:?} {}: faa", mode.name());
         let masked = ep.read_u64(at(8)).unwrap();
         assert_eq!(masked & 0xFFFF_FFFF, total, "{backend:?}: masked faa low field");
         assert_eq!(
@@ -304,5 +326,72 @@ fn linearizable_under_multi_process_stress() {
         let ext = ep.read_u128(at(32)).unwrap();
         assert_eq!(ext as u64, total, "{backend:?}: ext faa low");
         assert_eq!((ext >> 64) as u64, 3 * total, "{backend:?}: ext faa high");
+    }
+}
+
+/// Host threads' CPU fetch-and-add and remote FAA verbs on one word, at the
+/// same time, `rounds` times `per_side` each. Returns the updates lost.
+fn mixed_increments(fabric: &TestFabric, word: RemoteAddr, per_side: u64, remote_threads: usize) -> u64 {
+    let region = fabric.region();
+    let before = region.word(word).unwrap().load(Ordering::SeqCst);
+    std::thread::scope(|s| {
+        let w = region.word(word).unwrap();
+        s.spawn(move || {
+            for _ in 0..per_side {
+                w.fetch_add(1, Ordering::SeqCst);
+                std::thread::yield_now();
+            }
+        });
+        for _ in 0..remote_threads {
+            s.spawn(|| {
+                let ep = Node::join(&fabric.addr).unwrap().endpoint().unwrap();
+                for _ in 0..per_side {
+                    ep.faa(word, 1).unwrap();
+                }
+            });
+        }
+    });
+    let expected = before + per_side * (1 + remote_threads as u64);
+    expected - region.word(word).unwrap().load(Ordering::SeqCst)
+}
+
+#[test]
+fn nic_only_remote_rmws_race_with_host_atomics() {
+    for backend in BACKENDS {
+        // Test mode: updates get lost (run rounds until one is, at most 20 s).
+        let fabric = TestFabric::with_atomicity(backend, REGION_LEN, RemoteAtomicity::NicOnly);
+        let t = Instant::now();
+        let mut lost = 0;
+        while lost == 0 && t.elapsed() < Duration::from_secs(20) {
+            lost = mixed_increments(&fabric, at(64), 200, 1);
+        }
+        println!("{backend:?} nic-only: {lost} updates lost after {:?}", t.elapsed());
+        assert!(lost > 0, "{backend:?}: remote FAAs never raced with the host's fetch_add");
+        // Default: remote atomics are CPU atomics, nothing is lost.
+        let fabric = TestFabric::new(backend, REGION_LEN);
+        assert_eq!(mixed_increments(&fabric, at(64), 2000, 1), 0, "{backend:?}: with-host lost updates");
+    }
+}
+
+#[test]
+fn nic_only_remote_rmws_stay_atomic_among_themselves() {
+    for backend in BACKENDS {
+        let fabric = TestFabric::with_atomicity(backend, REGION_LEN, RemoteAtomicity::NicOnly);
+        let w = at(128);
+        let per_thread = 300;
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    let ep = Node::join(&fabric.addr).unwrap().endpoint().unwrap();
+                    for _ in 0..per_thread {
+                        ep.faa(w, 1).unwrap();
+                        ep.masked_faa(w + 8, 1, 0).unwrap();
+                    }
+                });
+            }
+        });
+        let region = fabric.region();
+        assert_eq!(region.word(w).unwrap().load(Ordering::SeqCst), 3 * per_thread, "{backend:?}: faa");
+        assert_eq!(region.word(w + 8).unwrap().load(Ordering::SeqCst), 3 * per_thread, "{backend:?}: masked");
     }
 }

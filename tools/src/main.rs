@@ -1,6 +1,7 @@
 //! The `citronfs` command.
 
 mod bench;
+mod locks_cmd;
 mod mount_cmd;
 mod plot;
 mod region_host;
@@ -28,9 +29,14 @@ enum Command {
     DataServer(servers::DataServerArgs),
     /// Serve regions of memory over the tcp software NIC and/or as a shm fabric.
     RegionHost(region_host::RegionHostArgs),
+    /// The cluster-wide lock holders and waiters of one file (like lslocks).
+    Locks(locks_cmd::LocksArgs),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// One client process of `bench locks` (started by it; plan on stdin).
+    #[command(hide = true)]
+    BenchLocksWorker,
 }
 
 fn main() -> std::process::ExitCode {
@@ -41,7 +47,9 @@ fn main() -> std::process::ExitCode {
         Command::MetaServer(a) => servers::run_meta(a),
         Command::DataServer(a) => servers::run_data(a),
         Command::RegionHost(a) => region_host::run(a),
+        Command::Locks(a) => locks_cmd::run(a),
         Command::Bench(b) => bench::run(b),
+        Command::BenchLocksWorker => bench::locks::worker(),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

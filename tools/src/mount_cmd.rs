@@ -13,7 +13,7 @@ use citronfs_meta_server::{DataServer, MetaServer};
 use citronfs_mount::{CitronFuse, MountOptions};
 use clap::Args;
 
-use crate::servers::MetaServerArgs;
+use crate::servers::{LockArgs, MetaServerArgs};
 use crate::size::ByteSize;
 
 #[derive(Args, Debug)]
@@ -45,6 +45,9 @@ pub struct MountArgs {
     /// Seconds to wait for a server before answering EIO.
     #[arg(long, default_value_t = 5.0)]
     timeout: f64,
+    /// Embedded mode: the cluster's lock settings.
+    #[command(flatten)]
+    locks: LockArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -90,6 +93,7 @@ pub fn run(args: MountArgs) -> Result<()> {
                 chunk_size: ByteSize(1 << 20),
                 lease_ms: args.lease_ms,
                 shm: Some(format!("{pid}-meta")),
+                locks: args.locks.clone(),
             };
             let meta =
                 MetaServer::start(meta_args.config()).context("cannot start the embedded meta-server")?;

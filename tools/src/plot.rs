@@ -50,7 +50,8 @@ pub fn bars(path: &Path, title: &str, y_label: &str, bars: &[(String, f64)]) -> 
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(n)
+        // Ticks every half bar, so every bar centre (i + 0.5) gets one.
+        .x_labels(2 * n + 1)
         .x_label_formatter(&|x| {
             let i = x.floor() as usize;
             bars.get(i).filter(|_| (x - i as f64 - 0.5).abs() < 0.26).map(|b| b.0.clone()).unwrap_or_default()
@@ -61,6 +62,62 @@ pub fn bars(path: &Path, title: &str, y_label: &str, bars: &[(String, f64)]) -> 
     chart.draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
         Rectangle::new([(i as f64 + 0.15, min), (i as f64 + 0.85, *v)], BLUE.mix(0.6).filled())
     }))?;
+    root.present()?;
+    Ok(())
+}
+
+/// Distinct, readable line colours.
+const LINE_COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(0, 0, 0),
+];
+
+/// One line per series over a shared x axis (linear axes from zero), e.g.
+/// goodput against client count per lock algorithm.
+pub fn lines(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<()> {
+    ensure_font()?;
+    let root = BitMapBackend::new(path, (1000, 650)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let points = || series.iter().flat_map(|s| s.1.iter());
+    let x_max = points().map(|p| p.0).fold(1.0, f64::max) * 1.05;
+    let y_max = points().map(|p| p.1).fold(1.0, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 24))
+        .margin(15)
+        .x_label_area_size(50)
+        .y_label_area_size(90)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .draw()?;
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = LINE_COLORS[i % LINE_COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
+            .label(name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     Ok(())
 }

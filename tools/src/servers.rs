@@ -5,6 +5,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use citron_lock::range_lock::RangeAlgorithm;
+use citron_lock::rwlock::Algorithm;
+use citronfs_core::locks::area::LockChoice;
+use citronfs_core::locks::ClusterLockParams;
 use citronfs_meta_server::{DataServer, MetaServer, MetaServerConfig};
 use clap::Args;
 
@@ -25,6 +29,52 @@ pub struct MetaServerArgs {
     /// clients on this host).
     #[arg(long, value_name = "NAME")]
     pub shm: Option<String>,
+    #[command(flatten)]
+    pub locks: LockArgs,
+}
+
+/// The cluster's lock settings, which every client must share.
+#[derive(Args, Debug, Clone)]
+pub struct LockArgs {
+    /// Citron's T_wait in microseconds (the meet-in-the-middle wait; must
+    /// cover three round trips of the slowest client).
+    #[arg(long, default_value_t = ClusterLockParams::default().t_wait_us)]
+    pub lock_t_wait_us: u64,
+    /// Lease of range-lock nodes and mutex tickets, in milliseconds: a
+    /// holder silent for longer is taken to be dead.
+    #[arg(long, default_value_t = ClusterLockParams::default().lease_ms)]
+    pub lock_lease_ms: u64,
+    /// Memory for lock areas and lock-record tables.
+    #[arg(long, default_value = "64MiB")]
+    pub lock_memory: ByteSize,
+    /// Bytes of file per range-lock unit (a power of two).
+    #[arg(long, default_value = "4KiB")]
+    pub lock_granule: ByteSize,
+    /// The range lock of data I/O and lock records: citron, segments
+    /// (static segmentation, a DSLR mutex per granule) or rpc (a centralised
+    /// range lock server in the meta-server).
+    #[arg(long, default_value = "citron")]
+    pub range_lock: RangeAlgorithm,
+    /// The inode mutex: shiftlock, dslr, dql, cas (or rpc, alock).
+    #[arg(long, default_value = "shiftlock")]
+    pub inode_lock: Algorithm,
+    /// Keep Citron trees fixed at their first size (files that grow past it
+    /// lock their tail through the spillover mutex) instead of scaling them
+    /// up (the paper's Alg. 4, run by the meta-server's tree host).
+    #[arg(long)]
+    pub fixed_trees: bool,
+    /// Largest tree, in lock units (granules), a file's tree may grow to.
+    #[arg(long, default_value_t = citronfs_meta_server::service::DEFAULT_MAX_TREE_UNITS)]
+    pub max_tree_units: u64,
+}
+
+impl LockArgs {
+    pub fn apply(&self, cfg: &mut MetaServerConfig) {
+        cfg.lock_params = ClusterLockParams { t_wait_us: self.lock_t_wait_us, lease_ms: self.lock_lease_ms };
+        cfg.lock_bytes = self.lock_memory.0;
+        cfg.lock_choice =
+            LockChoice { range: self.range_lock, inode: self.inode_lock, granule: self.lock_granule.0 };
+    }
 }
 
 impl MetaServerArgs {
@@ -33,6 +83,7 @@ impl MetaServerArgs {
         cfg.chunk_size = self.chunk_size.0;
         cfg.lease = Duration::from_millis(self.lease_ms);
         cfg.shm = self.shm.clone();
+        self.locks.apply(&mut cfg);
         cfg
     }
 }

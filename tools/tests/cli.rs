@@ -4,6 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use citron_lock::rdma::{FabricAddr, Node, RegionId, RemoteAddr};
+use citron_lock::rwlock::Algorithm;
 
 const EXE: &str = env!("CARGO_BIN_EXE_citronfs");
 
@@ -57,6 +58,20 @@ fn bad_flags_give_a_one_line_error_and_nonzero_exit() {
         vec!["region-host", "--listen", "127.0.0.1:0", "--region", "1:100"],
         vec!["bench", "verbs", "--fabric", "udp:1.2.3.4:5"],
         vec!["bench", "verbs", "--threads", "0"],
+        vec!["bench", "ranges", "--lens", "0"],
+        vec!["bench", "ranges", "--lens", "16,huge"],
+        vec!["bench", "ranges", "--clients", "0"],
+        vec!["bench", "ranges", "--units", "100", "--lens", "256"],
+        vec!["bench", "ranges", "--locks", "citron,tree"],
+        vec!["bench", "locks", "--algorithms", "mcs"],
+        vec!["bench", "locks", "--locks", "0"],
+        vec!["bench", "locks", "--clients", "0"],
+        vec!["bench", "locks", "--secs", "-1"],
+        vec!["bench", "fcntl", "--secs", "0"],
+        vec!["bench", "fcntl", "--range-locks", "citron,tree"],
+        vec!["bench", "fcntl", "--backends", "udp"],
+        vec!["bench", "fcntl", "--scenarios", "all"],
+        vec!["bench", "fcntl", "--ceiling-threads", "0"],
     ] {
         let out = Command::new(EXE).args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?} succeeded");
@@ -83,6 +98,216 @@ fn bench_verbs_prints_a_table_and_writes_csv() {
         // Header plus two baseline rows plus three rows for each of the 8 verb kinds.
         assert_eq!(csv.lines().count(), 1 + 2 + 3 * 8, "{csv}");
     }
+    let _ = std::fs::remove_dir_all(out_dir);
+}
+
+/// A short `bench ranges` on both backends: every lock at every size gives a
+/// row (so every worker process ran and reported), and the false-conflict
+/// table holds the §4.6 figure that is exact by construction.
+#[test]
+fn bench_ranges_prints_a_table_and_writes_csv() {
+    let out_dir = std::env::temp_dir().join(format!("citronfs-bench-ranges-{}", std::process::id()));
+    for (backend, lens, locks, rows) in [
+        ("shm", "16,mixed", "citron,ss-exact,ss-over,ss-under,rpc", 10),
+        ("tcp", "16", "citron,ss-over,rpc", 3),
+    ] {
+        let out = Command::new(EXE)
+            .args(["bench", "ranges", "--backend", backend, "--lens", lens, "--locks", locks])
+            .args(["--clients", "2", "--seconds", "0.2", "--units", "65536", "--fc-trials", "2000"])
+            .arg("--out")
+            .arg(&out_dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("citron / rpc"), "{stdout}");
+        let csv = std::fs::read_to_string(out_dir.join(format!("ranges-{backend}.csv"))).unwrap();
+        assert_eq!(csv.lines().count(), 1 + rows, "{csv}");
+        for line in csv.lines().skip(1) {
+            let ops: u64 = line.split(',').nth(4).unwrap().parse().unwrap();
+            assert!(ops > 0, "a configuration completed nothing: {line}");
+        }
+        let fc = std::fs::read_to_string(out_dir.join("ranges-false-conflicts.csv")).unwrap();
+        assert!(fc.lines().any(|l| l.starts_with("16,2,2000,") && l.split(',').nth(5) == Some("0")), "{fc}");
+    }
+    let _ = std::fs::remove_dir_all(out_dir);
+}
+
+#[test]
+fn bench_locks_refuses_an_algorithm_that_is_not_built() {
+    let Some(missing) = Algorithm::ALL.into_iter().find(|a| !a.is_built()) else { return };
+    let out = Command::new(EXE).args(["bench", "locks", "--algorithms", missing.name()]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not built") && err.contains(missing.name()), "{err}");
+}
+
+/// A tiny sweep on both backends: one row per workload × algorithm × client
+/// count; every cycle costs at least its acquire and release atomics; a lone
+/// client costs exactly those two round trips; read-only runs send no
+/// messages.
+#[test]
+fn bench_locks_compares_every_built_algorithm_and_writes_csv() {
+    let out_dir = std::env::temp_dir().join(format!("citronfs-bench-locks-{}", std::process::id()));
+    for backend in ["shm", "tcp"] {
+        let out = Command::new(EXE)
+            .args(["bench", "locks", "--backend", backend, "--secs", "0.1", "--workloads", "wi,ro"])
+            .args(["--locks", "8", "--processes", "2", "--threads", "1", "--clients", "1,2"])
+            .arg("--out")
+            .arg(&out_dir)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("ratio goodput shiftlock / dslr"), "{stdout}");
+        let csv = std::fs::read_to_string(out_dir.join(format!("locks-{backend}.csv"))).unwrap();
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let col = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("{name}"));
+        let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+        assert_eq!(rows.len(), 2 * Algorithm::BUILT.len() * 2, "{csv}");
+        for r in &rows {
+            let num = |name: &str| r[col(name)].parse::<f64>().unwrap();
+            // Uncontended cost of each algorithm: (atomics, reads, round trips).
+            let alone = match r[col("algorithm")] {
+                "dql" => (3.0, 0.0, 3.0),   // starvation-free: FA + CAS + CAS
+                "alock" => (2.0, 1.0, 2.0), // swap + read of the other cohort, then release
+                "rpc" => (0.0, 0.0, 2.0),   // two calls to the server
+                _ => (2.0, 0.0, 2.0),
+            };
+            assert!(num("cycles") > 0.0, "{r:?}");
+            assert!(num("atomics") >= alone.0 && num("rtts") >= alone.2, "cheaper than possible: {r:?}");
+            if num("clients") == 1.0 {
+                let near = |x: f64, want: f64| (x - want).abs() < 0.01;
+                assert!(
+                    near(num("atomics"), alone.0)
+                        && near(num("reads"), alone.1)
+                        && near(num("rtts"), alone.2),
+                    "a lone client waited: {r:?}"
+                );
+            }
+            // Mutexes (DQL, ALock) hand the lock over even between readers.
+            let mutex = matches!(r[col("algorithm")], "dql" | "alock");
+            if r[col("workload")] == "RO" && !mutex {
+                assert_eq!(num("msgs"), 0.0, "messages without writers: {r:?}");
+            }
+        }
+        let png = out_dir.join(format!("locks-{backend}-wi-zipf.png"));
+        assert!(
+            png.exists() || !std::path::Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf").exists()
+        );
+    }
+    let _ = std::fs::remove_dir_all(out_dir);
+}
+
+/// A CSV written by a bench: its header and rows.
+fn read_csv(path: &std::path::Path) -> (Vec<String>, Vec<Vec<String>>) {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut lines = text.lines().map(|l| l.split(',').map(String::from).collect::<Vec<_>>());
+    let header = lines.next().expect("a header");
+    (header, lines.collect())
+}
+
+/// A tiny `bench fcntl` through real mounts (needs root and /dev/fuse):
+/// every scenario of every range lock on both backends, and every FUSE
+/// ceiling row, locked and unlocked at a nonzero rate in every process;
+/// the verbs per lock and per unlock were counted (the RPC range lock's
+/// two calls per operation among the round trips, none for Citron); no
+/// two processes were ever inside one write lock at once (while the
+/// daemon without locks is caught by the same oracle); and SQLite kept
+/// every row and its integrity.
+#[test]
+fn bench_fcntl_measures_every_configuration_and_writes_csv() {
+    let out_dir = std::env::temp_dir().join(format!("citronfs-bench-fcntl-{}", std::process::id()));
+    let out = Command::new(EXE)
+        .args(["bench", "fcntl", "--secs", "0.2", "--check-secs", "0.3", "--steps", "5", "--sqlite-tx", "3"])
+        .arg("--out")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("citron_over_rpc") && stdout.contains("MooseFS"), "{stdout}");
+
+    let (h, rows) = read_csv(&out_dir.join("fcntl.csv"));
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap_or_else(|| panic!("{name} in {h:?}"));
+    let num = |r: &[String], name: &str| -> f64 {
+        r[col(name)].parse().unwrap_or_else(|_| panic!("{name}: {r:?}"))
+    };
+    let mut expected = Vec::new();
+    for backend in ["shm", "tcp"] {
+        for system in ["citron", "rpc"] {
+            for scenario in ["one", "disjoint", "shared"] {
+                expected.push((system.to_string(), backend.to_string(), scenario.to_string()));
+            }
+        }
+    }
+    for t in [1, 2] {
+        for scenario in ["one", "disjoint"] {
+            expected.push((format!("fuse-ceiling-{t}t"), "-".to_string(), scenario.to_string()));
+        }
+    }
+    let got: Vec<_> = rows
+        .iter()
+        .map(|r| (r[col("system")].clone(), r[col("backend")].clone(), r[col("scenario")].clone()))
+        .collect();
+    assert_eq!(got, expected);
+    for r in &rows {
+        assert!(
+            num(r, "pairs_per_s") > 0.0 && num(r, "proc_min_per_s") > 0.0,
+            "a process did nothing: {r:?}"
+        );
+        if r[col("backend")] != "-" {
+            assert!(num(r, "verbs_per_pair") > 0.0 && num(r, "rtts_per_pair") > 0.0, "{r:?}");
+            let rpc_calls = num(r, "rpc_calls_per_pair");
+            match r[col("system")].as_str() {
+                // At least acquire and release of the range, for the lock and the unlock.
+                "rpc" => assert!(rpc_calls >= 4.0, "{r:?}"),
+                _ => assert_eq!(rpc_calls, 0.0, "{r:?}"),
+            }
+        }
+    }
+
+    let (h, rows) = read_csv(&out_dir.join("fcntl-verbs.csv"));
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap_or_else(|| panic!("{name} in {h:?}"));
+    assert_eq!(rows.len(), 2 * 2 * 2, "range lock x backend x (lock, unlock): {rows:?}");
+    for r in &rows {
+        let num = |name: &str| -> f64 { r[col(name)].parse().unwrap() };
+        assert!(num("verbs") > 0.0 && num("rtts") > 0.0 && num("p50_us") > 0.0, "{r:?}");
+        // Uncontended, the RPC range lock is one call to acquire and one
+        // to release; Citron calls nobody.
+        let calls = if r[col("range_lock")] == "rpc" { 2.0 } else { 0.0 };
+        assert_eq!(num("rpc_calls"), calls, "{r:?}");
+        assert_eq!(num("msgs"), 0.0, "nobody waits, nobody is woken: {r:?}");
+    }
+
+    let (h, rows) = read_csv(&out_dir.join("fcntl-sqlite.csv"));
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap_or_else(|| panic!("{name} in {h:?}"));
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    for r in &rows {
+        assert!(r[col("tx_per_s")].parse::<f64>().unwrap() > 0.0, "{r:?}");
+        assert_eq!(r[col("rows")], "12", "{r:?}");
+        assert_eq!(r[col("expected_rows")], "12", "{r:?}");
+        assert_eq!(r[col("integrity")], "ok", "{r:?}");
+    }
+    // The exclusion check: no two processes ever inside one write lock on
+    // citronfs, while the daemon that excludes nothing is caught (so the
+    // oracle can see a violation).
+    let (h, rows) = read_csv(&out_dir.join("fcntl-exclusion.csv"));
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap_or_else(|| panic!("{name} in {h:?}"));
+    assert_eq!(rows.len(), 2 * 2 + 1, "{rows:?}");
+    for r in &rows {
+        let (locks, overlaps): (u64, u64) =
+            (r[col("locks")].parse().unwrap(), r[col("overlaps")].parse().unwrap());
+        assert!(locks > 0, "{r:?}");
+        if r[col("backend")] == "-" {
+            assert!(overlaps > 0, "the no-lock daemon went unnoticed: {r:?}");
+        } else {
+            assert_eq!(overlaps, 0, "two holders of one write lock: {r:?}");
+        }
+    }
+    let (_, rows) = read_csv(&out_dir.join("fcntl-ratios.csv"));
+    assert_eq!(rows.len(), 2 * 3, "{rows:?}");
     let _ = std::fs::remove_dir_all(out_dir);
 }
 
@@ -132,4 +357,60 @@ fn mount_serves_until_sigint_and_leaves_no_stale_mount() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(dir.path().to_str().unwrap()), "stale mount left behind");
     assert!(!dir.path().join("x").exists(), "the directory is no longer the file system");
+}
+
+/// `citronfs locks PATH` lists the holders and waiters of a file's locks,
+/// cluster-wide, with the node and pid of each.
+#[test]
+fn locks_lists_holders_and_waiters_of_a_file() {
+    use std::os::fd::AsRawFd;
+    let cluster = citronfs_tests::TestCluster::start(1, 64 << 20, 1 << 20);
+    let a = cluster.mount();
+    let b = cluster.mount();
+    std::fs::write(a.path("f"), b"x").unwrap();
+    let posix = std::fs::OpenOptions::new().read(true).write(true).open(a.path("f")).unwrap();
+    let ofd = std::fs::OpenOptions::new().read(true).write(true).open(b.path("f")).unwrap();
+    let lock = |fd: i32, cmd: i32, typ: i32, start: i64, len: i64| {
+        // SAFETY: an all-zero flock is valid; the struct outlives the call.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as i16;
+        fl.l_whence = libc::SEEK_SET as i16;
+        fl.l_start = start;
+        fl.l_len = len;
+        // SAFETY: fcntl on an open descriptor with a valid flock.
+        unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) }
+    };
+    assert_eq!(lock(posix.as_raw_fd(), libc::F_SETLK, libc::F_WRLCK, 10, 90), 0);
+    assert_eq!(lock(posix.as_raw_fd(), libc::F_SETLK, libc::F_RDLCK, 1000, 0), 0);
+    // An OFD lock on the other mount that must wait for ours.
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| lock(ofd.as_raw_fd(), libc::F_OFD_SETLKW, libc::F_WRLCK, 50, 1));
+        let path = b.path("f");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let listing = loop {
+            let out = Command::new(EXE).arg("locks").arg(&path).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            if text.contains("waiting") || std::time::Instant::now() > deadline {
+                break text;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let me = std::process::id().to_string();
+        let rows: Vec<Vec<&str>> = listing.lines().skip(1).map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rows.len(), 3, "{listing}");
+        let has = |want: &[&str]| rows.iter().any(|r| want.iter().all(|w| r.contains(w)));
+        assert!(has(&[&me, "POSIX", "WRITE", "10", "99", "held"]), "{listing}");
+        assert!(has(&[&me, "POSIX", "READ", "1000", "EOF", "held"]), "{listing}");
+        assert!(has(&["OFDLCK", "WRITE", "50", "waiting"]), "{listing}");
+        assert_eq!(lock(posix.as_raw_fd(), libc::F_SETLK, libc::F_UNLCK, 0, 0), 0);
+        assert_eq!(waiter.join().unwrap(), 0, "the OFD waiter is granted once we unlock");
+    });
+    let out = Command::new(EXE).arg("locks").arg(b.path("f")).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("OFDLCK") && text.contains("held") && !text.contains("POSIX"), "{text}");
+    // Not a citronfs file: a clear one-line error.
+    let out = Command::new(EXE).args(["locks", "/proc/version"]).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim().lines().count(), 1);
 }

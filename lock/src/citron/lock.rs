@@ -1,5 +1,5 @@
 //! Acquiring and releasing a range on a Citron instance (citron-fast23.md
-//! Algorithms 1–3, §3.5–3.6).
+//! Algorithms 1–3, §3.5–3.6), and scaling its tree (Algorithm 4, §3.9).
 //!
 //! A range `[l, r)` of lock units is split into at most `k` tree nodes
 //! (§3.5.1); each is locked in ascending order through the four phases of
@@ -42,19 +42,90 @@
 //!   H·T_lease: set it to DMax) and Line 22 (a leaf that keeps refusing: lock
 //!   the parent, then zero any bits left in the leaf).
 //!
-//! Not yet here: scale-up (Algorithm 4) and the handling of `Exp` in release.
-//! A wait that exceeds `give_up` still ends with [`LockError::Timeout`]
-//! rather than hanging.
+//! # Scale-up (Algorithm 4) and what it changes here
+//!
+//! The marking and carrying rules, and why they differ from Algorithm 4 as
+//! printed, are in [`super::scale`]; node addresses after a scale-up in
+//! [`super::geometry`]; the lock host's part in [`super::host`]. In this file:
+//! * [`CitronClient::scale_up`]: holding the spillover mutex, the client asks
+//!   the host for a zeroed segment (RPC), marks the old top m levels in one
+//!   batch of masked-CAS verbs, old root first (lines 4–5), adds the pending
+//!   DMax − DCnt of the marked words to their new ancestors in a second
+//!   batch (lines 6–8; adding DCnt and DMax as the paper does is the same,
+//!   since only their difference is ever tested), publishes the new
+//!   configuration (RPC, line 9), clears the maximizer (line 10) and releases
+//!   the spillover mutex (line 11). Five round trips and two RPCs (six with
+//!   something to carry), tens of µs; it must end within the spillover
+//!   mutex's lease (DSLR's, at least 1 s), which is what excludes a second
+//!   scaler.
+//! * **Who scales.** Any client with a [`TreeHost`]. [`ScalePolicy::AfterSpillover`]
+//!   (the default with a host): after releasing a range that used the
+//!   spillover mutex, the client reads the maximizer and, if it is set, runs
+//!   the scale-up. [`CitronClient::scale_up_if_needed`] is the same check for
+//!   a caller that polls instead (the paper's evaluation polls every 10 ms,
+//!   §4.5). The tree grows at least 4× and enough to cover the maximizer.
+//! * **Acquisition** (lines 15 and 33). Step 2(b) aborts when the root of the
+//!   client's tree is superseded (Sup). In the 2(c)+(d) batch the reply of
+//!   the verb on the request's anchor (its highest notified node, or the node
+//!   itself when it is the root) says whether a scale-up had already read
+//!   that word; if so the request's units were not carried, so it is undone
+//!   and the request starts over under the new configuration, which the
+//!   client fetches from the host (waiting, bounded by `give_up`, if the
+//!   scale-up has not published it yet). The paper's extra read of the root
+//!   in that batch is not needed for the decision and is dropped.
+//! * **Spillover** (Algorithm 1). A request that waited for the spillover
+//!   mutex while someone scaled the tree would lock `[N_old, …)` by the mutex
+//!   although the tree now covers part of it. So after taking the mutex the
+//!   client reads its root in the same batch as the maximizer OR, and starts
+//!   over under the new configuration if the root is superseded.
+//! * **Release** (lines 10–12). The verb on the anchor returns its old word;
+//!   if the scale-up's mark appeared since acquisition, the units were
+//!   carried and the release adds DCnt along the carried chain
+//!   ([`super::scale::carried_to`]), repeatedly if a later scale-up carried
+//!   the chain's top in turn. Ranges held across any number of scale-ups are
+//!   released exactly.
+//! * **Scale-down** (§3.9.2) under exclusive use, [`CitronClient::scale_down`].
+//!
+//! * **Scale-ups run by the host.** If the client's [`TreeHost`] says it
+//!   [`TreeHost::runs_scale_ups`], [`CitronClient::scale_up`] asks it to
+//!   (one RPC) and follows the configuration it answers; the host runs this
+//!   same Algorithm 4 as a client of its own memory (see
+//!   [`super::host`]). The file system does this.
+//! * **Depth cap** ([`CitronClient::set_max_depth`]): scale-ups never grow
+//!   the tree past it; beyond it the spillover mutex keeps `[N, ∞)`.
+//! * **Ranges to infinity** ([`CitronClient::acquire_to_end`]): locked as
+//!   `[l, max(l, N) + 1)`, but the border OR-ed into the maximizer is
+//!   `l + 1`, and none when `l < N`, so such a lock never asks for a tree
+//!   larger than its start needs.
+//! * **Clients that know a configuration** ([`CitronClient::with_geometry`])
+//!   start without asking the host; a stale one is found superseded and
+//!   refreshed like any other.
+//!
+//! A wait that exceeds `give_up` ends with [`LockError::Timeout`] rather
+//! than hanging; so does waiting for a configuration a scale-up never
+//! publishes. Not handled here: a client-run scaler that dies between its
+//! first mark and its publication leaves the instance superseded without a
+//! successor; every client then fails with that timeout (or
+//! [`LockError::Host`] when it next tries to scale) until the instance is
+//! recreated. A host that runs the scale-ups itself
+//! ([`super::host::LockMemoryHost::with_scaler`]) rules this out.
 
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::tree::{level_start, Cover, NodeIndex, TreeShape};
+pub use super::geometry::CitronLayout;
+use super::geometry::{nodes_of_depth, SegmentedTree, TreeGeometry, TreeSegment};
+use super::host::TreeHost;
+use super::scale::{carried_to, expansion_plan, Anchor, MIN_SCALE_LEVELS};
+use super::tree::{level_start, Cover, NodeIndex, NodeKey, TreeShape, MAX_DEPTH};
 use super::word::{
-    Internal, Ticket, BOUNDARIES, COUNTER_BITS, DCNT_SHIFT, DONE_BELOW, NOTIFY, OCCUPY, OCC_BIT, TAKE_TICKET,
-    TCNT_SHIFT, VACATE,
+    carry_counters, Internal, Ticket, BOUNDARIES, COUNTER_BITS, DCNT_SHIFT, DONE_BELOW, EXP_BIT, NOTIFY,
+    OCCUPY, OCC_BIT, SUP_BIT, TAKE_TICKET, TCNT_SHIFT, VACATE,
 };
 use crate::rdma::arith::field_delta;
-use crate::rdma::{Endpoint, RemoteAddr, Verb};
+use crate::rdma::{Endpoint, RemoteAddr, Verb, VerbCounts, VerbReply};
 use crate::rwlock::{LockError, Mode, RwLockClient};
 
 /// The TCnt field of an internal node.
@@ -62,36 +133,6 @@ const TCNT_FIELD: u64 = ((1 << COUNTER_BITS) - 1) << TCNT_SHIFT;
 
 /// Give back a ticket of an internal node that was never occupied (TCnt + 1).
 const PASS_TICKET: u64 = field_delta(super::word::TCNT_SHIFT, super::word::COUNTER_BITS, 1);
-
-/// Where an instance lives: the maximizer, then the nodes in level order.
-///
-/// | offset | what |
-/// |---|---|
-/// | 0 | maximizer (OR of the right borders of out-of-tree requests) |
-/// | 8 | reserved |
-/// | 16 + 8 (x - 1) | node x |
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CitronLayout {
-    pub base: RemoteAddr,
-    pub shape: TreeShape,
-}
-
-impl CitronLayout {
-    const NODES: u64 = 16;
-
-    /// Bytes of lock memory for a tree of `shape` (zeroed memory is an idle lock).
-    pub fn bytes(shape: TreeShape) -> u64 {
-        Self::NODES + 8 * shape.node_count()
-    }
-
-    pub fn maximizer(self) -> RemoteAddr {
-        self.base
-    }
-
-    pub fn node(self, x: NodeIndex) -> RemoteAddr {
-        self.base + (Self::NODES + 8 * (x.0 - 1))
-    }
-}
 
 /// Tunables of the protocol (§3.5).
 #[derive(Clone, Copy, Debug)]
@@ -124,15 +165,33 @@ impl CitronConfig {
     }
 }
 
+/// When a client scales the tree up on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScalePolicy {
+    /// Only when the caller calls [`CitronClient::scale_up_if_needed`] or
+    /// [`CitronClient::scale_up`] (e.g. from a poller, as in §4.5).
+    Manual,
+    /// After releasing a range that used the spillover mutex, if the
+    /// maximizer is set (one read when it is not).
+    AfterSpillover,
+}
+
 /// One node held for a request, and what its release must undo.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct HeldNode {
-    node: NodeIndex,
-    /// The leaf bits taken, or `None` for an internal node.
+    key: NodeKey,
+    leaf: bool,
+    /// The leaf bits taken, or `None` (an internal node, or a leaf whose
+    /// masked-CAS failed and whose notifications are being rolled back).
     leaf_mask: Option<u64>,
-    notified: Vec<NodeIndex>,
+    notified: Vec<NodeKey>,
     /// All four child leaves were taken whole (§3.8 shortcut).
     children: bool,
+    /// Where the request's units end (Alg. 3 lines 10–12).
+    anchor: Option<Anchor>,
+    /// The anchor already bore its scale-up mark when we notified or
+    /// occupied it: a scale-up had read it first and carried nothing of ours.
+    anchor_marked: bool,
 }
 
 /// A range held on a Citron instance; give it back with [`CitronClient::release`].
@@ -140,15 +199,26 @@ struct HeldNode {
 #[must_use = "a held range must be released"]
 pub struct HeldRange {
     pub start: u64,
+    /// One past the last unit locked; for [`CitronClient::acquire_to_end`],
+    /// `max(start, N) + 1` in the tree it was acquired in (the spillover
+    /// mutex holds all of `[N, ∞)`).
     pub end: u64,
     nodes: Vec<HeldNode>,
     spillover: bool,
+    /// The tree the range was acquired in (for [`HeldRange::nodes`]).
+    shape: TreeShape,
 }
 
 impl HeldRange {
-    /// The tree nodes held, for tests and diagnostics.
+    /// The tree nodes held, as indices of the tree the range was acquired in
+    /// (for tests and diagnostics).
     pub fn nodes(&self) -> Vec<NodeIndex> {
-        self.nodes.iter().map(|n| n.node).collect()
+        self.nodes.iter().map(|n| self.shape.index(n.key)).collect()
+    }
+
+    /// Whether the range reached past the tree and holds the spillover mutex.
+    pub fn used_spillover(&self) -> bool {
+        self.spillover
     }
 }
 
@@ -156,7 +226,7 @@ impl HeldRange {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CitronStats {
     pub acquisitions: u64,
-    /// Node acquisitions aborted (Inequation (1) or a scale-up) and retried.
+    /// Node acquisitions aborted (Inequation (1)) and retried.
     pub aborts: u64,
     /// Multi-node requests started over rather than wait while holding.
     pub restarts: u64,
@@ -164,6 +234,45 @@ pub struct CitronStats {
     pub leaf_escalations: u64,
     /// Words repaired after a dead client (§3.10).
     pub recoveries: u64,
+    /// Requests started over because the tree had been scaled up.
+    pub superseded: u64,
+    /// Newer configurations learnt from the host.
+    pub refreshes: u64,
+    /// Releases that followed their units to a scale-up's new nodes.
+    pub carried_releases: u64,
+    pub scale_ups: u64,
+    pub scale_downs: u64,
+    /// Scale-ups attempted by [`ScalePolicy::AfterSpillover`] that failed
+    /// (logged; the release itself succeeded).
+    pub failed_scale_ups: u64,
+}
+
+/// What one scale-up did and cost. For a scale-up the host ran
+/// ([`TreeHost::runs_scale_ups`]), `verbs` are the host's (the work of
+/// Algorithm 4 wherever it ran), `host_calls` is the one RPC that asked for
+/// it, and `elapsed` is what the asking client waited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ScaleUp {
+    pub from_depth: u32,
+    pub to_depth: u32,
+    /// Words of the old tree marked (Alg. 4 line 5).
+    pub marked: usize,
+    /// New ancestors that received pending counters (line 8).
+    pub carried: usize,
+    /// Verbs and round trips, the spillover mutex included.
+    pub verbs: VerbCounts,
+    /// RPCs to the lock host (allocate, publish).
+    pub host_calls: u32,
+    pub elapsed: Duration,
+}
+
+/// What one scale-down did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScaleDown {
+    pub from_depth: u32,
+    pub to_depth: u32,
+    pub freed_bytes: u64,
+    pub allocated_bytes: u64,
 }
 
 /// Decodes the replies of a batch of 8-byte reads of internal nodes.
@@ -182,7 +291,16 @@ fn read_words(
         .collect()
 }
 
+/// The old value an atomic returned.
+fn old_word(reply: Result<VerbReply, crate::rdma::VerbError>) -> Result<u64, LockError> {
+    match reply? {
+        VerbReply::Old(v) => Ok(v),
+        other => Err(LockError::Host(format!("unexpected atomic reply {other:?}"))),
+    }
+}
+
 /// The nodes a request holds while it locks its next one.
+#[derive(Default)]
 struct Others {
     held: Vec<HeldNode>,
     /// It gave way while holding: start the request over once this node is done.
@@ -201,9 +319,20 @@ fn backoff_for(cap: &mut Duration) {
     *cap = (*cap * 2).min(Duration::from_millis(1));
 }
 
+/// Where a requested range ends.
+#[derive(Clone, Copy, Debug)]
+enum RangeEnd {
+    At(u64),
+    /// To infinity ([`CitronClient::acquire_to_end`]).
+    Infinite,
+}
+
 enum Attempt {
     Acquired(HeldNode),
     Aborted,
+    /// The tree was scaled up under us (lines 15 and 33): start the request
+    /// over under the new configuration.
+    Superseded,
     /// Leaf starvation (Line 24): lock the parent instead.
     MoveToParent,
     /// A stalled occupied ancestor (§3.10, Line 18): lock it instead.
@@ -214,8 +343,8 @@ enum Attempt {
 enum Ancestors {
     /// No occupied ancestor; the oldest t1 (Inequation (1)).
     Clear(Instant),
-    /// The root's Exp is set: a scale-up is under way (line 15).
-    Expanded,
+    /// The root is superseded: a scale-up has begun (line 15).
+    Superseded,
     /// An occupied ancestor made no progress for T_lease (§3.10).
     Stalled(NodeIndex),
 }
@@ -227,29 +356,202 @@ enum Watch {
     Stalled(u64),
 }
 
+/// The configuration a client follows, ready for address arithmetic.
+struct Current {
+    geometry: TreeGeometry,
+    tree: SegmentedTree,
+}
+
+/// The verbs of Algorithm 3 for one held node, appended to `verbs`; returns
+/// the position of the verb whose old word tells whether the anchor was
+/// marked since acquisition (`None` if that cannot matter).
+fn release_verbs(tree: &SegmentedTree, h: &HeldNode, verbs: &mut Vec<Verb>) -> Option<usize> {
+    let addr = tree.key(h.key);
+    let mut anchor_slot = None;
+    match h.leaf_mask {
+        Some(mask) => {
+            verbs.push(Verb::MaskedCas { addr, cmp: mask, cmp_mask: mask, swap: 0, swap_mask: mask })
+        }
+        // A leaf whose bits were not taken (a failed masked-CAS being
+        // rolled back): only its notifications are undone.
+        None if h.leaf => {}
+        None => {
+            if matches!(h.anchor, Some(Anchor::Occupied(_))) {
+                anchor_slot = Some(verbs.len());
+            }
+            verbs.push(Verb::MaskedFaa { addr, add: VACATE, boundary_mask: BOUNDARIES });
+        }
+    }
+    if h.children {
+        // The §3.8 shortcut took all four child leaves whole; they are ours.
+        let shape = tree.shape();
+        let x = shape.index(h.key);
+        for i in 0..4 {
+            verbs.push(Verb::Write { addr: tree.node(x.child(i)), data: 0u64.to_le_bytes().to_vec() });
+        }
+    }
+    for &a in &h.notified {
+        if h.notified.last() == Some(&a) && matches!(h.anchor, Some(Anchor::Notified(_))) {
+            anchor_slot = Some(verbs.len());
+        }
+        verbs.push(Verb::MaskedFaa { addr: tree.key(a), add: DONE_BELOW, boundary_mask: BOUNDARIES });
+    }
+    if h.anchor_marked {
+        None
+    } else {
+        anchor_slot
+    }
+}
+
 /// One client's handle to one Citron instance.
 pub struct CitronClient {
-    layout: CitronLayout,
+    current: Arc<Current>,
     config: CitronConfig,
     spillover: Box<dyn RwLockClient>,
+    host: Option<Arc<dyn TreeHost>>,
+    policy: ScalePolicy,
+    /// Deepest tree a scale-up may make ([`CitronClient::set_max_depth`]).
+    max_depth: u32,
     stats: CitronStats,
     /// Recoveries made from `&self` paths; folded into `stats`.
-    recoveries: std::cell::Cell<u64>,
+    recoveries: Cell<u64>,
 }
 
 impl CitronClient {
-    /// `spillover` is the mutex for `[N, ∞)` (DSLR in the paper), used in
-    /// exclusive mode.
+    /// A client of a tree that is never scaled: `layout` is where it lives,
+    /// `spillover` the mutex for `[N, ∞)` (DSLR in the paper), used in
+    /// exclusive mode. It cannot scale, and it fails with
+    /// [`LockError::Host`] if someone else scales the tree.
     pub fn new(layout: CitronLayout, config: CitronConfig, spillover: Box<dyn RwLockClient>) -> Self {
-        Self { layout, config, spillover, stats: CitronStats::default(), recoveries: std::cell::Cell::new(0) }
+        let geometry = TreeGeometry::from_layout(layout);
+        let tree = SegmentedTree::new(&geometry).expect("a layout is a valid one-segment geometry");
+        Self {
+            current: Arc::new(Current { geometry, tree }),
+            config,
+            spillover,
+            host: None,
+            policy: ScalePolicy::Manual,
+            max_depth: MAX_DEPTH,
+            stats: CitronStats::default(),
+            recoveries: Cell::new(0),
+        }
+    }
+
+    /// A client of the instance `host` keeps the configuration of (one RPC
+    /// to fetch it). It follows scale-ups, can scale up and down, and scales
+    /// up after spillover acquisitions ([`ScalePolicy::AfterSpillover`]).
+    pub fn with_host(
+        host: Arc<dyn TreeHost>,
+        config: CitronConfig,
+        spillover: Box<dyn RwLockClient>,
+    ) -> Result<Self, LockError> {
+        let geometry = host.configuration()?;
+        Self::with_geometry(host, geometry, config, spillover)
+    }
+
+    /// As [`CitronClient::with_host`], but following `geometry`, a
+    /// configuration of the instance the caller already knows (cached from
+    /// an earlier client, or the unscaled tree of a [`CitronLayout`]): no
+    /// RPC. It need not be current: a superseded root sends the client to
+    /// the host for the newer one when it first matters (Alg. 2 lines 15
+    /// and 33), exactly as a long-lived client that missed scale-ups.
+    pub fn with_geometry(
+        host: Arc<dyn TreeHost>,
+        geometry: TreeGeometry,
+        config: CitronConfig,
+        spillover: Box<dyn RwLockClient>,
+    ) -> Result<Self, LockError> {
+        let tree =
+            SegmentedTree::new(&geometry).map_err(|e| LockError::Host(format!("bad configuration: {e}")))?;
+        Ok(Self {
+            current: Arc::new(Current { geometry, tree }),
+            config,
+            spillover,
+            host: Some(host),
+            policy: ScalePolicy::AfterSpillover,
+            max_depth: MAX_DEPTH,
+            stats: CitronStats::default(),
+            recoveries: Cell::new(0),
+        })
     }
 
     pub fn stats(&self) -> CitronStats {
         CitronStats { recoveries: self.stats.recoveries + self.recoveries.get(), ..self.stats }
     }
 
+    /// Where the instance lives and the shape of the tree this client
+    /// currently follows. `base` is the instance block (maximizer first);
+    /// after a scale-up, node addresses are not `layout().node(x)`: see
+    /// [`CitronClient::geometry`].
     pub fn layout(&self) -> CitronLayout {
-        self.layout
+        CitronLayout { base: self.current.geometry.maximizer, shape: self.current.tree.shape() }
+    }
+
+    /// The configuration this client follows.
+    pub fn geometry(&self) -> &TreeGeometry {
+        &self.current.geometry
+    }
+
+    pub fn set_scale_policy(&mut self, policy: ScalePolicy) {
+        self.policy = policy;
+    }
+
+    /// Caps the depth scale-ups grow the tree to (at most [`MAX_DEPTH`]):
+    /// ranges beyond a tree at the cap stay with the spillover mutex, and a
+    /// client whose tree is at the cap no longer checks the maximizer after
+    /// spillover acquisitions.
+    pub fn set_max_depth(&mut self, depth: u32) {
+        self.max_depth = depth.min(MAX_DEPTH);
+    }
+
+    /// Fetches the host's configuration; `true` if it differs from the one
+    /// followed so far. After a scale-down every client must call this
+    /// before its next acquisition (see [`CitronClient::scale_down`]).
+    pub fn refresh(&mut self) -> Result<bool, LockError> {
+        let host = self.host()?;
+        let g = host.configuration()?;
+        if g == self.current.geometry {
+            return Ok(false);
+        }
+        self.install(g)?;
+        self.stats.refreshes += 1;
+        Ok(true)
+    }
+
+    fn host(&self) -> Result<Arc<dyn TreeHost>, LockError> {
+        self.host.clone().ok_or(LockError::Misuse("scaling needs a TreeHost (CitronClient::with_host)"))
+    }
+
+    fn install(&mut self, geometry: TreeGeometry) -> Result<(), LockError> {
+        let tree = SegmentedTree::new(&geometry)
+            .map_err(|e| LockError::Host(format!("bad tree configuration: {e}")))?;
+        self.current = Arc::new(Current { geometry, tree });
+        Ok(())
+    }
+
+    /// Waits (bounded by `give_up`) until the host publishes a configuration
+    /// newer than ours, and follows it: a scale-up we saw the mark of has
+    /// not published yet, or has.
+    fn await_newer_configuration(&mut self) -> Result<(), LockError> {
+        let host = self.host.clone().ok_or_else(|| {
+            LockError::Host("the tree was scaled up, but this client has no TreeHost to follow it".into())
+        })?;
+        let version = self.current.geometry.version;
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(20);
+        loop {
+            let g = host.configuration()?;
+            if g.version > version {
+                self.install(g)?;
+                self.stats.refreshes += 1;
+                return Ok(());
+            }
+            if start.elapsed() > self.config.give_up {
+                return Err(LockError::Timeout(self.config.give_up));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
+        }
     }
 
     /// Locks units `[l, r)` (Algorithm 1).
@@ -257,117 +559,260 @@ impl CitronClient {
         if l >= r {
             return Err(LockError::Misuse("empty range"));
         }
-        let n = self.layout.shape.units();
-        let mut held = HeldRange { start: l, end: r, nodes: Vec::new(), spillover: false };
+        self.acquire_until(ep, l, RangeEnd::At(r))
+    }
+
+    /// Locks units `[l, ∞)`: the tree's part `[l, N)`, if any, and the
+    /// spillover mutex, which guards all of `[N, ∞)`. The border this OR-s
+    /// into the maximizer (§3.9.1) is where the range *starts*, `l + 1`, and
+    /// only if `l ≥ N`: a lock to infinity asks the tree to grow to reach
+    /// its start, never to the largest tree there is (nor 4× per lock).
+    pub fn acquire_to_end(&mut self, ep: &Endpoint, l: u64) -> Result<HeldRange, LockError> {
+        if l == u64::MAX {
+            return Err(LockError::Misuse("empty range"));
+        }
+        self.acquire_until(ep, l, RangeEnd::Infinite)
+    }
+
+    fn acquire_until(&mut self, ep: &Endpoint, l: u64, end: RangeEnd) -> Result<HeldRange, LockError> {
+        loop {
+            let version = self.current.geometry.version;
+            if let Some(held) = self.acquire_once(ep, l, end)? {
+                self.stats.acquisitions += 1;
+                return Ok(held);
+            }
+            // Superseded; nothing is held. Follow the new configuration
+            // unless a release on the way already did.
+            self.stats.superseded += 1;
+            if self.current.geometry.version == version {
+                self.await_newer_configuration()?;
+            }
+        }
+    }
+
+    /// One try under the configuration followed now; `None` (holding
+    /// nothing) if the tree turned out to be superseded.
+    fn acquire_once(&mut self, ep: &Endpoint, l: u64, end: RangeEnd) -> Result<Option<HeldRange>, LockError> {
+        let cur = self.current.clone();
+        let shape = cur.tree.shape();
+        let n = shape.units();
+        // The right border for this tree, and the one to OR into the
+        // maximizer (0: none).
+        let (r, border) = match end {
+            RangeEnd::At(r) => (r, r),
+            RangeEnd::Infinite => (l.max(n) + 1, if l >= n { l + 1 } else { 0 }),
+        };
+        let mut held = HeldRange { start: l, end: r, nodes: Vec::new(), spillover: false, shape };
         if r > n {
             self.spillover.acquire(ep, Mode::Exclusive)?;
             held.spillover = true;
+            // No scale-up can start while we hold the mutex, but one may have
+            // finished while we waited for it: is our root still current? And
             // OR the right border into the maximizer (masked-CAS with a zero
-            // compare mask, §3.9.1).
-            if let Err(e) = ep.masked_cas(self.layout.maximizer(), 0, 0, r, r) {
-                let _ = self.release(ep, held);
-                return Err(e.into());
+            // compare mask, §3.9.1). One round trip.
+            let mut batch = ep.batch();
+            let root = batch.push(Verb::Read { addr: cur.tree.node(NodeIndex::ROOT), len: 8 });
+            let or = batch.push(Verb::MaskedCas {
+                addr: cur.geometry.maximizer,
+                cmp: 0,
+                cmp_mask: 0,
+                swap: border,
+                swap_mask: border,
+            });
+            let superseded = batch.submit().map_err(LockError::from).and_then(|replies| {
+                if let Some(e) = replies.first_error() {
+                    return Err(e.clone().into());
+                }
+                let stale = Internal(replies.u64(root)?).superseded();
+                Ok(if stale { Some(replies.old(or)?) } else { None })
+            });
+            match superseded {
+                Ok(None) => {}
+                Ok(Some(before)) => {
+                    // Our border was meant for the old tree. Only holders of
+                    // the spillover mutex write the maximizer, so put back
+                    // what it held.
+                    let restored = if before | border != before {
+                        ep.write_u64(cur.geometry.maximizer, before).map_err(LockError::from)
+                    } else {
+                        Ok(())
+                    };
+                    self.spillover.release(ep)?;
+                    restored?;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    let _ = self.spillover.release(ep);
+                    return Err(e);
+                }
             }
         }
         if l < n {
-            let covers = self.layout.shape.split(l, r.min(n), self.config.k);
-            let mut backoff = self.config.t_wait;
-            loop {
-                let mut others = Others { held: Vec::new(), restart: false };
-                let mut failed = None;
-                for &cover in &covers {
-                    match self.lock_node(ep, cover, &mut others) {
-                        Ok(h) => {
-                            others.held.push(h);
-                            if others.restart {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            failed = Some(e);
+            let covers = shape.split(l, r.min(n), self.config.k);
+            match self.lock_covers(ep, shape, &covers) {
+                Ok(Some(nodes)) => held.nodes = nodes,
+                outcome => {
+                    if held.spillover {
+                        self.spillover.release(ep)?;
+                    }
+                    return outcome.map(|_| None);
+                }
+            }
+        }
+        Ok(Some(held))
+    }
+
+    /// Locks `covers` (nodes of a tree of `shape`) in order. On `None` or an
+    /// error nothing of them is held.
+    fn lock_covers(
+        &mut self,
+        ep: &Endpoint,
+        shape: TreeShape,
+        covers: &[Cover],
+    ) -> Result<Option<Vec<HeldNode>>, LockError> {
+        let mut backoff = self.config.t_wait;
+        loop {
+            let mut others = Others::default();
+            let mut outcome = Ok(true);
+            for &cover in covers {
+                match self.lock_node(ep, cover, shape, &mut others) {
+                    Ok(Some(h)) => {
+                        others.held.push(h);
+                        if others.restart {
                             break;
                         }
                     }
+                    Ok(None) => {
+                        outcome = Ok(false);
+                        break;
+                    }
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
                 }
-                if let Some(e) = failed {
-                    held.nodes = others.held;
-                    let _ = self.release(ep, held);
+            }
+            match outcome {
+                Ok(true) if !others.restart => return Ok(Some(others.held)),
+                Ok(true) => {
+                    // Gave way while holding: let go of everything, start over.
+                    self.yield_held(ep, &mut others)?;
+                    self.stats.restarts += 1;
+                    backoff_for(&mut backoff);
+                }
+                Ok(false) => {
+                    self.yield_held(ep, &mut others)?;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    let _ = self.yield_held(ep, &mut others);
                     return Err(e);
                 }
-                if !others.restart {
-                    held.nodes = others.held;
-                    break;
-                }
-                // Gave way while holding: let go of everything and start over.
-                self.yield_held(ep, &mut others)?;
-                self.stats.restarts += 1;
-                backoff_for(&mut backoff);
             }
         }
-        self.stats.acquisitions += 1;
-        Ok(held)
     }
 
     /// Before a wait: release the request's other nodes, so it never holds
     /// while waiting (see the module comment), and mark it for a restart.
-    fn yield_held(&self, ep: &Endpoint, others: &mut Others) -> Result<(), LockError> {
+    fn yield_held(&mut self, ep: &Endpoint, others: &mut Others) -> Result<(), LockError> {
         if others.held.is_empty() {
             return Ok(());
         }
-        let mut verbs = Vec::new();
-        for h in &others.held {
-            self.release_verbs(h, &mut verbs);
-        }
-        others.held.clear();
+        let nodes = std::mem::take(&mut others.held);
         others.restart = true;
-        for r in ep.execute(&verbs)? {
-            r?;
-        }
-        Ok(())
+        self.release_nodes(ep, &nodes, Vec::new())
     }
 
     /// Releases a range (Algorithm 3): every verb in one batch, then the
-    /// spillover mutex.
+    /// spillover mutex; then, under [`ScalePolicy::AfterSpillover`], a
+    /// scale-up if the range reached past the tree.
     pub fn release(&mut self, ep: &Endpoint, held: HeldRange) -> Result<(), LockError> {
-        let mut verbs = Vec::new();
-        for h in &held.nodes {
-            self.release_verbs(h, &mut verbs);
+        let spilled = held.spillover;
+        let result = self.release_range(ep, held);
+        if spilled && result.is_ok() && self.policy == ScalePolicy::AfterSpillover && self.host.is_some() {
+            if let Err(e) = self.scale_up_if_needed(ep) {
+                log::warn!("scale-up after a spillover acquisition failed: {e}");
+                self.stats.failed_scale_ups += 1;
+            }
         }
-        let result = ep
-            .execute(&verbs)
-            .map_err(LockError::from)
-            .and_then(|replies| replies.into_iter().try_for_each(|r| r.map(|_| ()).map_err(LockError::from)));
+        result
+    }
+
+    fn release_range(&mut self, ep: &Endpoint, held: HeldRange) -> Result<(), LockError> {
+        let result = self.release_nodes(ep, &held.nodes, Vec::new());
         if held.spillover {
             self.spillover.release(ep)?;
         }
         result
     }
 
-    fn release_verbs(&self, h: &HeldNode, verbs: &mut Vec<Verb>) {
-        let shape = self.layout.shape;
-        let addr = self.layout.node(h.node);
-        match h.leaf_mask {
-            Some(mask) => {
-                verbs.push(Verb::MaskedCas { addr, cmp: mask, cmp_mask: mask, swap: 0, swap_mask: mask })
-            }
-            // A leaf whose bits were not taken (a failed masked-CAS being
-            // rolled back): only its notifications are undone.
-            None if shape.is_leaf(h.node) => {}
-            None => verbs.push(Verb::MaskedFaa { addr, add: VACATE, boundary_mask: BOUNDARIES }),
-        }
-        if h.children {
-            // The §3.8 shortcut took all four child leaves whole; they are ours.
-            for i in 0..4 {
-                let child = self.layout.node(h.node.child(i));
-                verbs.push(Verb::Write { addr: child, data: 0u64.to_le_bytes().to_vec() });
+    /// Algorithm 3 for `nodes`, after the verbs in `verbs`, in one batch;
+    /// then lines 10–12: follow units a scale-up carried since acquisition.
+    fn release_nodes(
+        &mut self,
+        ep: &Endpoint,
+        nodes: &[HeldNode],
+        mut verbs: Vec<Verb>,
+    ) -> Result<(), LockError> {
+        let cur = self.current.clone();
+        let mut anchors = Vec::new();
+        for h in nodes {
+            if let Some(slot) = release_verbs(&cur.tree, h, &mut verbs) {
+                anchors.push((slot, h.anchor.expect("a slot implies an anchor")));
             }
         }
-        for &a in &h.notified {
-            verbs.push(Verb::MaskedFaa {
-                addr: self.layout.node(a),
-                add: DONE_BELOW,
-                boundary_mask: BOUNDARIES,
-            });
+        if verbs.is_empty() {
+            return Ok(());
+        }
+        let replies = ep.execute(&verbs)?;
+        let first_error = replies.iter().find_map(|r| r.as_ref().err().cloned());
+        let carried: Vec<Anchor> = anchors
+            .into_iter()
+            .filter(
+                |&(slot, anchor)| matches!(replies[slot], Ok(VerbReply::Old(w)) if w & anchor.mark() != 0),
+            )
+            .map(|(_, anchor)| anchor)
+            .collect();
+        for anchor in carried {
+            self.follow_carried(ep, anchor)?;
+        }
+        match first_error {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Adds DCnt along the chain a scale-up carried `anchor`'s unit to, and
+    /// on up while the chain's top was carried again (Alg. 3 lines 10–12).
+    fn follow_carried(&mut self, ep: &Endpoint, mut anchor: Anchor) -> Result<(), LockError> {
+        loop {
+            let chain = loop {
+                if let Some(chain) = carried_to(anchor, &self.current.geometry.depths(), self.config.m) {
+                    break chain;
+                }
+                // The scale-up has marked but not published yet.
+                self.await_newer_configuration()?;
+            };
+            let cur = self.current.clone();
+            let verbs: Vec<Verb> = chain
+                .iter()
+                .map(|&k| Verb::MaskedFaa {
+                    addr: cur.tree.key(k),
+                    add: DONE_BELOW,
+                    boundary_mask: BOUNDARIES,
+                })
+                .collect();
+            let mut top = 0;
+            for r in ep.execute(&verbs)? {
+                top = old_word(r)?;
+            }
+            self.stats.carried_releases += 1;
+            // Only the chain's top can be in the top m levels, so only its
+            // word can bear a later scale-up's Exp.
+            if !Internal(top).expanded() {
+                return Ok(());
+            }
+            anchor = Anchor::Notified(*chain.last().expect("a carried chain is not empty"));
         }
     }
 
@@ -375,19 +820,30 @@ impl CitronClient {
         &mut self,
         ep: &Endpoint,
         mut cover: Cover,
+        shape: TreeShape,
         others: &mut Others,
-    ) -> Result<HeldNode, LockError> {
+    ) -> Result<Option<HeldNode>, LockError> {
         loop {
+            // A release on the way may have followed a newer configuration:
+            // `cover` is an index of the old tree, so start the request over.
+            if self.current.tree.shape() != shape {
+                return Ok(None);
+            }
             match self.try_lock_node(ep, cover, others)? {
-                Attempt::Acquired(h) => return Ok(h),
+                Attempt::Acquired(h) => return Ok(Some(h)),
+                Attempt::Superseded => return Ok(None),
                 Attempt::Aborted => self.stats.aborts += 1,
                 Attempt::MoveToParent => {
                     self.stats.leaf_escalations += 1;
                     let leaf = cover.node;
                     cover.node = leaf.parent().expect("a leaf below the root has a parent");
                     let held = loop {
+                        if self.current.tree.shape() != shape {
+                            return Ok(None);
+                        }
                         match self.try_lock_node(ep, cover, others)? {
                             Attempt::Acquired(h) => break h,
+                            Attempt::Superseded => return Ok(None),
                             Attempt::Aborted => self.stats.aborts += 1,
                             Attempt::MoveTo(a) => cover.node = a,
                             Attempt::MoveToParent => unreachable!("only leaves escalate"),
@@ -395,13 +851,13 @@ impl CitronClient {
                     };
                     // §3.10, Line 22: holding the parent, no live client can
                     // hold bits of the leaf; any left belong to a dead one.
-                    let addr = self.layout.node(leaf);
+                    let addr = self.current.tree.key(shape.key(leaf));
                     if ep.read_u64(addr)? != 0 && !held.children {
                         log::warn!("zeroing leaf {} left locked by a dead client", leaf.0);
                         ep.write_u64(addr, 0)?;
                         self.stats.recoveries += 1;
                     }
-                    return Ok(held);
+                    return Ok(Some(held));
                 }
                 Attempt::MoveTo(ancestor) => cover.node = ancestor,
             }
@@ -409,10 +865,18 @@ impl CitronClient {
     }
 
     /// Algorithm 2, lines 8–37, for one node.
-    fn try_lock_node(&self, ep: &Endpoint, cover: Cover, others: &mut Others) -> Result<Attempt, LockError> {
-        let shape = self.layout.shape;
+    fn try_lock_node(
+        &mut self,
+        ep: &Endpoint,
+        cover: Cover,
+        others: &mut Others,
+    ) -> Result<Attempt, LockError> {
+        let cur = self.current.clone();
+        let tree = &cur.tree;
+        let shape = tree.shape();
         let node = cover.node;
-        let addr = self.layout.node(node);
+        let key = shape.key(node);
+        let addr = tree.node(node);
         let leaf = shape.is_leaf(node);
         let ancestors: Vec<NodeIndex> = shape.ancestors(node).collect();
         // Round trip 1 (§3.8: Steps 2(a) and 2(b) optimistically batched):
@@ -421,7 +885,7 @@ impl CitronClient {
         let ticket_slot = (!leaf)
             .then(|| batch.push(Verb::MaskedFaa { addr, add: TAKE_TICKET, boundary_mask: BOUNDARIES }));
         for &a in &ancestors {
-            batch.push(Verb::Read { addr: self.layout.node(a), len: 8 });
+            batch.push(Verb::Read { addr: tree.node(a), len: 8 });
         }
         let posted = Instant::now();
         let replies = batch.submit()?;
@@ -440,7 +904,7 @@ impl CitronClient {
         let mut cas_failures = 0;
         loop {
             // Phase 2(b): wait for occupied ancestors (lines 12–19).
-            let t1 = match self.wait_for_ancestors(ep, &ancestors, others, prefetched.take())? {
+            let t1 = match self.wait_for_ancestors(ep, tree, &ancestors, others, prefetched.take())? {
                 Ancestors::Clear(t1) => t1,
                 outcome => {
                     if !leaf {
@@ -448,15 +912,15 @@ impl CitronClient {
                     }
                     return Ok(match outcome {
                         Ancestors::Stalled(a) => Attempt::MoveTo(a),
-                        _ => Attempt::Aborted,
+                        _ => Attempt::Superseded,
                     });
                 }
             };
             // Round trip 2 (§3.8: Steps 2(c) and 2(d) batched): lock the
-            // leaf's bits or occupy the node, notify the ancestors, read the
-            // root; and, for a node whose children are leaves, try to take
-            // all their bits so no wait for descendants is needed.
-            let notified = self.notify_set(node);
+            // leaf's bits or occupy the node, notify the ancestors; and, for
+            // a node whose children are leaves, try to take all their bits so
+            // no wait for descendants is needed.
+            let notified = self.notify_set(shape, node);
             let leaf_mask = leaf.then(|| shape.leaf_mask(node, cover.start, cover.end));
             let children_are_leaves = !leaf && shape.level_of(node) + 1 == shape.depth();
             let mut batch = ep.batch();
@@ -469,7 +933,7 @@ impl CitronClient {
             let child_slots: Vec<_> = if children_are_leaves {
                 (0..4)
                     .map(|i| {
-                        let c = self.layout.node(node.child(i));
+                        let c = tree.node(node.child(i));
                         batch.push(Verb::MaskedCas { addr: c, cmp: 0, cmp_mask: !0, swap: !0, swap_mask: !0 })
                     })
                     .collect()
@@ -479,27 +943,37 @@ impl CitronClient {
             let notify_slots: Vec<_> = notified
                 .iter()
                 .map(|&a| {
-                    batch.push(Verb::MaskedFaa {
-                        addr: self.layout.node(a),
-                        add: NOTIFY,
-                        boundary_mask: BOUNDARIES,
-                    })
+                    batch.push(Verb::MaskedFaa { addr: tree.node(a), add: NOTIFY, boundary_mask: BOUNDARIES })
                 })
                 .collect();
-            let root = batch.push(Verb::Read { addr: self.layout.node(NodeIndex::ROOT), len: 8 });
             let replies = batch.submit()?;
             let t2 = Instant::now();
             let children_taken: Vec<bool> =
                 child_slots.iter().map(|&s| replies.old(s).map(|old| old == 0)).collect::<Result<_, _>>()?;
+            // The anchor: the highest notified node, or the node itself when
+            // it is the root (nothing to notify; its Occ is what a scale-up
+            // carries). Its old word says whether a scale-up read it first.
+            let (anchor, anchor_slot) = match (notified.last(), notify_slots.last()) {
+                (Some(&w), Some(&slot)) => (Some(Anchor::Notified(shape.key(w))), Some(slot)),
+                _ if !leaf => (Some(Anchor::Occupied(key)), Some(lock_slot)),
+                _ => (None, None),
+            };
+            let anchor_marked = match (anchor, anchor_slot) {
+                (Some(a), Some(slot)) => replies.old(slot).is_ok_and(|w| w & a.mark() != 0),
+                _ => false,
+            };
             let mut held = HeldNode {
-                node,
+                key,
+                leaf,
                 leaf_mask,
-                notified,
+                notified: notified.iter().map(|&a| shape.key(a)).collect(),
                 children: children_taken.iter().all(|&t| t) && children_are_leaves,
+                anchor,
+                anchor_marked,
             };
             if let Some(e) = replies.first_error() {
                 let e = e.clone();
-                self.undo_partial(ep, &held, &children_taken)?;
+                self.undo_partial(ep, tree, &held, &children_taken)?;
                 return Err(e.into());
             }
             if let Some(mask) = leaf_mask {
@@ -507,7 +981,7 @@ impl CitronClient {
                     // Line 26: the bits are taken. Roll back the notification
                     // (§3.8) and go back to 2(b).
                     held.leaf_mask = None;
-                    self.undo_partial(ep, &held, &[])?;
+                    self.undo_partial(ep, tree, &held, &[])?;
                     self.yield_held(ep, others)?;
                     cas_failures += 1;
                     if cas_failures >= self.config.leaf_patience && node != NodeIndex::ROOT {
@@ -516,73 +990,84 @@ impl CitronClient {
                     continue;
                 }
             }
-            // Inequation (1): we finished notifying before any ancestor's
-            // holder could have stopped waiting for us (line 32); and no
-            // scale-up is under way (line 33).
+            // Line 33: a scale-up read our anchor before our unit reached
+            // it, so nothing of ours was carried to the new levels: this
+            // tree is superseded for us.
+            if anchor_marked {
+                self.undo_partial(ep, tree, &held, &children_taken)?;
+                return Ok(Attempt::Superseded);
+            }
+            // Inequation (1) (line 32): we finished notifying before any
+            // ancestor's holder could have stopped waiting for us.
             let budget = self.config.t_wait.mul_f64(1.0 - self.config.drift);
-            let scaled = match notify_slots.last() {
-                Some(&s) => Internal(replies.old(s)?).expanded() && Internal(replies.u64(root)?).expanded(),
-                None => false,
-            };
-            if t2.duration_since(t1) > budget || scaled {
-                self.undo_partial(ep, &held, &children_taken)?;
+            if t2.duration_since(t1) > budget {
+                self.undo_partial(ep, tree, &held, &children_taken)?;
                 return Ok(Attempt::Aborted);
             }
             if !leaf && !held.children {
                 // Some child bits were busy: give back those we took, then
                 // the regular path. Line 34: t0 is after our Occ is visible
                 // (the batch completed), so waiting from it is conservative.
-                self.clear_children(ep, node, &children_taken)?;
+                self.clear_children(ep, tree, node, &children_taken)?;
                 let t0 = t2;
                 while t0.elapsed() < self.config.t_wait {
                     std::hint::spin_loop();
                 }
-                self.wait_for_descendants(ep, node, others)?;
+                self.wait_for_descendants(ep, tree, node, others)?;
             }
             return Ok(Attempt::Acquired(held));
         }
     }
 
-    /// Clears the child leaves taken by the §3.8 shortcut (`taken[i]`).
-    fn clear_children(&self, ep: &Endpoint, node: NodeIndex, taken: &[bool]) -> Result<(), LockError> {
-        let verbs: Vec<Verb> = taken
+    /// Writes that clear the child leaves the §3.8 shortcut took (`taken[i]`).
+    fn clear_children_verbs(tree: &SegmentedTree, node: NodeIndex, taken: &[bool]) -> Vec<Verb> {
+        taken
             .iter()
             .enumerate()
             .filter(|(_, t)| **t)
             .map(|(i, _)| Verb::Write {
-                addr: self.layout.node(node.child(i as u64)),
+                addr: tree.node(node.child(i as u64)),
                 data: 0u64.to_le_bytes().to_vec(),
             })
-            .collect();
-        for r in ep.execute(&verbs)? {
-            r?;
-        }
-        Ok(())
+            .collect()
     }
 
-    /// Undoes an attempt whose children shortcut may have taken some leaves.
-    fn undo_partial(&self, ep: &Endpoint, held: &HeldNode, children_taken: &[bool]) -> Result<(), LockError> {
-        if !held.children {
-            self.clear_children(ep, held.node, children_taken)?;
-        }
-        self.undo(ep, held)
-    }
-
-    /// Releases what a failed attempt at one node took.
-    fn undo(&self, ep: &Endpoint, held: &HeldNode) -> Result<(), LockError> {
-        let mut verbs = Vec::new();
-        self.release_verbs(held, &mut verbs);
-        for r in ep.execute(&verbs)? {
-            r?;
-        }
-        Ok(())
-    }
-
-    /// Step 2(b). Returns the oldest t1 over all ancestors, or `None` when the
-    /// root says the tree is being scaled up (abort, line 15).
-    fn wait_for_ancestors(
+    fn clear_children(
         &self,
         ep: &Endpoint,
+        tree: &SegmentedTree,
+        node: NodeIndex,
+        taken: &[bool],
+    ) -> Result<(), LockError> {
+        for r in ep.execute(&Self::clear_children_verbs(tree, node, taken))? {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Undoes an attempt (whose children shortcut may have taken some
+    /// leaves) in one batch.
+    fn undo_partial(
+        &mut self,
+        ep: &Endpoint,
+        tree: &SegmentedTree,
+        held: &HeldNode,
+        children_taken: &[bool],
+    ) -> Result<(), LockError> {
+        let clear = if held.children {
+            Vec::new() // its release clears all four
+        } else {
+            Self::clear_children_verbs(tree, tree.shape().index(held.key), children_taken)
+        };
+        self.release_nodes(ep, std::slice::from_ref(held), clear)
+    }
+
+    /// Step 2(b). Returns the oldest t1 over all ancestors, or whether the
+    /// root says the tree is being scaled up (abort, line 15).
+    fn wait_for_ancestors(
+        &mut self,
+        ep: &Endpoint,
+        tree: &SegmentedTree,
         ancestors: &[NodeIndex],
         others: &mut Others,
         mut prefetched: Option<(Instant, Vec<Internal>)>,
@@ -600,12 +1085,13 @@ impl CitronClient {
                 None => {
                     let posted = Instant::now();
                     let verbs: Vec<Verb> =
-                        ancestors.iter().map(|&a| Verb::Read { addr: self.layout.node(a), len: 8 }).collect();
+                        ancestors.iter().map(|&a| Verb::Read { addr: tree.node(a), len: 8 }).collect();
                     (posted, read_words(&ep.execute(&verbs)?)?)
                 }
             };
-            if words.last().is_some_and(|w| w.expanded()) {
-                return Ok(Ancestors::Expanded);
+            // Line 15: the root of our tree is superseded.
+            if words.last().is_some_and(|w| w.superseded()) {
+                return Ok(Ancestors::Superseded);
             }
             for (i, w) in words.iter().enumerate() {
                 if !w.occupied() {
@@ -619,7 +1105,7 @@ impl CitronClient {
             };
             // Line 18: wait for it to be released.
             self.yield_held(ep, others)?;
-            let addr = self.layout.node(ancestors[next]);
+            let addr = tree.node(ancestors[next]);
             let tcnt = |w: u64| Internal(w).tcnt();
             match self.watch(ep, addr, |w| !Internal(w).occupied(), tcnt, self.config.lease)? {
                 Watch::Done(seen) => {
@@ -635,8 +1121,7 @@ impl CitronClient {
 
     /// The ancestors to notify: every m-th from the parent, the top m-1
     /// levels replaced by level m-1, the parent always (§3.5.5).
-    fn notify_set(&self, node: NodeIndex) -> Vec<NodeIndex> {
-        let shape = self.layout.shape;
+    fn notify_set(&self, shape: TreeShape, node: NodeIndex) -> Vec<NodeIndex> {
         let level = shape.level_of(node);
         notify_levels(level, self.config.m)
             .into_iter()
@@ -648,39 +1133,39 @@ impl CitronClient {
     }
 
     /// Lines 35–36: `node` and its internal descendants within m levels must
-    /// have no request between notifying and releasing. One read per level.
+    /// have no request between notifying and releasing. One read per run of
+    /// a level in one segment (at most m(m+1)/2 after scale-ups, §3.9.1).
     fn wait_for_descendants(
-        &self,
+        &mut self,
         ep: &Endpoint,
+        tree: &SegmentedTree,
         node: NodeIndex,
         others: &mut Others,
     ) -> Result<(), LockError> {
-        let shape = self.layout.shape;
+        let shape = tree.shape();
         let level = shape.level_of(node);
         let pos = node.0 - level_start(level);
         let mut pending = Vec::new();
-        let mut blocks = Vec::new();
+        let mut runs = Vec::new();
         for i in 0..self.config.m {
             let lvl = level + i;
             if lvl >= shape.depth() {
                 break; // leaves carry no counters
             }
-            let first = NodeIndex(level_start(lvl) + pos * (1u64 << (2 * i)));
-            let count = 1u64 << (2 * i);
-            blocks.push((first, count));
+            for run in tree.runs(lvl, pos << (2 * i), 1u64 << (2 * i)) {
+                runs.push((lvl, run));
+            }
         }
-        let verbs: Vec<Verb> = blocks
-            .iter()
-            .map(|&(first, count)| Verb::Read { addr: self.layout.node(first), len: (8 * count) as u32 })
-            .collect();
-        for ((first, _), r) in blocks.iter().zip(ep.execute(&verbs)?) {
+        let verbs: Vec<Verb> =
+            runs.iter().map(|(_, run)| Verb::Read { addr: run.addr, len: (8 * run.count) as u32 }).collect();
+        for ((lvl, run), r) in runs.iter().zip(ep.execute(&verbs)?) {
             let crate::rdma::VerbReply::Data(d) = r? else {
                 return Err(LockError::Host("unexpected read reply".into()));
             };
             for (j, w) in d.chunks_exact(8).enumerate() {
                 let w = Internal(u64::from_le_bytes(w.try_into().expect("8 bytes")));
                 if !w.descendants_quiet() {
-                    pending.push(NodeIndex(first.0 + j as u64));
+                    pending.push(NodeIndex(level_start(*lvl) + run.first + j as u64));
                 }
             }
         }
@@ -692,7 +1177,7 @@ impl CitronClient {
         let height = shape.depth() - level;
         let stall = self.config.lease * height;
         for desc in pending {
-            let addr = self.layout.node(desc);
+            let addr = tree.node(desc);
             loop {
                 let dcnt = |w: u64| Internal(w).dcnt();
                 match self.watch(ep, addr, |w| Internal(w).descendants_quiet(), dcnt, stall)? {
@@ -704,6 +1189,347 @@ impl CitronClient {
                         ep.masked_cas(addr, w, field, seen.dmax() << DCNT_SHIFT, field)?;
                         self.stats_recovered();
                     }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Scales up if an out-of-tree request raised the maximizer (the check
+    /// of [`ScalePolicy::AfterSpillover`] and of a poller): one read when
+    /// nothing is needed, else [`CitronClient::scale_up`].
+    pub fn scale_up_if_needed(&mut self, ep: &Endpoint) -> Result<Option<ScaleUp>, LockError> {
+        self.host()?;
+        if self.current.tree.shape().depth() >= self.max_depth {
+            return Ok(None); // at the cap: [N, ∞) stays with the spillover mutex
+        }
+        if ep.read_u64(self.current.geometry.maximizer)? == 0 {
+            return Ok(None);
+        }
+        self.scale_up(ep, 0)
+    }
+
+    /// Algorithm 4: grows the tree (at least 4×) to cover the maximizer and
+    /// `at_least` units, within the depth cap; `None` if it already does.
+    /// If the host runs scale-ups ([`TreeHost::runs_scale_ups`]) this asks
+    /// it to (one RPC) and follows the configuration it answers.
+    pub fn scale_up(&mut self, ep: &Endpoint, at_least: u64) -> Result<Option<ScaleUp>, LockError> {
+        let host = self.host()?;
+        let (started, before) = (Instant::now(), ep.counts());
+        if host.runs_scale_ups() {
+            let answer = host.scale_up(at_least)?;
+            self.max_depth = self.max_depth.min(answer.max_depth);
+            if answer.geometry.version > self.current.geometry.version {
+                self.install(answer.geometry)?;
+                self.stats.refreshes += 1;
+            }
+            let mut report = answer.report;
+            if let Some(r) = report.as_mut() {
+                r.host_calls = 1;
+                r.elapsed = started.elapsed();
+                self.stats.scale_ups += 1;
+                log::debug!("Citron tree scaled up by its host: {r:?}");
+            }
+            return Ok(report);
+        }
+        // Line 2: the spillover mutex keeps out-of-tree requests and other
+        // scalers away.
+        self.spillover.acquire(ep, Mode::Exclusive)?;
+        let result = self.scale_up_locked(ep, &*host, at_least);
+        let released = self.spillover.release(ep); // line 11
+        let mut report = result?;
+        released?;
+        if let Some(r) = report.as_mut() {
+            r.verbs = ep.counts() - before;
+            r.elapsed = started.elapsed();
+            self.stats.scale_ups += 1;
+            log::debug!("Citron tree scaled up: {r:?}");
+        }
+        Ok(report)
+    }
+
+    /// Under the spillover mutex: reads the maximizer and checks our root.
+    /// A superseded root means we missed a scale-up; the host's configuration
+    /// is then current (scalers publish before releasing the mutex).
+    fn sync_under_spillover(&mut self, ep: &Endpoint, host: &dyn TreeHost) -> Result<u64, LockError> {
+        for _ in 0..2 {
+            let cur = self.current.clone();
+            let mut batch = ep.batch();
+            let max = batch.push(Verb::Read { addr: cur.geometry.maximizer, len: 8 });
+            let root = batch.push(Verb::Read { addr: cur.tree.node(NodeIndex::ROOT), len: 8 });
+            let replies = batch.submit()?;
+            if let Some(e) = replies.first_error() {
+                return Err(e.clone().into());
+            }
+            if !Internal(replies.u64(root)?).superseded() {
+                return Ok(replies.u64(max)?);
+            }
+            let g = host.configuration()?;
+            if g.version == cur.geometry.version {
+                return Err(LockError::Host(
+                    "the tree's root is superseded but the host has no newer configuration: \
+                     a scale-up died before publishing"
+                        .into(),
+                ));
+            }
+            self.install(g)?;
+            self.stats.refreshes += 1;
+        }
+        Err(LockError::Host("the host's configuration is superseded too".into()))
+    }
+
+    fn scale_up_locked(
+        &mut self,
+        ep: &Endpoint,
+        host: &dyn TreeHost,
+        at_least: u64,
+    ) -> Result<Option<ScaleUp>, LockError> {
+        let maximizer = self.sync_under_spillover(ep, host)?;
+        let cur = self.current.clone();
+        let old = cur.tree.shape();
+        let want = maximizer.max(at_least);
+        if want <= old.units() {
+            if maximizer != 0 {
+                // A border raised under an older configuration, now covered.
+                ep.write_u64(cur.geometry.maximizer, 0)?;
+            }
+            return Ok(None);
+        }
+        if old.depth() == 0 {
+            return Err(LockError::Misuse("a one-leaf tree (depth 0) cannot be scaled up: create it deeper"));
+        }
+        let cap = self.max_depth;
+        let to = TreeShape::covering(want).depth().max(old.depth() + MIN_SCALE_LEVELS).min(cap);
+        if to <= old.depth() {
+            log::info!("Citron tree at its maximum depth {cap}; the spillover mutex keeps [N, ∞)");
+            ep.write_u64(cur.geometry.maximizer, 0)?;
+            return Ok(None);
+        }
+        // Line 3: zeroed memory for the nodes the enlarged tree adds.
+        let bytes = 8 * (nodes_of_depth(to) - nodes_of_depth(old.depth()));
+        let segment = host.allocate(bytes)?;
+        let mut next = cur.geometry.clone();
+        next.version += 1;
+        next.segments.push(TreeSegment { nodes: segment, depth: to });
+        let next_tree = match SegmentedTree::new(&next) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = host.free(segment, bytes);
+                return Err(LockError::Host(format!("bad scaled configuration: {e}")));
+            }
+        };
+        // Lines 4–5: mark the old top levels, old root first, each mark
+        // returning the word it marked. From here on the instance cannot be
+        // rolled back; a failure leaves it superseded without a successor.
+        let plan = expansion_plan(old.depth(), to, self.config.m);
+        let marks: Vec<Verb> = plan
+            .iter()
+            .map(|p| Verb::MaskedCas {
+                addr: next_tree.key(p.node),
+                cmp: 0,
+                cmp_mask: 0,
+                swap: p.bits,
+                swap_mask: p.bits,
+            })
+            .collect();
+        let replies = ep.execute(&marks)?;
+        // Lines 6–8: the pending units of each marked word, summed per new
+        // ancestor (DMax − DCnt, modulo 2^15).
+        let mut pending: BTreeMap<NodeKey, u64> = BTreeMap::new();
+        for (p, r) in plan.iter().zip(replies) {
+            let w = Internal(old_word(r)?);
+            if w.0 & p.bits != 0 {
+                log::error!(
+                    "node {:?} was already marked ({w:?}): an earlier scale-up died half-way",
+                    p.node
+                );
+            }
+            let units = w.dmax().wrapping_sub(w.dcnt());
+            for t in &p.counters_to {
+                *pending.entry(*t).or_default() += units;
+            }
+            if w.occupied() {
+                for t in &p.occupancy_to {
+                    *pending.entry(*t).or_default() += 1;
+                }
+            }
+        }
+        let carries: Vec<Verb> = pending
+            .iter()
+            .filter(|(_, &units)| units & ((1 << COUNTER_BITS) - 1) != 0)
+            .map(|(&t, &units)| Verb::MaskedFaa {
+                addr: next_tree.key(t),
+                add: carry_counters(0, units),
+                boundary_mask: BOUNDARIES,
+            })
+            .collect();
+        for r in ep.execute(&carries)? {
+            r?;
+        }
+        // Line 9: publish; line 10: clear the maximizer.
+        host.publish(cur.geometry.version, &next)?;
+        ep.write_u64(next.maximizer, 0)?;
+        let report = ScaleUp {
+            from_depth: old.depth(),
+            to_depth: to,
+            marked: plan.len(),
+            carried: carries.len(),
+            verbs: VerbCounts::default(),
+            host_calls: 2,
+            elapsed: Duration::ZERO,
+        };
+        self.install(next)?;
+        Ok(Some(report))
+    }
+
+    /// Scale-down (§3.9.2): shrinks the tree to the smallest one (depth 1 at
+    /// least) covering `[0, units)`, and hands the memory it no longer uses
+    /// back to the host. `None` if the tree is not larger.
+    ///
+    /// **Contract: exclusive use.** No other client may hold, wait for, or
+    /// acquire any range of this instance, nor scale it, from the call until
+    /// it has called [`CitronClient::refresh`] afterwards (the file system
+    /// holds the file's inode mutex exclusively, and every other client
+    /// refreshes when it next takes it). A client that skips the refresh
+    /// would use freed lock memory. The call checks what it can cheaply: the
+    /// top m levels, where every request in flight leaves a unit or an
+    /// occupancy, must be idle, else it fails with [`LockError::Misuse`]
+    /// having changed nothing (a dead client's leftovers there are cleared
+    /// by acquiring and releasing `[0, N)` first, which recovers them).
+    ///
+    /// The smaller tree is the leftmost subtree. If its depth is one the tree
+    /// had before (an older generation), its segments are kept and the later
+    /// ones freed; otherwise the part of it that a kept segment does not
+    /// hold is allocated fresh (zeroed is idle), and if it is smaller than
+    /// the original tree the whole instance moves to a new block (maximizer
+    /// included). Sup and Exp bits in the new top m levels are cleared.
+    pub fn scale_down(&mut self, ep: &Endpoint, units: u64) -> Result<Option<ScaleDown>, LockError> {
+        let host = self.host()?;
+        self.spillover.acquire(ep, Mode::Exclusive)?;
+        let result = self.scale_down_locked(ep, &*host, units);
+        let released = self.spillover.release(ep);
+        let report = result?;
+        released?;
+        if report.is_some() {
+            self.stats.scale_downs += 1;
+        }
+        Ok(report)
+    }
+
+    fn scale_down_locked(
+        &mut self,
+        ep: &Endpoint,
+        host: &dyn TreeHost,
+        units: u64,
+    ) -> Result<Option<ScaleDown>, LockError> {
+        let g = host.configuration()?;
+        if g != self.current.geometry {
+            self.install(g)?;
+        }
+        let cur = self.current.clone();
+        let from = cur.tree.shape().depth();
+        let to = TreeShape::covering(units).depth().max(1);
+        if to >= from {
+            return Ok(None);
+        }
+        self.check_top_idle(ep, &cur.tree)?;
+        let depths = cur.geometry.depths();
+        let version = cur.geometry.version + 1;
+        let mut fresh = None;
+        let next = if to >= depths[0] {
+            let keep = depths.iter().rposition(|&d| d <= to).expect("depths[0] <= to");
+            let mut segments = cur.geometry.segments[..=keep].to_vec();
+            if depths[keep] < to {
+                let bytes = 8 * (nodes_of_depth(to) - nodes_of_depth(depths[keep]));
+                let nodes = host.allocate(bytes)?;
+                fresh = Some((nodes, bytes));
+                segments.push(TreeSegment { nodes, depth: to });
+            }
+            TreeGeometry { version, maximizer: cur.geometry.maximizer, segments }
+        } else {
+            let shape = TreeShape::new(to);
+            let bytes = CitronLayout::bytes(shape);
+            let base = host.allocate(bytes)?;
+            fresh = Some((base, bytes));
+            TreeGeometry { version, ..TreeGeometry::from_layout(CitronLayout { base, shape }) }
+        };
+        let installed = self.install_smaller(ep, host, cur.geometry.version, &next);
+        if let Err(e) = installed {
+            if let Some((a, b)) = fresh {
+                let _ = host.free(a, b);
+            }
+            return Err(e);
+        }
+        // Hand back what the smaller tree does not use.
+        let kept = next.blocks();
+        let mut freed = 0;
+        for block in cur.geometry.blocks() {
+            if !kept.contains(&block) {
+                host.free(block.0, block.1)?;
+                freed += block.1;
+            }
+        }
+        self.install(next)?;
+        Ok(Some(ScaleDown {
+            from_depth: from,
+            to_depth: to,
+            freed_bytes: freed,
+            allocated_bytes: fresh.map_or(0, |f| f.1),
+        }))
+    }
+
+    /// Clears the marks of the smaller tree's top m levels, zeroes its
+    /// maximizer and publishes it.
+    fn install_smaller(
+        &mut self,
+        ep: &Endpoint,
+        host: &dyn TreeHost,
+        expected: u64,
+        next: &TreeGeometry,
+    ) -> Result<(), LockError> {
+        let tree =
+            SegmentedTree::new(next).map_err(|e| LockError::Host(format!("bad configuration: {e}")))?;
+        let shape = tree.shape();
+        let mut verbs = Vec::new();
+        for level in 0..self.config.m.min(shape.depth()) {
+            for run in tree.level_runs(level) {
+                for j in 0..run.count {
+                    let addr = run.addr + 8 * j;
+                    verbs.push(Verb::MaskedCas {
+                        addr,
+                        cmp: 0,
+                        cmp_mask: 0,
+                        swap: 0,
+                        swap_mask: SUP_BIT | EXP_BIT,
+                    });
+                }
+            }
+        }
+        verbs.push(Verb::Write { addr: next.maximizer, data: 0u64.to_le_bytes().to_vec() });
+        for r in ep.execute(&verbs)? {
+            r?;
+        }
+        host.publish(expected, next)?;
+        Ok(())
+    }
+
+    /// The exclusive-use check of a scale-down: no occupied node and no
+    /// pending ticket or notification in the top m levels.
+    fn check_top_idle(&self, ep: &Endpoint, tree: &SegmentedTree) -> Result<(), LockError> {
+        let shape = tree.shape();
+        let mut verbs = Vec::new();
+        for level in 0..self.config.m.min(shape.depth()) {
+            for run in tree.level_runs(level) {
+                verbs.push(Verb::Read { addr: run.addr, len: (8 * run.count) as u32 });
+            }
+        }
+        for r in ep.execute(&verbs)? {
+            let VerbReply::Data(d) = r? else {
+                return Err(LockError::Host("unexpected read reply".into()));
+            };
+            for w in d.chunks_exact(8) {
+                if !Internal(u64::from_le_bytes(w.try_into().expect("8 bytes"))).idle() {
+                    return Err(LockError::Misuse("scale-down needs exclusive use, but the tree is in use"));
                 }
             }
         }

@@ -32,6 +32,26 @@ impl NodeIndex {
     }
 }
 
+/// A node named independently of the tree's depth: its height above the
+/// leaves (0 = leaf) and its position on its level (0 = leftmost).
+///
+/// A scale-up makes the old tree the leftmost subtree of the enlarged one
+/// (§3.9.1), so a node keeps its key, and its memory, across scale-ups while
+/// its [`NodeIndex`] changes. Held nodes are remembered by key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeKey {
+    pub height: u32,
+    pub pos: u64,
+}
+
+impl NodeKey {
+    /// The ancestor at `height` (at least this node's own).
+    pub fn ancestor_at(self, height: u32) -> NodeKey {
+        debug_assert!(height >= self.height);
+        NodeKey { height, pos: self.pos >> (2 * (height - self.height)) }
+    }
+}
+
 /// Units covered by one leaf: one bit of its 64-bit bitmap each.
 pub const LEAF_UNITS: u64 = 64;
 
@@ -89,13 +109,12 @@ impl TreeShape {
         level_start(self.depth + 1) - 1
     }
 
+    /// The level of `x`: the d with `level_start(d) <= x < level_start(d + 1)`,
+    /// i.e. `4^d <= 3x - 2 < 4^(d+1)`, so half the bit length of `3x - 2`.
+    #[inline]
     pub fn level_of(self, x: NodeIndex) -> u32 {
         debug_assert!(x.0 >= 1 && x.0 <= self.node_count(), "{x:?} outside a depth-{} tree", self.depth);
-        let mut d = 0;
-        while level_start(d + 1) <= x.0 {
-            d += 1;
-        }
-        d
+        (63 - (3 * x.0 - 2).leading_zeros()) / 2
     }
 
     pub fn is_leaf(self, x: NodeIndex) -> bool {
@@ -118,6 +137,23 @@ impl TreeShape {
     /// The node of level `d` covering unit `u`.
     pub fn node_at(self, d: u32, u: u64) -> NodeIndex {
         NodeIndex(level_start(d) + u / self.span(d))
+    }
+
+    /// The depth-independent name of `x`.
+    pub fn key(self, x: NodeIndex) -> NodeKey {
+        let level = self.level_of(x);
+        NodeKey { height: self.depth - level, pos: x.0 - level_start(level) }
+    }
+
+    /// Whether a node called `k` exists in this tree.
+    pub fn contains(self, k: NodeKey) -> bool {
+        k.height <= self.depth && k.pos < 1u64 << (2 * (self.depth - k.height))
+    }
+
+    /// The index in this tree of the node called `k`.
+    pub fn index(self, k: NodeKey) -> NodeIndex {
+        debug_assert!(self.contains(k), "{k:?} is not in a depth-{} tree", self.depth);
+        NodeIndex(level_start(self.depth - k.height) + k.pos)
     }
 
     /// Ancestors from the parent up to the root.
@@ -254,6 +290,14 @@ mod tests {
         }
         assert_eq!(NodeIndex::ROOT.parent(), None);
         assert_eq!([level_start(0), level_start(1), level_start(2), level_start(3)], [1, 2, 6, 22]);
+        let deep = TreeShape::new(MAX_DEPTH);
+        for d in 0..=MAX_DEPTH {
+            for x in [level_start(d), level_start(d) + 1, level_start(d + 1) - 1] {
+                if x < level_start(d + 1) {
+                    assert_eq!(deep.level_of(NodeIndex(x)), d, "node {x}");
+                }
+            }
+        }
         let t = TreeShape::new(2);
         assert_eq!(t.units(), 1024);
         assert_eq!(t.node_count(), 21);
@@ -266,6 +310,27 @@ mod tests {
         assert_eq!(TreeShape::covering(1).depth(), 0);
         assert_eq!(TreeShape::covering(65).depth(), 1);
         assert_eq!(TreeShape::covering(1 << 28).units(), 1 << 28);
+    }
+
+    #[test]
+    fn keys_survive_a_deeper_tree() {
+        // The depth-2 tree is the leftmost subtree of a depth-4 tree.
+        let (small, big) = (TreeShape::new(2), TreeShape::new(4));
+        for x in 1..=small.node_count() {
+            let k = small.key(NodeIndex(x));
+            assert_eq!(small.index(k), NodeIndex(x));
+            let y = big.index(k);
+            assert_eq!(big.key(y), k);
+            assert_eq!(small.range(NodeIndex(x)), big.range(y), "same units at both depths");
+            if let Some(p) = NodeIndex(x).parent() {
+                assert_eq!(big.index(small.key(p)), y.parent().unwrap());
+                assert_eq!(k.ancestor_at(k.height + 1), small.key(p));
+            }
+        }
+        assert!(
+            !small.contains(NodeKey { height: 3, pos: 0 }) && big.contains(NodeKey { height: 3, pos: 3 })
+        );
+        assert!(!big.contains(NodeKey { height: 3, pos: 4 }));
     }
 
     #[test]

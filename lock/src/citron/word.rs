@@ -13,14 +13,30 @@
 //! | 0..15 | TCnt | bakery "now serving" of requests at this node |
 //! | 15 | Occ | a request holds (or is waiting in 2(d) for) this node |
 //! | 16..31 | TMax | bakery next ticket at this node |
-//! | 31 | Exp | the tree was scaled up past this node |
+//! | 31 | Exp | a scale-up copied this node's DCnt/DMax to its new ancestors |
 //! | 32..47 | DCnt | requests at descendants that have released |
 //! | 47 | — | unused, always 0 |
 //! | 48..63 | DMax | requests at descendants that have notified |
-//! | 63 | — | unused, always 0 |
+//! | 63 | Sup | this node was the root of a tree that has been scaled up |
 //!
 //! Counters wrap at 2^15; they are only compared for equality, which is
 //! exact while fewer than 32767 clients use one lock (§3.4).
+//!
+//! **Exp and Sup** (§3.9.1; our split of the paper's single Exp flag, argued
+//! in [`super::scale`]). The paper sets Exp on every node of the old tree's
+//! top m levels and reads it both as "this tree generation is superseded" (at
+//! the root, Alg. 2 line 15) and as "this node's counters were carried to its
+//! new ancestors" (at the highest notified node, line 33 and Alg. 3 line 10).
+//! With a scale-up factor below 4^m a node stays in the top m levels for
+//! several scale-ups, so one bit cannot say which of them carried what. Here
+//! each bit is set at most once in a node's life (until a scale-down), by a
+//! masked-CAS that also returns the word it marks:
+//! * Sup, on the old root, by every scale-up (its first verb);
+//! * Exp, on a node whose counters a scale-up carries, i.e. once the node
+//!   is m or more levels below the new root.
+//!
+//! Both live in 1-bit fields of [`BOUNDARIES`], so no masked-FAA on a
+//! counter ever changes them.
 
 use crate::rdma::arith::{field_boundaries, field_delta};
 
@@ -34,8 +50,14 @@ pub const EXP_SHIFT: u32 = 31;
 pub const DCNT_SHIFT: u32 = 32;
 pub const DMAX_SHIFT: u32 = 48;
 
+pub const SUP_SHIFT: u32 = 63;
+
 pub const OCC_BIT: u64 = 1 << OCC_SHIFT;
 pub const EXP_BIT: u64 = 1 << EXP_SHIFT;
+pub const SUP_BIT: u64 = 1 << SUP_SHIFT;
+/// The DCnt and DMax fields.
+pub const DCNT_FIELD: u64 = COUNTER_MASK << DCNT_SHIFT;
+pub const DMAX_FIELD: u64 = COUNTER_MASK << DMAX_SHIFT;
 
 /// The masked-FAA boundary mask of an internal node: the top bit of every
 /// field (including the two unused 1-bit fields).
@@ -47,7 +69,7 @@ pub const BOUNDARIES: u64 = field_boundaries(&[
     (DCNT_SHIFT, COUNTER_BITS),
     (47, 1),
     (DMAX_SHIFT, COUNTER_BITS),
-    (63, 1),
+    (SUP_SHIFT, 1),
 ]);
 
 /// Masked-FAA operands for the updates the protocol makes.
@@ -57,6 +79,12 @@ pub const OCCUPY: u64 = field_delta(OCC_SHIFT, 1, 1);
 pub const VACATE: u64 = field_delta(OCC_SHIFT, 1, -1) | field_delta(TCNT_SHIFT, COUNTER_BITS, 1);
 pub const NOTIFY: u64 = field_delta(DMAX_SHIFT, COUNTER_BITS, 1);
 pub const DONE_BELOW: u64 = field_delta(DCNT_SHIFT, COUNTER_BITS, 1);
+
+/// The masked-FAA operand that adds `dcnt` to DCnt and `dmax` to DMax
+/// (each modulo 2^15): how a scale-up carries counters (Alg. 4 line 8).
+pub const fn carry_counters(dcnt: u64, dmax: u64) -> u64 {
+    ((dcnt & COUNTER_MASK) << DCNT_SHIFT) | ((dmax & COUNTER_MASK) << DMAX_SHIFT)
+}
 
 /// A decoded internal node.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -72,8 +100,12 @@ impl std::fmt::Debug for Internal {
             self.dcnt(),
             self.dmax(),
             if self.occupied() { " occ" } else { "" },
-            if self.expanded() { " exp" } else { "" }
-        )
+            if self.expanded() { " exp" } else { "" },
+        )?;
+        if self.superseded() {
+            write!(f, " sup")?;
+        }
+        Ok(())
     }
 }
 
@@ -95,6 +127,13 @@ impl Internal {
     }
     pub fn expanded(self) -> bool {
         self.0 & EXP_BIT != 0
+    }
+    pub fn superseded(self) -> bool {
+        self.0 & SUP_BIT != 0
+    }
+    /// Idle: nobody holds, waits at, or is notified below this node.
+    pub fn idle(self) -> bool {
+        !self.occupied() && self.tcnt() == self.tmax() && self.descendants_quiet()
     }
     /// No request at a descendant is between notifying and releasing.
     pub fn descendants_quiet(self) -> bool {
@@ -155,5 +194,20 @@ mod tests {
         assert_eq!(masked_faa_u64(w, NOTIFY, BOUNDARIES), 0);
         let t = Ticket::from_old_word(COUNTER_MASK << TMAX_SHIFT);
         assert!(t.is_served(Internal(COUNTER_MASK)));
+    }
+
+    #[test]
+    fn flags_survive_counter_arithmetic() {
+        // Sup and Exp set, every counter at its maximum: any carry or borrow
+        // would reach a flag if the boundaries were wrong.
+        let w = SUP_BIT | EXP_BIT | DCNT_FIELD | DMAX_FIELD | (COUNTER_MASK << TMAX_SHIFT) | COUNTER_MASK;
+        for op in [TAKE_TICKET, NOTIFY, DONE_BELOW, VACATE, carry_counters(COUNTER_MASK, COUNTER_MASK)] {
+            let after = Internal(masked_faa_u64(w, op, BOUNDARIES));
+            assert!(after.superseded() && after.expanded(), "{op:#x}: {after:?}");
+        }
+        // Carrying wraps each counter inside its field.
+        let w = Internal(masked_faa_u64(DCNT_FIELD, carry_counters(3, 5), BOUNDARIES));
+        assert_eq!((w.dcnt(), w.dmax(), w.superseded()), (2, 5, false));
+        assert!(Internal(0).idle() && !Internal(OCC_BIT).idle() && !Internal(NOTIFY).idle());
     }
 }

@@ -31,12 +31,14 @@ impl RemoteAddr {
     /// # Panics
     /// If the offset overflows `u64`: that is a bug in the caller's layout
     /// arithmetic, never a consequence of remote input.
+    #[inline]
     pub fn offset_by(self, bytes: u64) -> Self {
         let offset = self.offset.checked_add(bytes).expect("remote address offset overflow");
         Self { region: self.region, offset }
     }
 
     /// Whether the offset is a multiple of `align` (a power of two).
+    #[inline]
     pub fn is_aligned(self, align: u64) -> bool {
         debug_assert!(align.is_power_of_two());
         self.offset & (align - 1) == 0
@@ -45,6 +47,7 @@ impl RemoteAddr {
 
 impl std::ops::Add<u64> for RemoteAddr {
     type Output = RemoteAddr;
+    #[inline]
     fn add(self, bytes: u64) -> RemoteAddr {
         self.offset_by(bytes)
     }

@@ -6,6 +6,12 @@
 //! from its connection threads; the host's own threads (ALock's local cohort)
 //! use [`RegionMemory::word`] directly. One implementation, one set of checks.
 //!
+//! The atomic methods (`cas`, `faa`, the masked and extended forms, and
+//! `execute`) are the *NIC's* atomics: what a remote verb does. Host threads
+//! use [`RegionMemory::word`]. The difference matters only for a region in the
+//! test mode [`RemoteAtomicity::NicOnly`] (see [`super::atomicity`]), whose
+//! remote RMWs are not atomic with the host's CPU atomics.
+//!
 //! # Memory model
 //!
 //! All atomics and word accesses use `SeqCst`. The verbs layer models an RNIC
@@ -30,6 +36,7 @@ use portable_atomic::AtomicU128;
 
 use super::addr::{RegionId, RemoteAddr};
 use super::arith;
+use super::atomicity::{NicOnlyRmw, RemoteAtomicity, NIC_PAGE};
 use super::error::VerbError;
 use super::verb::{Verb, VerbReply, MAX_TRANSFER};
 
@@ -41,11 +48,17 @@ pub struct RegionMemory {
     id: RegionId,
     map: MmapRaw,
     len: u64,
+    /// `Some` in the test mode [`RemoteAtomicity::NicOnly`].
+    nic_only: Option<Box<NicOnlyRmw>>,
 }
 
 impl std::fmt::Debug for RegionMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegionMemory").field("id", &self.id).field("len", &self.len).finish()
+        f.debug_struct("RegionMemory")
+            .field("id", &self.id)
+            .field("len", &self.len)
+            .field("remote_atomicity", &self.remote_atomicity())
+            .finish()
     }
 }
 
@@ -54,7 +67,7 @@ impl RegionMemory {
     pub fn anonymous(id: RegionId, len: u64) -> std::io::Result<Self> {
         check_region_len(len)?;
         let map = MmapOptions::new().len(len as usize).map_anon()?;
-        Ok(Self { id, map: MmapRaw::from(map), len })
+        Ok(Self { id, map: MmapRaw::from(map), len, nic_only: None })
     }
 
     /// Maps `file` shared: the shm backend's regions, visible to every process
@@ -63,7 +76,37 @@ impl RegionMemory {
         let len = file.metadata()?.len();
         check_region_len(len)?;
         let map = MmapOptions::new().len(len as usize).map_raw(file)?;
-        Ok(Self { id, map, len })
+        Ok(Self { id, map, len, nic_only: None })
+    }
+
+    /// Sets how remote RMW verbs on this region relate to the host's own
+    /// atomics. [`RemoteAtomicity::NicOnly`] is a test mode (see
+    /// [`super::atomicity`]); here its NIC mutex is private to this process,
+    /// which is right for the tcp host, whose NIC runs in this process. The
+    /// shm backend shares it through a file instead
+    /// ([`super::ShmHost::add_region_with`]).
+    pub fn with_remote_atomicity(mut self, atomicity: RemoteAtomicity) -> Self {
+        self.nic_only = match atomicity {
+            RemoteAtomicity::WithHost => None,
+            RemoteAtomicity::NicOnly => Some(Box::new(NicOnlyRmw::private())),
+        };
+        self
+    }
+
+    /// [`RemoteAtomicity::NicOnly`] with the NIC mutex in `nic_page`, a file
+    /// of at least 8 bytes that every process executing verbs maps.
+    pub(crate) fn with_shared_nic_mutex(mut self, nic_page: &File) -> std::io::Result<Self> {
+        let page = MmapOptions::new().len(NIC_PAGE as usize).map_raw(nic_page)?;
+        self.nic_only = Some(Box::new(NicOnlyRmw::shared(page)?));
+        Ok(self)
+    }
+
+    pub fn remote_atomicity(&self) -> RemoteAtomicity {
+        if self.nic_only.is_some() {
+            RemoteAtomicity::NicOnly
+        } else {
+            RemoteAtomicity::WithHost
+        }
     }
 
     pub fn id(&self) -> RegionId {
@@ -78,6 +121,7 @@ impl RegionMemory {
         self.len == 0
     }
 
+    #[inline]
     fn check(&self, addr: RemoteAddr, len: u64, align: u64) -> Result<usize, VerbError> {
         debug_assert_eq!(addr.region, self.id);
         let end = addr.offset.checked_add(len);
@@ -91,6 +135,7 @@ impl RegionMemory {
     }
 
     /// The 8-byte word at `offset`, for the host's own threads.
+    #[inline]
     pub fn word(&self, addr: RemoteAddr) -> Result<&AtomicU64, VerbError> {
         let off = self.check(addr, 8, 8)?;
         // SAFETY: `check` proved off..off+8 lies inside the mapping and is
@@ -100,6 +145,7 @@ impl RegionMemory {
     }
 
     /// The 16-byte word at `offset` (extended atomics).
+    #[inline]
     pub fn word128(&self, addr: RemoteAddr) -> Result<&AtomicU128, VerbError> {
         let off = self.check(addr, 16, 16)?;
         // SAFETY: as in `word`, with 16 bytes and 16-byte alignment, which is
@@ -154,13 +200,20 @@ impl RegionMemory {
 
     pub fn cas(&self, addr: RemoteAddr, expect: u64, new: u64) -> Result<u64, VerbError> {
         let w = self.word(addr)?;
+        if let Some(nic) = &self.nic_only {
+            return Ok(nic.rmw64(w, |old| (old == expect).then_some(new)));
+        }
         Ok(match w.compare_exchange(expect, new, SeqCst, SeqCst) {
             Ok(old) | Err(old) => old,
         })
     }
 
     pub fn faa(&self, addr: RemoteAddr, add: u64) -> Result<u64, VerbError> {
-        Ok(self.word(addr)?.fetch_add(add, SeqCst))
+        let w = self.word(addr)?;
+        if let Some(nic) = &self.nic_only {
+            return Ok(nic.rmw64(w, |old| Some(old.wrapping_add(add))));
+        }
+        Ok(w.fetch_add(add, SeqCst))
     }
 
     pub fn masked_cas(
@@ -172,6 +225,9 @@ impl RegionMemory {
         swap_mask: u64,
     ) -> Result<u64, VerbError> {
         let w = self.word(addr)?;
+        if let Some(nic) = &self.nic_only {
+            return Ok(nic.rmw64(w, |old| arith::masked_cas_u64(old, cmp, cmp_mask, swap, swap_mask)));
+        }
         // A CAS loop: the masked update succeeds or the compare fails on the
         // value we read, which is then the returned old value.
         let mut old = w.load(SeqCst);
@@ -191,6 +247,9 @@ impl RegionMemory {
 
     pub fn masked_faa(&self, addr: RemoteAddr, add: u64, boundary_mask: u64) -> Result<u64, VerbError> {
         let w = self.word(addr)?;
+        if let Some(nic) = &self.nic_only {
+            return Ok(nic.rmw64(w, |old| Some(arith::masked_faa_u64(old, add, boundary_mask))));
+        }
         if boundary_mask == 0 {
             return Ok(w.fetch_add(add, SeqCst));
         }
@@ -213,6 +272,9 @@ impl RegionMemory {
         swap_mask: u128,
     ) -> Result<u128, VerbError> {
         let w = self.word128(addr)?;
+        if let Some(nic) = &self.nic_only {
+            return Ok(nic.rmw128(w, |old| arith::masked_cas_u128(old, cmp, cmp_mask, swap, swap_mask)));
+        }
         let mut old = w.load(SeqCst);
         loop {
             let Some(new) = arith::masked_cas_u128(old, cmp, cmp_mask, swap, swap_mask) else {
@@ -227,6 +289,9 @@ impl RegionMemory {
 
     pub fn ext_faa(&self, addr: RemoteAddr, add: u128, boundary_mask: u128) -> Result<u128, VerbError> {
         let w = self.word128(addr)?;
+        if let Some(nic) = &self.nic_only {
+            return Ok(nic.rmw128(w, |old| Some(arith::masked_faa_u128(old, add, boundary_mask))));
+        }
         let mut old = w.load(SeqCst);
         loop {
             let new = arith::masked_faa_u128(old, add, boundary_mask);

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `control` | 4 KiB; word 0 is the next node id (taken with fetch-and-add) |
 //! | `region-<id>` | one registered region, published by rename once sized |
+//! | `region-<id>.nic` | only in the test mode [`RemoteAtomicity::NicOnly`]: the page holding the region's NIC mutex, created before the region is published |
 //! | `node-<id>.sock` | the node's datagram socket for two-sided messages |
 //!
 //! Two-sided messages are Unix datagrams, one per message, so a send is one
@@ -25,6 +26,7 @@ use parking_lot::Mutex;
 use portable_atomic::AtomicU128;
 
 use super::addr::{ClientAddr, NodeId, RegionId, RemoteAddr};
+use super::atomicity::{RemoteAtomicity, NIC_PAGE};
 use super::codec;
 use super::error::{TransportError, VerbError};
 use super::mailbox::{Envelope, MailboxRouter, Message, MAX_MESSAGE};
@@ -86,13 +88,33 @@ impl ShmHost {
 
     /// Registers a zeroed region of `len` bytes (a multiple of 16).
     pub fn add_region(&self, id: RegionId, len: u64) -> Result<Arc<RegionMemory>, TransportError> {
+        self.add_region_with(id, len, RemoteAtomicity::WithHost)
+    }
+
+    /// Registers a zeroed region whose remote RMW verbs have `atomicity`
+    /// ([`RemoteAtomicity::NicOnly`] is a test mode: every process that maps
+    /// the region shares one NIC mutex, in the file `region-<id>.nic`).
+    pub fn add_region_with(
+        &self,
+        id: RegionId,
+        len: u64,
+        atomicity: RemoteAtomicity,
+    ) -> Result<Arc<RegionMemory>, TransportError> {
         let path = self.dir.join(format!("region-{}", id.0));
         if path.exists() {
             return Err(TransportError::Shm(format!("region {id:?} already exists")));
         }
         let tmp = self.dir.join(format!(".region-{}.tmp", id.0));
         create_sized(&tmp, len)?;
-        let mem = RegionMemory::from_file(id, &open_rw(&tmp)?).map_err(|e| shm_err("cannot map", &tmp, e))?;
+        let mut mem =
+            RegionMemory::from_file(id, &open_rw(&tmp)?).map_err(|e| shm_err("cannot map", &tmp, e))?;
+        if atomicity == RemoteAtomicity::NicOnly {
+            // The NIC page exists before the region is published, so every
+            // process that finds the region finds its NIC mutex too.
+            let nic = nic_path(&self.dir, id);
+            create_sized(&nic, NIC_PAGE)?;
+            mem = mem.with_shared_nic_mutex(&open_rw(&nic)?).map_err(|e| shm_err("cannot map", &nic, e))?;
+        }
         // Publish only once the file has its full size, so a client never maps a short file.
         fs::rename(&tmp, &path).map_err(|e| shm_err("cannot publish", &path, e))?;
         self.regions.insert(mem).map_err(|e| TransportError::Shm(e.to_string()))
@@ -110,6 +132,10 @@ impl Drop for ShmHost {
             log::warn!("cannot remove shm fabric {}: {e}", self.dir.display());
         }
     }
+}
+
+fn nic_path(dir: &Path, id: RegionId) -> PathBuf {
+    dir.join(format!("region-{}.nic", id.0))
 }
 
 fn open_rw(path: &Path) -> Result<File, TransportError> {
@@ -171,10 +197,17 @@ impl ShmNode {
             .write(true)
             .open(&path)
             .map_err(|_| VerbError::UnknownRegion(id))?;
-        let mem = RegionMemory::from_file(id, &file).map_err(|e| {
+        let mut mem = RegionMemory::from_file(id, &file).map_err(|e| {
             log::warn!("cannot map {}: {e}", path.display());
             VerbError::UnknownRegion(id)
         })?;
+        let nic = nic_path(&self.dir, id);
+        if let Ok(nic_file) = OpenOptions::new().read(true).write(true).open(&nic) {
+            mem = mem.with_shared_nic_mutex(&nic_file).map_err(|e| {
+                log::warn!("cannot map {}: {e}", nic.display());
+                VerbError::UnknownRegion(id)
+            })?;
+        }
         let mem = Arc::new(mem);
         self.mapped.lock().insert(id, mem.clone());
         Ok(mem)

@@ -10,14 +10,12 @@
 //! for lock A may arrive while the thread waits on lock B. The [`Postbox`]
 //! keeps such messages until A's handle looks for them.
 
-use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
-
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::entry::{Epoch, RelCnt};
-use crate::rdma::{codec, ClientAddr, Endpoint, Message, RemoteAddr};
+use crate::postbox::Addressed;
+pub use crate::postbox::Verdict;
+use crate::rdma::{codec, RemoteAddr};
 
 /// Client-to-client notifications (Alg. 2 line 15, Alg. 3 lines 18 and 23).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,140 +97,25 @@ impl Wire {
     }
 }
 
-/// What a receiver does with a message it is shown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// The message it waits for.
-    Take,
-    /// Stale (from before a recovery): drop it.
-    Discard,
-    /// Not now: keep it for later.
-    Keep,
+impl Addressed for Wire {
+    fn decode(bytes: &[u8]) -> Result<Wire, String> {
+        Wire::decode(bytes)
+    }
+
+    /// Requests are for the recovery service, never for a client.
+    fn lock(&self) -> Option<RemoteAddr> {
+        Wire::lock(self)
+    }
 }
 
 /// A received ShiftLock message.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Letter {
-    pub from: ClientAddr,
-    pub wire: Wire,
-}
-
-#[derive(Default)]
-struct Slots {
-    owner: Option<ClientAddr>,
-    by_lock: HashMap<RemoteAddr, VecDeque<Letter>>,
-    foreign: VecDeque<Message>,
-}
+pub type Letter = crate::postbox::Letter<Wire>;
 
 /// Messages that arrived at one endpoint for a lock other than the one its
-/// thread was waiting on. Share one postbox (an `Arc`) among all ShiftLock
-/// handles used with the same endpoint; a handle with its own postbox loses
-/// the messages of other locks to it.
-#[derive(Default)]
-pub struct Postbox {
-    slots: Mutex<Slots>,
-}
-
-impl std::fmt::Debug for Postbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = self.slots.lock();
-        f.debug_struct("Postbox")
-            .field("owner", &s.owner)
-            .field("kept", &s.by_lock.values().map(VecDeque::len).sum::<usize>())
-            .field("foreign", &s.foreign.len())
-            .finish()
-    }
-}
-
-impl Postbox {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Binds the postbox to `ep`'s mailbox on first use; `false` if it
-    /// belongs to another endpoint.
-    pub fn bind(&self, ep: &Endpoint) -> bool {
-        let mut s = self.slots.lock();
-        *s.owner.get_or_insert(ep.addr()) == ep.addr()
-    }
-
-    /// Messages that were not ShiftLock's (another protocol sharing the
-    /// mailbox), in arrival order.
-    pub fn take_foreign(&self) -> Vec<Message> {
-        self.slots.lock().foreign.drain(..).collect()
-    }
-
-    /// Messages kept for `lock`.
-    pub fn kept(&self, lock: RemoteAddr) -> usize {
-        self.slots.lock().by_lock.get(&lock).map_or(0, VecDeque::len)
-    }
-
-    fn keep(&self, letter: Letter) {
-        let lock = letter.wire.lock().expect("only client-bound messages are kept");
-        self.slots.lock().by_lock.entry(lock).or_default().push_back(letter);
-    }
-
-    /// Shows the kept messages of `lock` to `judge`, oldest first; returns
-    /// the first it takes and drops those it discards.
-    fn search(&self, lock: RemoteAddr, judge: &mut impl FnMut(&Letter) -> Verdict) -> Option<Letter> {
-        let mut s = self.slots.lock();
-        let queue = s.by_lock.get_mut(&lock)?;
-        let mut i = 0;
-        while i < queue.len() {
-            match judge(&queue[i]) {
-                Verdict::Take => return queue.remove(i),
-                Verdict::Discard => {
-                    queue.remove(i);
-                }
-                Verdict::Keep => i += 1,
-            }
-        }
-        None
-    }
-
-    /// Waits until `deadline` for a message about `lock` that `judge` takes:
-    /// first among the kept ones, then from the mailbox. Messages about
-    /// other locks, and those `judge` keeps, are kept; messages that are not
-    /// ShiftLock's go to the foreign queue. With `deadline` in the past this
-    /// only looks at what has already arrived.
-    pub fn receive(
-        &self,
-        ep: &Endpoint,
-        lock: RemoteAddr,
-        deadline: Instant,
-        mut judge: impl FnMut(&Letter) -> Verdict,
-    ) -> Option<Letter> {
-        if let Some(l) = self.search(lock, &mut judge) {
-            return Some(l);
-        }
-        loop {
-            let wait = deadline.saturating_duration_since(Instant::now());
-            let message = if wait.is_zero() { ep.try_recv()? } else { ep.recv_timeout(wait)? };
-            let wire = match Wire::decode(&message.payload) {
-                Ok(w) if w.lock().is_some() => w,
-                Ok(w) => {
-                    log::warn!("dropping {w:?} from {}: a request sent to a client", message.from);
-                    continue;
-                }
-                Err(e) => {
-                    log::debug!("keeping a foreign message from {} ({e})", message.from);
-                    self.slots.lock().foreign.push_back(message);
-                    continue;
-                }
-            };
-            let letter = Letter { from: message.from, wire };
-            if letter.wire.lock() != Some(lock) {
-                self.keep(letter);
-                continue;
-            }
-            match judge(&letter) {
-                Verdict::Take => return Some(letter),
-                Verdict::Discard => log::debug!("discarding stale {letter:?}"),
-                Verdict::Keep => self.keep(letter),
-            }
-        }
-    }
-}
+/// thread was waiting on ([`crate::postbox`]). Share one postbox (an `Arc`)
+/// among all ShiftLock handles used with the same endpoint; a handle with
+/// its own postbox loses the messages of other locks to it.
+pub type Postbox = crate::postbox::Postbox<Wire>;
 
 #[cfg(test)]
 mod tests {

@@ -3,9 +3,12 @@
 //!
 //! `lock-hold-worker dslr FABRIC shared|exclusive LEASE_MS`
 //! `lock-hold-worker citron FABRIC L R LEASE_MS`
+//! `lock-hold-worker citron-scale FABRIC HOST INSTANCE AT_LEAST`
 //!
 //! It prints `acquiring` right before it asks for the lock (so a test can kill
-//! it while it is queued) and `held` once it holds it.
+//! it while it is queued) and `held` once it holds it. `citron-scale` asks
+//! the tree host at HOST to scale INSTANCE up (a host that runs scale-ups),
+//! printing `asking` first, and waits to be killed while the host works.
 
 use std::io::Write;
 use std::time::Duration;
@@ -45,7 +48,19 @@ fn main() -> Result<()> {
             say("acquiring");
             std::mem::forget(client.acquire(&ep, l, r)?);
         }
-        _ => bail!("usage: lock-hold-worker dslr FABRIC MODE LEASE_MS | citron FABRIC L R LEASE_MS"),
+        Some("citron-scale") if args.len() == 6 => {
+            let host: std::net::SocketAddr = args[3].parse().context("HOST")?;
+            let instance = citron_lock::citron::host::InstanceId(args[4].parse().context("INSTANCE")?);
+            let at_least: u64 = args[5].parse().context("AT_LEAST")?;
+            let mut client = citron_stress::scaling_client(&ep, host, instance);
+            say("asking");
+            client.scale_up(&ep, at_least)?;
+            say("scaled");
+        }
+        _ => bail!(
+            "usage: lock-hold-worker dslr FABRIC MODE LEASE_MS | citron FABRIC L R LEASE_MS | \
+             citron-scale FABRIC HOST INSTANCE AT_LEAST"
+        ),
     }
     say("held");
     loop {

@@ -1,37 +1,45 @@
-//! Worker process of the lock stress tests:
-//! `lock-stress-worker ALGORITHM FABRIC THREADS ITERATIONS READ_PERCENT SEED`.
+//! Worker process of the lock factory tests (tests/tests/lock_factory.rs):
+//!
+//! ```text
+//! lock-stress-worker ALGORITHM FABRIC LOCK_HOST LOCK_OFFSET THREADS ITERATIONS READ_PERCENT SEED
+//! ```
+//!
+//! Opens the lock at `LOCK_OFFSET` of the test region through the factory
+//! (`open_lock` with the lock host's info, `LOCK_HOST` as hex), one handle
+//! per thread, and runs `lock_stress::run` on it: the oracle panics the
+//! thread (and the worker exits non-zero) on any overlap it forbids.
 
 use anyhow::{bail, Context, Result};
-use citron_lock::dslr::{DslrConfig, DslrLock};
+use citron_lock::lock_host::{open_lock, LockContext, LockHostInfo, LockTiming};
 use citron_lock::rdma::{FabricAddr, Node, RemoteAddr};
-use citron_lock::rwlock::RwLockClient;
+use citron_lock::rwlock::Algorithm;
 use citronfs_tests::{lock_stress, TEST_REGION};
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 7 {
-        bail!("usage: lock-stress-worker ALGORITHM FABRIC THREADS ITERATIONS READ_PERCENT SEED");
-    }
-    let algorithm = args[1].clone();
-    let fabric: FabricAddr = args[2].parse().map_err(anyhow::Error::msg)?;
-    let threads: u64 = args[3].parse().context("THREADS")?;
-    let iterations: u64 = args[4].parse().context("ITERATIONS")?;
-    let read_percent: u32 = args[5].parse().context("READ_PERCENT")?;
-    let seed: u64 = args[6].parse().context("SEED")?;
+    let [_, algorithm, fabric, host, lock_at, threads, iterations, read_percent, seed] = &args[..] else {
+        bail!(
+            "usage: lock-stress-worker ALGORITHM FABRIC LOCK_HOST LOCK_OFFSET THREADS ITERATIONS READ_PERCENT SEED"
+        );
+    };
+    let algorithm: Algorithm = algorithm.parse().map_err(anyhow::Error::msg)?;
+    let fabric: FabricAddr = fabric.parse().map_err(anyhow::Error::msg)?;
+    let host = LockHostInfo::from_hex(host)?;
+    let addr = RemoteAddr::new(TEST_REGION, lock_at.parse().context("LOCK_OFFSET")?);
+    let threads: u64 = threads.parse().context("THREADS")?;
+    let iterations: u64 = iterations.parse().context("ITERATIONS")?;
+    let read_percent: u32 = read_percent.parse().context("READ_PERCENT")?;
+    let seed: u64 = seed.parse().context("SEED")?;
     let node = Node::join(&fabric)?;
     std::thread::scope(|s| -> Result<()> {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let node = node.clone();
-                let algorithm = algorithm.clone();
+                let (node, host) = (&node, &host);
                 s.spawn(move || -> Result<()> {
                     let ep = node.endpoint()?;
-                    let addr = RemoteAddr::new(TEST_REGION, lock_stress::LOCK_AT);
-                    let rtt = ep.measure_rtt(addr, 5)?;
-                    let mut lock: Box<dyn RwLockClient> = match algorithm.as_str() {
-                        "dslr" => Box::new(DslrLock::new(addr, DslrConfig::from_rtt(rtt))),
-                        other => bail!("unknown algorithm {other}"),
-                    };
+                    let timing = LockTiming::measure(&ep, host)?;
+                    let ctx = LockContext::new(&ep);
+                    let mut lock = open_lock(algorithm, &ep, host, addr, timing, &ctx)?;
                     lock_stress::run(&ep, lock.as_mut(), iterations, read_percent, seed * 100 + t);
                     Ok(())
                 })

@@ -1,6 +1,11 @@
 //! `citronfs bench …`: benchmarks that print tables and write CSV + PNG.
 
+pub mod alock;
+pub mod citron_scale;
+pub mod fcntl;
 pub mod io;
+pub mod locks;
+pub mod ranges;
 pub mod verbs;
 
 use clap::Subcommand;
@@ -11,11 +16,39 @@ pub enum BenchCommand {
     Verbs(verbs::VerbsArgs),
     /// Sequential I/O and metadata rates beside bindfs and tmpfs.
     Io(io::IoArgs),
+    /// Range locks side by side (Citron paper §4.2, §4.6, §4.7): Citron,
+    /// static segmentation and the RPC range lock server.
+    Ranges(ranges::RangesArgs),
+    /// One worker process of `bench ranges` (started by it).
+    #[command(hide = true)]
+    RangesWorker(ranges::RangesWorkerArgs),
+    /// Lock goodput, latency and verbs per cycle, every algorithm side by
+    /// side (the ShiftLock paper's microbenchmark, §4.2).
+    Locks(locks::LocksArgs),
+    /// ALock beside a naive mixed local/remote CAS lock: verbs per remote
+    /// acquire, local acquire cost, mixed-contention throughput.
+    Alock(alock::AlockArgs),
+    /// What a Citron tree scale-up costs: verbs, round trips, RPCs, time.
+    CitronScale(citron_scale::CitronScaleArgs),
+    /// fcntl lock + unlock pairs per second through real FUSE mounts
+    /// (citron vs rpc range locks, shm and tcp, beside a no-op FUSE daemon),
+    /// verbs per lock and per unlock, and SQLite transactions per second.
+    Fcntl(fcntl::FcntlArgs),
+    /// One lock-taking process of `bench fcntl` (started by it).
+    #[command(hide = true)]
+    FcntlWorker(fcntl::FcntlWorkerArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Verbs(a) => verbs::run(a),
         BenchCommand::Io(a) => io::run(a),
+        BenchCommand::Ranges(a) => ranges::run(a),
+        BenchCommand::RangesWorker(a) => ranges::worker(a),
+        BenchCommand::Locks(a) => locks::run(a),
+        BenchCommand::Alock(a) => alock::run(a),
+        BenchCommand::CitronScale(a) => citron_scale::run(a),
+        BenchCommand::Fcntl(a) => fcntl::run(a),
+        BenchCommand::FcntlWorker(a) => fcntl::worker::worker(a),
     }
 }

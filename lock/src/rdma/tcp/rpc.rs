@@ -251,6 +251,13 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         self.server
     }
 
+    /// Calls sent so far through this client (each one round trip; failed
+    /// calls included).
+    pub fn calls(&self) -> u64 {
+        // `next_seq` starts at 1 and is taken once per call sent.
+        self.next_seq.load(Ordering::Relaxed) - 1
+    }
+
     fn connect(&self) -> Result<Conn, TransportError> {
         let stream = TcpStream::connect_timeout(&self.server, self.timeout)?;
         stream.set_nodelay(true)?;

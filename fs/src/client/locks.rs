@@ -1,0 +1,299 @@
+//! The client's side of byte-range locks: `getlk`, `setlk`, blocking
+//! `setlk` handed to the waiter thread, and the releases at close
+//! (DESIGN.md §4, §7). The protocol itself is [`crate::locks::protocol`].
+
+use std::sync::Arc;
+
+use citron_lock::rdma::{Endpoint, RemoteAddr};
+
+use super::{unexpected, FsClient, Shared};
+use crate::error::FsError;
+use crate::locks::table::TableGrowth;
+use crate::locks::waiter::{Interrupted, LockDone, Pending, WaiterContext, Waiters};
+use crate::locks::{
+    ByteRange, FileLocks, LockArea, LockFlavor, LockMode, LockOwner, LockRecord, LockTiming, Outcome,
+    OwnerKey, Request, WaitSpec, WaitsFor,
+};
+use crate::proto::{MetaRequest, MetaResponse};
+use crate::types::{ClientId, Ino};
+
+/// One lock call as the kernel makes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockCall {
+    pub ino: Ino,
+    pub owner: LockOwner,
+    pub flavor: LockFlavor,
+    /// `None` unlocks.
+    pub mode: Option<LockMode>,
+    pub range: ByteRange,
+    /// The locking process on this node (reported by `F_GETLK`).
+    pub pid: u32,
+    /// The open file it comes through (flock and OFD locks go at its last
+    /// close).
+    pub fh: u64,
+}
+
+/// Who may hold locks on a file, so closes by others cost nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum HoldKey {
+    /// POSIX locks of an owner (released at any close by it).
+    Owner(Ino, LockOwner),
+    /// OFD and flock locks taken through an open file (released at its
+    /// last close).
+    Handle(Ino, u64),
+}
+
+/// Grows a table through the meta-server.
+struct RpcGrowth<'a> {
+    shared: &'a Shared,
+    ino: Ino,
+}
+
+impl TableGrowth for RpcGrowth<'_> {
+    fn grow(&self, last: Option<RemoteAddr>) -> Result<RemoteAddr, FsError> {
+        match super::answer(self.shared.rpc.call(&MetaRequest::GrowLockTable { ino: self.ino, last }))? {
+            MetaResponse::LockTable(first) => Ok(first),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// What the waiter thread borrows from the client.
+struct Context {
+    shared: Arc<Shared>,
+    timing: LockTiming,
+    waits_for: WaitsFor,
+}
+
+impl WaiterContext for Context {
+    fn client(&self) -> ClientId {
+        ClientId(self.shared.client.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn timing(&self) -> LockTiming {
+        self.timing.clone()
+    }
+
+    fn waits_for(&self) -> WaitsFor {
+        self.waits_for
+    }
+
+    fn growth(&self, ino: Ino) -> Box<dyn TableGrowth + '_> {
+        Box::new(RpcGrowth { shared: &self.shared, ino })
+    }
+}
+
+impl FsClient {
+    pub(super) fn start_waiters(&mut self, ep: Endpoint) -> Result<(), FsError> {
+        let context = Arc::new(Context {
+            shared: self.shared.clone(),
+            timing: self.timing.clone(),
+            waits_for: self.waits_for,
+        });
+        self.waiters = Some(Waiters::start(ep, context).map_err(|e| FsError::Io(e.to_string()))?);
+        Ok(())
+    }
+
+    fn owner_key(&self, owner: LockOwner) -> OwnerKey {
+        OwnerKey { client: self.client_id(), owner }
+    }
+
+    fn request(&self, call: &LockCall) -> Request {
+        Request {
+            owner: self.owner_key(call.owner),
+            flavor: call.flavor,
+            mode: call.mode,
+            range: call.range,
+            pid: call.pid,
+            fh: call.fh,
+        }
+    }
+
+    fn hold_key(call: &LockCall) -> HoldKey {
+        match call.flavor {
+            LockFlavor::Posix => HoldKey::Owner(call.ino, call.owner),
+            LockFlavor::Ofd | LockFlavor::Flock => HoldKey::Handle(call.ino, call.fh),
+        }
+    }
+
+    /// The file's lock area and its table's first block; creates the table
+    /// when `create` (a lock is about to be taken), else `None` when there
+    /// is no table (so nothing is locked).
+    fn lock_table(
+        &self,
+        ep: &Endpoint,
+        ino: Ino,
+        create: bool,
+    ) -> Result<Option<(LockArea, RemoteAddr)>, FsError> {
+        let layout = self.layout(ino)?;
+        let (area, cached) = {
+            let l = layout.read();
+            (l.locks, l.lock_table)
+        };
+        let area = match area {
+            Some(a) => a,
+            // A layout fetched without an open carries no lock area: the
+            // file is open here (the kernel sends locks only for open
+            // files), so fetch it again.
+            None => self.refresh_layout(ino)?.read().locks.ok_or_else(|| {
+                FsError::Io(format!("inode {} has no lock memory though it is open", ino.0))
+            })?,
+        };
+        if let Some(t) = cached {
+            return Ok(Some((area, t)));
+        }
+        let head = ep.read_u64(area.table_head())?;
+        let first = match crate::locks::record::unpack_addr(head) {
+            Some(first) => first,
+            None if create => RpcGrowth { shared: &self.shared, ino }.grow(None)?,
+            None => return Ok(None),
+        };
+        if let Some(l) = self.layouts.read().get(&ino) {
+            l.write().lock_table = Some(first);
+        }
+        Ok(Some((area, first)))
+    }
+
+    fn file_locks<'a>(
+        &'a self,
+        ep: &'a Endpoint,
+        ino: Ino,
+        area: LockArea,
+        table: RemoteAddr,
+        growth: &'a RpcGrowth<'a>,
+    ) -> FileLocks<'a> {
+        FileLocks {
+            ep,
+            client: self.client_id(),
+            ino,
+            area,
+            table,
+            timing: &self.timing,
+            waits_for: self.waits_for,
+            growth,
+        }
+    }
+
+    /// `F_GETLK`: the first lock that would block `call` (its mode must be
+    /// set), or `None`.
+    pub fn getlk(&self, call: &LockCall) -> Result<Option<LockRecord>, FsError> {
+        let mode = call.mode.ok_or_else(|| FsError::Invalid("F_GETLK of F_UNLCK".into()))?;
+        self.with_endpoints(|eps| {
+            let Some((area, table)) = self.lock_table(&eps.meta, call.ino, false)? else { return Ok(None) };
+            let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
+            let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
+            locks.get(self.owner_key(call.owner), call.flavor, mode, call.range)
+        })
+    }
+
+    /// `F_SETLK`, `LOCK_NB`, unlock: never waits; a conflict is
+    /// [`FsError::WouldBlock`].
+    pub fn setlk(&self, call: &LockCall) -> Result<(), FsError> {
+        if call.mode.is_some() {
+            self.may_hold.lock().insert(Self::hold_key(call));
+        }
+        self.with_endpoints(|eps| {
+            let Some((area, table)) = self.lock_table(&eps.meta, call.ino, call.mode.is_some())? else {
+                return Ok(()); // unlocking where nothing was ever locked
+            };
+            let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
+            let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
+            match locks.set(&self.request(call), None)? {
+                Outcome::Granted => Ok(()),
+                Outcome::Refused(_) => Err(FsError::WouldBlock),
+                Outcome::Waiting { .. } => {
+                    Err(FsError::Io("a non-blocking request registered a wait".into()))
+                }
+            }
+        })
+    }
+
+    /// `F_SETLKW`, blocking `flock`: `done` is called once with the result,
+    /// at once or later from the waiter thread; the caller's thread never
+    /// waits for another owner. `interrupted` tells the waiter that the
+    /// caller was signalled (answered with [`FsError::Interrupted`]).
+    pub fn setlkw(&self, call: &LockCall, interrupted: Interrupted, done: LockDone) {
+        let Some(waiters) = self.waiters.as_ref() else {
+            return done(Err(FsError::Io("no lock waiter".into())));
+        };
+        if call.mode.is_some() {
+            self.may_hold.lock().insert(Self::hold_key(call));
+        }
+        let req = self.request(call);
+        let attempt = self.with_endpoints(|eps| {
+            let Some((area, table)) = self.lock_table(&eps.meta, call.ino, true)? else {
+                return Err(FsError::Io("no lock table after creating it".into()));
+            };
+            let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
+            let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
+            let spec = WaitSpec { mailbox: waiters.mailbox(), registered: None };
+            Ok((locks.set(&req, Some(spec))?, area, table))
+        });
+        match attempt {
+            Ok((Outcome::Granted, _, _)) => done(Ok(())),
+            Ok((Outcome::Waiting { registration, .. }, area, table)) => {
+                waiters.wait(Pending { ino: call.ino, area, table, req, registration, interrupted, done })
+            }
+            Ok((Outcome::Refused(_), _, _)) => done(Err(FsError::WouldBlock)),
+            Err(e) => done(Err(e)),
+        }
+    }
+
+    /// Releases every POSIX lock `owner` holds on `ino` (any close of the
+    /// file by that owner: FUSE's flush).
+    pub fn release_owner_locks(&self, ino: Ino, owner: LockOwner) -> Result<(), FsError> {
+        if !self.may_hold.lock().remove(&HoldKey::Owner(ino, owner)) {
+            return Ok(());
+        }
+        let me = self.owner_key(owner);
+        self.release_matching(ino, |r| r.owner == me && r.flavor == LockFlavor::Posix)
+    }
+
+    /// Releases every OFD and flock lock taken through the open file `fh`
+    /// (its last close: FUSE's release).
+    pub fn release_handle_locks(&self, ino: Ino, fh: u64) -> Result<(), FsError> {
+        if !self.may_hold.lock().remove(&HoldKey::Handle(ino, fh)) {
+            return Ok(());
+        }
+        let client = self.client_id();
+        self.release_matching(ino, |r| {
+            r.owner.client == client && r.fh == fh && r.flavor != LockFlavor::Posix
+        })
+    }
+
+    fn release_matching(&self, ino: Ino, matches: impl Fn(&LockRecord) -> bool) -> Result<(), FsError> {
+        self.with_endpoints(|eps| {
+            let Some((area, table)) = self.lock_table(&eps.meta, ino, false)? else { return Ok(()) };
+            let growth = RpcGrowth { shared: &self.shared, ino };
+            let locks = self.file_locks(&eps.meta, ino, area, table, &growth);
+            locks.release_matching(|r| r.state == crate::locks::record::RecordState::Held && matches(r))?;
+            Ok(())
+        })
+    }
+
+    /// Every lock record of `ino` (held and waiting), read without a range
+    /// lock: a snapshot for `citronfs locks`.
+    pub fn lock_records(&self, ino: Ino) -> Result<Vec<LockRecord>, FsError> {
+        self.with_endpoints(|eps| {
+            let Some((_, table)) = self.lock_table(&eps.meta, ino, false)? else { return Ok(Vec::new()) };
+            // A torn slot is being changed right now; read again a few
+            // times for a clean picture.
+            let mut snapshot = crate::locks::table::read(&eps.meta, table)?;
+            for _ in 0..8 {
+                if !snapshot.has_busy() {
+                    break;
+                }
+                snapshot = crate::locks::table::read(&eps.meta, table)?;
+            }
+            Ok(snapshot.records().into_iter().map(|l| l.record).collect())
+        })
+    }
+
+    /// The registered clients (hostname and pid of each mount).
+    pub fn clients(&self) -> Result<Vec<crate::proto::ClientInfo>, FsError> {
+        match self.call(&MetaRequest::Clients)? {
+            MetaResponse::Clients(c) => Ok(c),
+            other => Err(unexpected(other)),
+        }
+    }
+}

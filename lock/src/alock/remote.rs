@@ -1,0 +1,342 @@
+//! The remote cohort: a client taking an ALock with verbs only (Alg. 2,
+//! Alg. 3 as listed, Alg. 4 for the leader), its MCS descriptor replaced by
+//! handover messages ([`super::message`]; the choice is argued in [`super`]).
+//!
+//! Verbs, uncontended: acquire is one batch (the swap of Alg. 3 line 3 and
+//! the read of the local flag and `victim`), release one CAS (line 15): 3
+//! verbs, 2 round trips, no messages. Passing the lock inside the remote
+//! cohort costs two messages (`Successor`, `Handover`) and the failed CAS.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::message::{AlockPostbox, Handoff, HandoffKind, Letter};
+use super::{passed_budget, AlockConfig, Cohort, RemoteTail, TAIL_LOCAL, TAIL_REMOTE, VICTIM};
+use crate::dslr::pause;
+use crate::rdma::{ClientAddr, Endpoint, RdmaError, RemoteAddr, Verb};
+use crate::rwlock::{LockError, Mode, RwLockClient};
+
+/// Counters of one client handle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AlockClientStats {
+    pub acquisitions: u64,
+    /// Acquisitions that found both queues empty (one batch, no wait).
+    pub uncontended: u64,
+    /// Acquisitions handed over by a remote predecessor with budget > 0.
+    pub passed: u64,
+    /// Acquisitions that ran Alg. 4 (leader with the local flag up, or a
+    /// successor handed budget 0).
+    pub peterson: u64,
+    /// Of those, successors handed budget 0 (`pReacquire`).
+    pub reacquires: u64,
+    /// Reads of the Peterson words while waiting (remote spinning, §6.1).
+    pub polls: u64,
+    /// Releases that handed the lock to a remote successor.
+    pub handovers: u64,
+    /// Acquisitions that gave up ([`LockError::Timeout`]).
+    pub timeouts: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    me: ClientAddr,
+    budget: u32,
+}
+
+/// One client's handle to one ALock: the remote cohort's side, and the
+/// [`RwLockClient`] the file system uses (a mutex: `Shared` is taken as
+/// `Exclusive`).
+///
+/// The handle's queue identity is the mailbox of the endpoint it acquires
+/// with: release through the same endpoint, never let two handles of one
+/// lock use one endpoint at the same time, and give every ALock handle used
+/// with one endpoint the same [`AlockPostbox`].
+#[derive(Debug)]
+pub struct AlockClient {
+    lock: RemoteAddr,
+    config: AlockConfig,
+    postbox: Arc<AlockPostbox>,
+    held: Option<Held>,
+    poisoned: Option<&'static str>,
+    stats: AlockClientStats,
+}
+
+/// `tail_l` and `victim`, from one 16-byte read at `lock + TAIL_LOCAL`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PetersonView {
+    tail_l: u64,
+    victim: u64,
+}
+
+impl PetersonView {
+    fn parse(bytes: &[u8]) -> Result<Self, LockError> {
+        let word = |i: usize| -> Result<u64, LockError> {
+            let b: [u8; 8] = bytes
+                .get(8 * i..8 * i + 8)
+                .and_then(|s| s.try_into().ok())
+                .ok_or(LockError::Misuse("short read of the ALock words"))?;
+            Ok(u64::from_le_bytes(b))
+        };
+        Ok(Self { tail_l: word(0)?, victim: word(1)? })
+    }
+
+    /// Alg. 4 line 5, negated: may the remote leader enter?
+    fn remote_may_enter(self) -> bool {
+        self.victim != Cohort::Remote.word() || self.tail_l == 0
+    }
+}
+
+const _: () = assert!(VICTIM == TAIL_LOCAL + 8, "one read covers tail_l and victim");
+
+impl AlockClient {
+    /// A handle with a postbox of its own (enough when the endpoint serves
+    /// no other ALock).
+    pub fn new(lock: RemoteAddr, config: AlockConfig) -> Self {
+        Self::with_postbox(lock, config, Arc::new(AlockPostbox::new()))
+    }
+
+    pub fn with_postbox(lock: RemoteAddr, config: AlockConfig, postbox: Arc<AlockPostbox>) -> Self {
+        Self { lock, config, postbox, held: None, poisoned: None, stats: AlockClientStats::default() }
+    }
+
+    pub fn lock_addr(&self) -> RemoteAddr {
+        self.lock
+    }
+
+    pub fn stats(&self) -> AlockClientStats {
+        self.stats
+    }
+
+    /// Why the handle is unusable, if it is (see "Bounded waits" in [`super`]).
+    pub fn poisoned(&self) -> Option<&'static str> {
+        self.poisoned
+    }
+
+    fn poison(&mut self, why: &'static str) {
+        log::error!("ALock client handle of {} poisoned: {why}", self.lock);
+        self.poisoned = Some(why);
+    }
+
+    /// A failed round trip in the middle of the protocol leaves our place in
+    /// the queue unknown: the handle cannot go on.
+    fn fatal<T>(&mut self, r: Result<T, impl Into<LockError>>, why: &'static str) -> Result<T, LockError> {
+        r.map_err(|e| {
+            self.poison(why);
+            e.into()
+        })
+    }
+
+    fn word(&self, offset: u64) -> RemoteAddr {
+        self.lock + offset
+    }
+
+    fn send(&mut self, ep: &Endpoint, to: ClientAddr, handoff: Handoff) -> Result<(), LockError> {
+        let r = ep.send(to, &Letter { lock: self.lock, handoff }.encode());
+        self.fatal(r, "a handoff message could not be sent")
+    }
+
+    /// Takes the lock (exclusively). Blocks at most [`AlockConfig::give_up`].
+    #[inline]
+    pub fn lock(&mut self, ep: &Endpoint) -> Result<(), LockError> {
+        if let Some(why) = self.poisoned {
+            return Err(LockError::Misuse(why));
+        }
+        if self.held.is_some() {
+            return Err(LockError::Misuse("ALock acquired twice"));
+        }
+        if !self.lock.is_aligned(8) {
+            return Err(LockError::Misuse("an ALock must be 8-aligned"));
+        }
+        if !self.postbox.bind(ep) {
+            return Err(LockError::Misuse("the ALock postbox belongs to another endpoint"));
+        }
+        let me = ep.addr();
+        // Alg. 3 line 3 (a swap: masked CAS with an empty compare mask),
+        // batched with the fast path's read of the local flag and `victim`.
+        let mut batch = ep.batch();
+        let swap = batch.push(Verb::MaskedCas {
+            addr: self.word(TAIL_REMOTE),
+            cmp: 0,
+            cmp_mask: 0,
+            swap: RemoteTail::of(me).0,
+            swap_mask: u64::MAX,
+        });
+        let read = batch.push(Verb::Read { addr: self.word(TAIL_LOCAL), len: 16 });
+        let replies = match batch.submit() {
+            Ok(r) => r,
+            // The swap may or may not have been applied.
+            Err(e) => return self.fatal(Err(e), "the enqueue's round trip failed"),
+        };
+        // A refused swap changed nothing (bad address): a plain error.
+        let prev = RemoteTail(replies.old(swap)?);
+        let view = self.fatal(
+            replies.data(read).map_err(LockError::from).and_then(PetersonView::parse),
+            "the enqueue's read failed after the swap",
+        )?;
+        // Lines 4–6 and Alg. 2 line 6: we lead the cohort; with the local
+        // flag down we enter without Alg. 4 (fast path, see [`super`]).
+        if prev == RemoteTail::NONE && view.tail_l == 0 {
+            self.stats.uncontended += 1;
+            self.granted(me, self.config.budget(Cohort::Remote));
+            return Ok(());
+        }
+        self.lock_slow(ep, me, prev)
+    }
+
+    #[cold]
+    fn lock_slow(&mut self, ep: &Endpoint, me: ClientAddr, prev: RemoteTail) -> Result<(), LockError> {
+        let deadline = Instant::now() + self.config.give_up;
+        let k = self.config.budget(Cohort::Remote);
+        if prev == RemoteTail::NONE {
+            // A leader that found the local flag up: Alg. 4.
+            self.peterson(ep, deadline)?;
+            self.granted(me, k);
+            return Ok(());
+        }
+        let Some(predecessor) = prev.client() else {
+            self.poison("corrupt remote tail");
+            return Err(LockError::Misuse("the ALock remote tail names no client"));
+        };
+        // Line 8: link ourselves behind the predecessor (a message instead
+        // of the rWrite into its descriptor).
+        self.send(ep, predecessor, Handoff::Successor)?;
+        // Line 9: wait in our own mailbox (no verbs) for the lock.
+        let Some((_, handoff)) = self.postbox.receive(ep, self.lock, HandoffKind::Handover, deadline) else {
+            self.stats.timeouts += 1;
+            self.poison("gave up while queued behind a remote predecessor");
+            return Err(LockError::Timeout(self.config.give_up));
+        };
+        let Handoff::Handover { budget } = handoff else {
+            return Err(LockError::Misuse("the ALock postbox returned the wrong kind of message"));
+        };
+        if budget == 0 {
+            // Lines 10–12: the budget is spent; yield to the local cohort if
+            // it waits (pReacquire), then hold with a fresh budget.
+            self.stats.reacquires += 1;
+            self.peterson(ep, deadline)?;
+            self.granted(me, k);
+        } else {
+            self.stats.passed += 1;
+            self.granted(me, budget);
+        }
+        Ok(())
+    }
+
+    /// Alg. 4 for the remote leader: line 4, `victim ← REMOTE` (batched with
+    /// the first read); line 5, poll `tail_l` and `victim` until the local
+    /// flag is down or the local cohort has made itself the victim. On
+    /// timeout, leaves the queue passing budget 0 and fails.
+    fn peterson(&mut self, ep: &Endpoint, deadline: Instant) -> Result<(), LockError> {
+        self.stats.peterson += 1;
+        let mut batch = ep.batch();
+        batch.push(Verb::Write {
+            addr: self.word(VICTIM),
+            data: Cohort::Remote.word().to_le_bytes().to_vec(),
+        });
+        let read = batch.push(Verb::Read { addr: self.word(TAIL_LOCAL), len: 16 });
+        let first = batch.submit().map_err(LockError::from).and_then(|r| {
+            if let Some(e) = r.first_error() {
+                return Err(LockError::from(e.clone()));
+            }
+            PetersonView::parse(r.data(read)?)
+        });
+        let mut view = self.fatal(first, "Peterson's first round trip failed")?;
+        let mut interval = self.config.poll;
+        while !view.remote_may_enter() {
+            let now = Instant::now();
+            if now >= deadline {
+                self.stats.timeouts += 1;
+                // We never entered: hand our place on with budget 0.
+                self.leave_queue(ep, 0)?;
+                return Err(LockError::Timeout(self.config.give_up));
+            }
+            pause(interval.min(deadline - now));
+            interval = (interval * 2).min(self.config.max_poll);
+            self.stats.polls += 1;
+            let mut b = [0u8; 16];
+            let r = ep.read(self.word(TAIL_LOCAL), &mut b).map_err(LockError::from);
+            self.fatal(r, "a Peterson poll failed")?;
+            view = PetersonView::parse(&b)?;
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn granted(&mut self, me: ClientAddr, budget: u32) {
+        self.held = Some(Held { me, budget });
+        self.stats.acquisitions += 1;
+    }
+
+    /// Releases the lock; `ep` must be the endpoint it was acquired with.
+    #[inline]
+    pub fn unlock(&mut self, ep: &Endpoint) -> Result<(), LockError> {
+        let held = self.held.ok_or(LockError::Misuse("ALock release without acquire"))?;
+        if held.me != ep.addr() {
+            return Err(LockError::Misuse("an ALock must be released through the endpoint that acquired it"));
+        }
+        self.held = None;
+        self.leave_queue(ep, passed_budget(held.budget))
+    }
+
+    /// Alg. 3 lines 15–18 with `pass` as the successor's budget.
+    fn leave_queue(&mut self, ep: &Endpoint, pass: u32) -> Result<(), LockError> {
+        let me = RemoteTail::of(ep.addr());
+        // Line 15: no successor, so the remote queue (and flag) is empty.
+        let r: Result<u64, RdmaError> = ep.cas(self.word(TAIL_REMOTE), me.0, 0);
+        let old = self.fatal(r, "the release CAS failed")?;
+        if old == me.0 {
+            return Ok(());
+        }
+        self.hand_over(ep, pass)
+    }
+
+    #[cold]
+    fn hand_over(&mut self, ep: &Endpoint, pass: u32) -> Result<(), LockError> {
+        let deadline = Instant::now() + self.config.give_up;
+        // Line 17: a successor swapped itself in; wait for it to say so.
+        let Some((successor, _)) = self.postbox.receive(ep, self.lock, HandoffKind::Successor, deadline)
+        else {
+            self.poison("a remote successor never linked itself in");
+            return Err(LockError::Timeout(self.config.give_up));
+        };
+        // Line 18: pass the lock with one less budget.
+        self.send(ep, successor, Handoff::Handover { budget: pass })?;
+        self.stats.handovers += 1;
+        Ok(())
+    }
+}
+
+impl RwLockClient for AlockClient {
+    /// ALock is a mutex: `Shared` is taken as `Exclusive`.
+    #[inline]
+    fn acquire(&mut self, ep: &Endpoint, _mode: Mode) -> Result<(), LockError> {
+        self.lock(ep)
+    }
+
+    #[inline]
+    fn release(&mut self, ep: &Endpoint) -> Result<(), LockError> {
+        self.unlock(ep)
+    }
+
+    fn shares_readers(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peterson_view_decodes_and_decides() {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&5u64.to_le_bytes());
+        b[8..].copy_from_slice(&Cohort::Remote.word().to_le_bytes());
+        let v = PetersonView::parse(&b).unwrap();
+        assert_eq!(v, PetersonView { tail_l: 5, victim: 2 });
+        assert!(!v.remote_may_enter(), "we are the victim and the local flag is up");
+        assert!(PetersonView { tail_l: 0, victim: 2 }.remote_may_enter(), "local flag down");
+        assert!(PetersonView { tail_l: 5, victim: 1 }.remote_may_enter(), "the local cohort yielded");
+        assert!(PetersonView::parse(&b[..12]).is_err());
+    }
+}
