@@ -243,3 +243,65 @@ fn a_process_killed_mid_notification_is_recovered() {
         citron_stress::check_idle_tree(&ep);
     }
 }
+
+/// §3.10, Line 22: a request that gives up on a refusing leaf and locks its
+/// parent clears only the leaf bits that stay put for T_lease. Bits a live
+/// client rolls back meanwhile (one whose notification came too late) are
+/// left to its masked-CAS — zeroing them at once would let that roll-back
+/// clear a later holder's bits — and a dead client's bits are cleared once
+/// they have not moved for T_lease.
+#[test]
+fn a_leaf_escalation_leaves_live_bits_alone_and_clears_dead_ones() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use citron_lock::citron::lock::{CitronClient, CitronConfig};
+    use citron_lock::citron::tree::TreeShape;
+    use citron_lock::rdma::RemoteAddr;
+    use citronfs_tests::TEST_REGION;
+    for backend in BACKENDS {
+        let fabric = TestFabric::new(backend, 1 << 20);
+        let node = Node::join(&fabric.addr).unwrap();
+        let ep = node.endpoint().unwrap();
+        let mut config = CitronConfig::from_rtt(ep.measure_rtt(RemoteAddr::new(TEST_REGION, 0), 5).unwrap());
+        // Long enough that the roll-back 100 ms in comes well within it on a
+        // loaded machine.
+        config.lease = Duration::from_secs(2);
+        config.leaf_patience = 2;
+        let layout = citron_stress::layout();
+        let shape = TreeShape::new(citron_stress::DEPTH);
+        let leaf = shape.node_at(citron_stress::DEPTH, 0);
+        let leaf_addr = layout.node(leaf);
+        let late_bits = shape.leaf_mask(leaf, 10, 20);
+        let mut c = CitronClient::new(layout, config, Box::new(citron_stress::spillover(&ep)));
+
+        // A live late client's bits, rolled back 100 ms later.
+        ep.write_u64(leaf_addr, late_bits).unwrap();
+        let rolled_back = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let late = node.endpoint().unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                let old = late.masked_cas(leaf_addr, late_bits, late_bits, 0, late_bits).unwrap();
+                assert_eq!(old & late_bits, late_bits, "{backend:?}: the late client's bits were cleared by another");
+                rolled_back.store(true, Ordering::SeqCst);
+            });
+            let held = c.acquire(&ep, 15, 25).unwrap();
+            assert!(
+                rolled_back.load(Ordering::SeqCst),
+                "{backend:?}: acquired while the late bits were set: {:?}",
+                c.stats()
+            );
+            c.release(&ep, held).unwrap();
+        });
+        assert!(c.stats().leaf_escalations > 0, "{:?}", c.stats());
+        assert_eq!(c.stats().recoveries, 0, "{backend:?}: live bits taken for dead: {:?}", c.stats());
+
+        // A dead client's bits: never rolled back.
+        ep.write_u64(leaf_addr, late_bits).unwrap();
+        let held = c.acquire(&ep, 15, 25).unwrap();
+        c.release(&ep, held).unwrap();
+        assert_eq!(c.stats().recoveries, 1, "{backend:?}: {:?}", c.stats());
+        citron_stress::check_idle_tree(&ep);
+    }
+}

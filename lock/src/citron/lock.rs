@@ -40,7 +40,10 @@
 //!   masked-CAS so a late holder's progress wins), Line 18 (a stalled occupied
 //!   ancestor: lock that ancestor instead), Line 36 (a DCnt stalled for
 //!   H·T_lease: set it to DMax) and Line 22 (a leaf that keeps refusing: lock
-//!   the parent, then zero any bits left in the leaf).
+//!   the parent, then clear the bits left in the leaf; unlike the paper's
+//!   line, only bits that stayed unchanged for T_lease, with a masked-CAS on
+//!   exactly them, because a live client whose notification came too late
+//!   may still roll its bits back, see `clear_dead_leaf_bits`).
 //!
 //! # Scale-up (Algorithm 4) and what it changes here
 //!
@@ -849,19 +852,47 @@ impl CitronClient {
                             Attempt::MoveToParent => unreachable!("only leaves escalate"),
                         }
                     };
-                    // §3.10, Line 22: holding the parent, no live client can
-                    // hold bits of the leaf; any left belong to a dead one.
-                    let addr = self.current.tree.key(shape.key(leaf));
-                    if ep.read_u64(addr)? != 0 && !held.children {
-                        log::warn!("zeroing leaf {} left locked by a dead client", leaf.0);
-                        ep.write_u64(addr, 0)?;
-                        self.stats.recoveries += 1;
+                    if !held.children {
+                        let addr = self.current.tree.key(shape.key(leaf));
+                        self.clear_dead_leaf_bits(ep, addr, leaf)?;
                     }
                     return Ok(Some(held));
                 }
                 Attempt::MoveTo(ancestor) => cover.node = ancestor,
             }
         }
+    }
+
+    /// §3.10, Line 22, with the leaf's parent held. No client can take bits
+    /// of the leaf any more, and every holder that notified the parent in
+    /// time has released (2(d)); bits still set belong to a dead client, or
+    /// to a live one whose notification came too late (Inequation (1)) and
+    /// which is about to roll back with a masked-CAS on exactly its bits.
+    /// Zeroing the word at once, as the paper's line does, would let that
+    /// late roll-back clear bits a later holder of the leaf took after we
+    /// release the parent. So the leaf is watched: bits that leave were a
+    /// live client's; a word unchanged for T_lease holds a dead client's
+    /// bits (every holder releases within T_lease), and only those bits are
+    /// cleared, by a masked-CAS that compares them.
+    fn clear_dead_leaf_bits(&mut self, ep: &Endpoint, addr: RemoteAddr, leaf: NodeIndex) -> Result<(), LockError> {
+        let mut word = ep.read_u64(addr)?;
+        let mut unchanged_since = Instant::now();
+        while word != 0 {
+            if unchanged_since.elapsed() >= self.config.lease {
+                if ep.masked_cas(addr, word, word, 0, word)? & word == word {
+                    log::warn!("cleared bits {word:#x} of leaf {} left by a dead client", leaf.0);
+                    self.stats.recoveries += 1;
+                }
+            } else {
+                std::thread::sleep(self.config.t_wait);
+            }
+            let now = ep.read_u64(addr)?;
+            if now != word {
+                word = now;
+                unchanged_since = Instant::now();
+            }
+        }
+        Ok(())
     }
 
     /// Algorithm 2, lines 8–37, for one node.
