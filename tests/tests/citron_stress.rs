@@ -283,7 +283,11 @@ fn a_leaf_escalation_leaves_live_bits_alone_and_clears_dead_ones() {
                 let late = node.endpoint().unwrap();
                 std::thread::sleep(Duration::from_millis(100));
                 let old = late.masked_cas(leaf_addr, late_bits, late_bits, 0, late_bits).unwrap();
-                assert_eq!(old & late_bits, late_bits, "{backend:?}: the late client's bits were cleared by another");
+                assert_eq!(
+                    old & late_bits,
+                    late_bits,
+                    "{backend:?}: the late client's bits were cleared by another"
+                );
                 rolled_back.store(true, Ordering::SeqCst);
             });
             let held = c.acquire(&ep, 15, 25).unwrap();

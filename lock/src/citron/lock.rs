@@ -874,7 +874,12 @@ impl CitronClient {
     /// live client's; a word unchanged for T_lease holds a dead client's
     /// bits (every holder releases within T_lease), and only those bits are
     /// cleared, by a masked-CAS that compares them.
-    fn clear_dead_leaf_bits(&mut self, ep: &Endpoint, addr: RemoteAddr, leaf: NodeIndex) -> Result<(), LockError> {
+    fn clear_dead_leaf_bits(
+        &mut self,
+        ep: &Endpoint,
+        addr: RemoteAddr,
+        leaf: NodeIndex,
+    ) -> Result<(), LockError> {
         let mut word = ep.read_u64(addr)?;
         let mut unchanged_since = Instant::now();
         while word != 0 {
