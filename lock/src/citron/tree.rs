@@ -181,61 +181,62 @@ impl TreeShape {
     /// dynamic program visits O(log N) nodes with O(k²) work each.
     pub fn split(self, l: u64, r: u64, k: usize) -> Vec<Cover> {
         assert!(l < r && r <= self.units(), "[{l}, {r}) is not a non-empty range of [0, {})", self.units());
-        assert!(k >= 1, "k must be at least 1");
+        assert!((1..=MAX_SPLIT).contains(&k), "k must be in 1..={MAX_SPLIT}, not {k}");
+        // The common case: inside one leaf, which covers exactly the
+        // requested bits with one node; nothing can beat it.
+        let leaf = self.node_at(self.depth, l);
+        if leaf == self.node_at(self.depth, r - 1) {
+            return vec![Cover { node: leaf, start: l, end: r }];
+        }
         let best = self.best_cover(NodeIndex::ROOT, l, r, k);
-        let mut nodes = best
-            .into_iter()
-            .flatten()
-            .min_by_key(|c| (c.waste, c.nodes.len()))
-            .expect("the root covers")
-            .nodes;
+        let choice = best[..k].iter().flatten().min_by_key(|c| (c.waste, c.len)).expect("the root covers");
+        let mut nodes = choice.nodes;
+        let nodes = &mut nodes[..choice.len];
         nodes.sort_by_key(|n| self.range(*n).0);
         nodes
-            .into_iter()
-            .map(|node| {
+            .iter()
+            .map(|&node| {
                 let (a, b) = self.range(node);
                 Cover { node, start: a.max(l), end: b.min(r) }
             })
             .collect()
     }
 
-    /// For j = 1..=k: the cheapest way to cover `[l, r) ∩ range(x)` with at
-    /// most j nodes of x's subtree (`None` where impossible).
-    fn best_cover(self, x: NodeIndex, l: u64, r: u64, k: usize) -> Vec<Option<Choice>> {
+    /// For j = 1..=k, at j - 1: the cheapest way to cover
+    /// `[l, r) ∩ range(x)` with at most j nodes of x's subtree (`None` where
+    /// impossible). Fixed-size arrays, so a split allocates nothing but its
+    /// result: it runs on every acquisition.
+    fn best_cover(self, x: NodeIndex, l: u64, r: u64, k: usize) -> [Option<Choice>; MAX_SPLIT] {
         let (a, b) = self.range(x);
         let wanted = b.min(r) - a.max(l);
         let leaf = self.is_leaf(x);
-        let this = Choice { waste: if leaf { 0 } else { (b - a) - wanted }, nodes: vec![x] };
-        let mut best: Vec<Option<Choice>> = vec![Some(this); k];
+        let this = Choice::one(x, if leaf { 0 } else { (b - a) - wanted });
+        let mut best = [None; MAX_SPLIT];
+        best[..k].fill(Some(this));
         if leaf || (l <= a && b <= r) {
             // A leaf is exact, and so is a node inside the range.
             return best;
         }
-        // Or cover through the children that meet the range.
-        let children: Vec<Vec<Option<Choice>>> = (0..4)
-            .map(|i| x.child(i))
-            .filter(|c| {
-                let (ca, cb) = self.range(*c);
-                ca < r && l < cb
-            })
-            .map(|c| self.best_cover(c, l, r, k))
-            .collect();
-        // combined[j]: best cover of the children seen so far with j+1 nodes.
-        let mut combined: Vec<Option<Choice>> = vec![Some(Choice { waste: 0, nodes: Vec::new() })];
-        for child in children {
-            let mut next: Vec<Option<Choice>> = vec![None; k + 1];
+        // Or cover through the children that meet the range. combined[n]:
+        // the best cover of the children seen so far with n nodes.
+        let mut combined = [None; MAX_SPLIT + 1];
+        combined[0] = Some(Choice::NONE);
+        for child in (0..4).map(|i| x.child(i)) {
+            let (ca, cb) = self.range(child);
+            if !(ca < r && l < cb) {
+                continue;
+            }
+            let child_best = self.best_cover(child, l, r, k);
+            let mut next = [None; MAX_SPLIT + 1];
             for (used, acc) in combined.iter().enumerate() {
                 let Some(acc) = acc else { continue };
-                for (extra, c) in child.iter().enumerate() {
+                for (extra, c) in child_best[..k].iter().enumerate() {
                     let Some(c) = c else { continue };
                     let n = used + extra + 1;
                     if n > k {
                         break;
                     }
-                    let cand = Choice {
-                        waste: acc.waste + c.waste,
-                        nodes: [acc.nodes.clone(), c.nodes.clone()].concat(),
-                    };
+                    let cand = acc.joined(c);
                     if next[n].as_ref().is_none_or(|cur| cand.better_than(cur)) {
                         next[n] = Some(cand);
                     }
@@ -243,17 +244,16 @@ impl TreeShape {
             }
             combined = next;
         }
-        // best[j-1]: at most j nodes.
         let mut running: Option<Choice> = None;
         for j in 1..=k {
-            if let Some(c) = combined.get(j).cloned().flatten() {
+            if let Some(c) = combined[j] {
                 if running.as_ref().is_none_or(|cur| c.better_than(cur)) {
                     running = Some(c);
                 }
             }
-            if let Some(run) = &running {
+            if let Some(run) = running {
                 if best[j - 1].as_ref().is_none_or(|cur| run.better_than(cur)) {
-                    best[j - 1] = Some(run.clone());
+                    best[j - 1] = Some(run);
                 }
             }
         }
@@ -261,15 +261,39 @@ impl TreeShape {
     }
 }
 
-#[derive(Clone, Debug)]
+/// Most nodes a range may be split into (the paper evaluates k ≤ 5).
+pub const MAX_SPLIT: usize = 8;
+
+/// A set of at most [`MAX_SPLIT`] nodes and the units they cover without
+/// being asked for.
+#[derive(Clone, Copy, Debug)]
 struct Choice {
     waste: u64,
-    nodes: Vec<NodeIndex>,
+    len: usize,
+    nodes: [NodeIndex; MAX_SPLIT],
 }
 
 impl Choice {
+    const NONE: Choice = Choice { waste: 0, len: 0, nodes: [NodeIndex::ROOT; MAX_SPLIT] };
+
+    fn one(x: NodeIndex, waste: u64) -> Choice {
+        let mut c = Choice { waste, ..Choice::NONE };
+        c.nodes[0] = x;
+        c.len = 1;
+        c
+    }
+
+    /// Both sets together; the caller keeps the total within k ≤ MAX_SPLIT.
+    fn joined(&self, other: &Choice) -> Choice {
+        let mut c = *self;
+        c.nodes[self.len..self.len + other.len].copy_from_slice(&other.nodes[..other.len]);
+        c.len += other.len;
+        c.waste += other.waste;
+        c
+    }
+
     fn better_than(&self, other: &Choice) -> bool {
-        (self.waste, self.nodes.len()) < (other.waste, other.nodes.len())
+        (self.waste, self.len) < (other.waste, other.len)
     }
 }
 
