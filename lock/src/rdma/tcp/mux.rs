@@ -227,41 +227,25 @@ impl<S: MuxService> Drop for MuxServer<S> {
 }
 
 fn accept_loop<S: MuxService>(listener: TcpListener, shared: Arc<Shared<S>>, name: &str) {
-    let mut next = 0u64;
-    for stream in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                log::warn!("{name}: accept failed: {e}");
-                continue;
-            }
-        };
-        next += 1;
-        let conn = match open_connection(stream, ConnectionId(next)) {
+    wire::accept_connections(listener, &shared.stopping, name, |n, stream| {
+        let (conn, reader) = match open_connection(stream, ConnectionId(n)) {
             Ok(c) => c,
             Err(e) => {
-                log::warn!("{name}: cannot set up connection {next}: {e}");
-                continue;
+                log::warn!("{name}: cannot set up connection {n}: {e}");
+                return None;
             }
         };
-        let (conn, reader) = conn;
         shared.open.lock().insert(conn.id, conn.clone());
         let shared = shared.clone();
-        let spawned = std::thread::Builder::new().name(format!("{name}-{next}")).spawn(move || {
+        Some(move || {
             if let Err(e) = serve(reader, &conn, &shared) {
                 log::debug!("connection {:?} from {} ended: {e}", conn.id, conn.peer);
             }
             conn.close();
             shared.open.lock().remove(&conn.id);
             shared.service.disconnected(&conn);
-        });
-        if let Err(e) = spawned {
-            log::warn!("{name}: cannot start a connection thread: {e}");
-        }
-    }
+        })
+    });
 }
 
 fn open_connection(stream: TcpStream, id: ConnectionId) -> std::io::Result<(Arc<Connection>, TcpStream)> {

@@ -136,26 +136,13 @@ impl<S: RpcService> Drop for RpcServer<S> {
 }
 
 fn accept_loop<S: RpcService>(listener: TcpListener, shared: Arc<Shared<S>>, name: &str) {
-    let mut next_conn = 0u64;
-    for stream in listener.incoming() {
-        if shared.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                log::warn!("{name}: accept failed: {e}");
-                continue;
-            }
-        };
-        next_conn += 1;
-        let conn = next_conn;
+    wire::accept_connections(listener, &shared.stopping, name, |conn, stream| {
         if let Ok(clone) = stream.try_clone() {
             shared.open.lock().insert(conn, clone);
         }
         shared.stats.connections.fetch_add(1, Ordering::Relaxed);
         let shared = shared.clone();
-        let spawned = std::thread::Builder::new().name(format!("{name}-{conn}")).spawn(move || {
+        Some(move || {
             let Ok(peer) = stream.peer_addr() else { return };
             if let Err(e) = serve(stream, peer, &shared) {
                 shared.stats.broken_connections.fetch_add(1, Ordering::Relaxed);
@@ -163,11 +150,8 @@ fn accept_loop<S: RpcService>(listener: TcpListener, shared: Arc<Shared<S>>, nam
             }
             shared.open.lock().remove(&conn);
             shared.service.disconnected(peer);
-        });
-        if let Err(e) = spawned {
-            log::warn!("{name}: cannot start a connection thread: {e}");
-        }
-    }
+        })
+    });
 }
 
 fn serve<S: RpcService>(stream: TcpStream, peer: SocketAddr, shared: &Shared<S>) -> std::io::Result<()> {
