@@ -31,6 +31,7 @@ pub mod arith;
 pub mod atomicity;
 pub mod codec;
 pub mod error;
+pub mod ib;
 mod mailbox;
 pub mod memory;
 pub mod shm;
