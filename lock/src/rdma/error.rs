@@ -38,6 +38,10 @@ pub enum TransportError {
     Shm(String),
     #[error("the host has no lock-free 16-byte atomics; the shm backend needs them")]
     No128BitAtomics,
+    /// The `ib` backend: no such device, a verbs call failed, a work request
+    /// completed with an error, or the build has no `rdma` feature.
+    #[error("ib: {0}")]
+    Ib(String),
 }
 
 /// The error of a single-verb convenience call: either the round trip failed

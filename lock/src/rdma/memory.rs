@@ -121,6 +121,13 @@ impl RegionMemory {
         self.len == 0
     }
 
+    /// The first byte of the mapping, for registering it with an RNIC (the
+    /// `ib` backend). The mapping lives as long as `self`.
+    #[cfg(feature = "rdma")]
+    pub(crate) fn base_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
     #[inline]
     fn check(&self, addr: RemoteAddr, len: u64, align: u64) -> Result<usize, VerbError> {
         debug_assert_eq!(addr.region, self.id);

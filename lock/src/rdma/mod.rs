@@ -11,7 +11,10 @@
 //! * `shm:NAME` — processes on one host map the region files and execute verbs
 //!   with CPU atomics ([`shm`]);
 //! * `tcp:HOST:PORT` — a software NIC on the host applies verbs that arrive
-//!   over tcp, in order, pipelined ([`tcp`]).
+//!   over tcp, in order, pipelined ([`tcp`]);
+//! * `ib:DEVICE@HOST:PORT` — RC queue pairs on the RDMA device `DEVICE` of
+//!   this machine, set up over the host's control channel ([`ib`]; cargo
+//!   feature `rdma`).
 //!
 //! Ordering rule (as RDMA RC): verbs of one endpoint are executed in the order
 //! they were posted, so no verb overtakes an earlier write or atomic. Both
@@ -56,15 +59,18 @@ pub use shm::ShmHost;
 pub use tcp::{TcpHost, TcpOptions};
 pub use verb::{Verb, VerbCounts, VerbKind, VerbReply, MAX_TRANSFER};
 
+#[cfg(feature = "rdma")]
+use ib::node::{IbNode, IbQp};
 use mailbox::MailboxRouter;
 use shm::{ShmNode, ShmQp};
 use tcp::client::{TcpNode, TcpQp};
 
-/// Which fabric to join: `shm:NAME` or `tcp:HOST:PORT`.
+/// Which fabric to join: `shm:NAME`, `tcp:HOST:PORT` or `ib:DEVICE@HOST:PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FabricAddr {
     Shm(String),
     Tcp(SocketAddr),
+    Ib(ib::IbFabric),
 }
 
 impl FromStr for FabricAddr {
@@ -83,8 +89,10 @@ impl FromStr for FabricAddr {
                 .next()
                 .ok_or_else(|| format!("{addr:?} resolves to nothing"))?;
             Ok(FabricAddr::Tcp(addr))
+        } else if let Some(ib) = s.strip_prefix("ib:") {
+            Ok(FabricAddr::Ib(ib.parse()?))
         } else {
-            Err(format!("fabric address {s:?} must start with shm: or tcp:"))
+            Err(format!("fabric address {s:?} must start with shm:, tcp: or ib:"))
         }
     }
 }
@@ -94,6 +102,7 @@ impl fmt::Display for FabricAddr {
         match self {
             FabricAddr::Shm(n) => write!(f, "shm:{n}"),
             FabricAddr::Tcp(a) => write!(f, "tcp:{a}"),
+            FabricAddr::Ib(i) => write!(f, "ib:{i}"),
         }
     }
 }
@@ -101,6 +110,8 @@ impl fmt::Display for FabricAddr {
 enum NodeKind {
     Shm(Arc<ShmNode>),
     Tcp(Arc<TcpNode>),
+    #[cfg(feature = "rdma")]
+    Ib(Arc<IbNode>),
 }
 
 struct NodeInner {
@@ -127,6 +138,27 @@ impl Node {
         match fabric {
             FabricAddr::Shm(name) => Self::join_shm(name),
             FabricAddr::Tcp(addr) => Self::join_tcp(*addr, TcpOptions::default()),
+            FabricAddr::Ib(ib) => Self::join_ib(ib, TcpOptions::default()),
+        }
+    }
+
+    /// Joins an `ib` fabric: opens the device, joins the host's directory.
+    /// `options` bound the control channel's waits and every completion wait.
+    /// Without the `rdma` feature, an error that says so.
+    pub fn join_ib(fabric: &ib::IbFabric, options: TcpOptions) -> Result<Node, TransportError> {
+        #[cfg(feature = "rdma")]
+        {
+            let router = Arc::new(MailboxRouter::default());
+            let node = Arc::new(IbNode::join(fabric, options, router.clone())?);
+            Ok(Node { inner: Arc::new(NodeInner { id: node.id, router, kind: NodeKind::Ib(node) }) })
+        }
+        #[cfg(not(feature = "rdma"))]
+        {
+            let _ = options;
+            Err(TransportError::Ib(format!(
+                "cannot open RDMA device {}: this build has no ib backend (build with --features rdma)",
+                fabric.device
+            )))
         }
     }
 
@@ -150,6 +182,8 @@ impl Node {
         match self.inner.kind {
             NodeKind::Shm(_) => "shm",
             NodeKind::Tcp(_) => "tcp",
+            #[cfg(feature = "rdma")]
+            NodeKind::Ib(_) => "ib",
         }
     }
 
@@ -158,6 +192,8 @@ impl Node {
         let qp = match &self.inner.kind {
             NodeKind::Shm(shm) => Qp::Shm(ShmQp::new(shm.clone())),
             NodeKind::Tcp(tcp) => Qp::Tcp(TcpQp::connect(tcp.host, tcp.options)?),
+            #[cfg(feature = "rdma")]
+            NodeKind::Ib(ib) => Qp::Ib(ib.qp()?),
         };
         let (mailbox, inbox) = self.inner.router.open();
         Ok(Endpoint {
@@ -173,6 +209,8 @@ impl Node {
 enum Qp {
     Shm(ShmQp),
     Tcp(TcpQp),
+    #[cfg(feature = "rdma")]
+    Ib(IbQp),
 }
 
 /// One thread's access to the fabric: a queue pair for verbs, a mailbox for
@@ -212,6 +250,13 @@ macro_rules! one_verb {
             Qp::Tcp(_) => {
                 $self.count($kind, 0);
                 match $self.execute_tcp_one(&$verb)? {
+                    $reply => $extract,
+                }
+            }
+            #[cfg(feature = "rdma")]
+            Qp::Ib(_) => {
+                $self.count($kind, 0);
+                match $self.execute_ib_one(&$verb)? {
                     $reply => $extract,
                 }
             }
@@ -293,6 +338,15 @@ impl Endpoint {
                     other => Err(unexpected(other)),
                 }
             }
+            #[cfg(feature = "rdma")]
+            Qp::Ib(_) => {
+                self.count(VerbKind::Write, 0);
+                let verb = Verb::Write { addr, data: data.to_vec() };
+                match self.execute_ib_one(&verb)? {
+                    VerbReply::Written => Ok(()),
+                    other => Err(unexpected(other)),
+                }
+            }
         }
     }
 
@@ -358,6 +412,19 @@ impl Endpoint {
         Ok(out.pop().ok_or_else(|| TransportError::Protocol("no reply".into()))??)
     }
 
+    /// One verb on the ib queue pair; counts the round trips it took (more
+    /// than one for an emulated masked atomic, see [`ib::emulate`]).
+    #[cfg(feature = "rdma")]
+    fn execute_ib_one(&self, verb: &Verb) -> Result<VerbReply, RdmaError> {
+        let Qp::Ib(q) = &self.qp else { unreachable!("ib path on another endpoint") };
+        let mut out = Vec::with_capacity(1);
+        let trips = q.execute(std::slice::from_ref(verb), &mut out)?;
+        let mut c = self.counts.get();
+        c.round_trips += trips;
+        self.counts.set(c);
+        Ok(out.pop().ok_or_else(|| TransportError::Protocol("no reply".into()))??)
+    }
+
     /// Starts a batch: verbs posted to it are executed in order with one wait.
     pub fn batch(&self) -> Batch<'_> {
         Batch { endpoint: self, verbs: Vec::new() }
@@ -387,6 +454,8 @@ impl Endpoint {
                 }
             }
             Qp::Tcp(q) => c.round_trips += q.execute(verbs, &mut out)?,
+            #[cfg(feature = "rdma")]
+            Qp::Ib(q) => c.round_trips += q.execute(verbs, &mut out)?,
         }
         self.counts.set(c);
         Ok(out)
@@ -408,6 +477,8 @@ impl Endpoint {
                 }
             }
             NodeKind::Tcp(tcp) => tcp.send(to, message),
+            #[cfg(feature = "rdma")]
+            NodeKind::Ib(ib) => ib.send(to, message),
         }
     }
 
@@ -453,6 +524,8 @@ impl Endpoint {
     pub fn list_regions(&self) -> Result<Vec<(RegionId, u64)>, TransportError> {
         match &self.node.inner.kind {
             NodeKind::Tcp(tcp) => tcp.list_regions(),
+            #[cfg(feature = "rdma")]
+            NodeKind::Ib(ib) => ib.list_regions(),
             NodeKind::Shm(_) => {
                 Err(TransportError::Shm("regions of a shm fabric are files; list its directory".into()))
             }

@@ -66,8 +66,9 @@ impl Default for Limits {
 /// The operation of one work request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WrOp {
-    /// RDMA READ of `len` bytes into the staging buffer.
-    Read { len: u32 },
+    /// RDMA READ of `len` bytes into the staging buffer, for bytes
+    /// `data_at .. data_at + len` of the verb's result.
+    Read { data_at: u32, len: u32 },
     /// RDMA WRITE of bytes `data_at .. data_at + len` of the verb's data.
     Write { data_at: u32, len: u32, inline: bool },
     /// 8-byte atomic compare-and-swap; the old value lands in staging.
@@ -84,7 +85,7 @@ impl WrOp {
 
     fn staging_bytes(self) -> usize {
         match self {
-            WrOp::Read { len } => len as usize,
+            WrOp::Read { len, .. } => len as usize,
             WrOp::Write { inline: true, .. } => 0,
             WrOp::Write { len, .. } => len as usize,
             WrOp::Cas { .. } | WrOp::Faa { .. } => 8,
@@ -150,7 +151,7 @@ fn classify(verb: &Verb) -> Result<Native, Option<EmulatedOp>> {
         Verb::Cas { expect, new, .. } => Native::One(WrOp::Cas { expect, new }),
         Verb::Faa { add, .. } => Native::One(WrOp::Faa { add }),
         Verb::MaskedFaa { add, boundary_mask: 0, .. } => Native::One(WrOp::Faa { add }),
-        Verb::MaskedCas { swap_mask: 0, .. } => Native::One(WrOp::Read { len: 8 }),
+        Verb::MaskedCas { swap_mask: 0, .. } => Native::One(WrOp::Read { data_at: 0, len: 8 }),
         Verb::MaskedCas { cmp, cmp_mask: u64::MAX, swap, swap_mask: u64::MAX, .. } => {
             Native::One(WrOp::Cas { expect: cmp, new: swap })
         }
@@ -222,7 +223,7 @@ pub fn plan(verbs: &[Verb], regions: &RemoteRegions, limits: Limits) -> Plan {
                 loop {
                     let n = (len - at).min(piece_max);
                     let op = if read {
-                        WrOp::Read { len: n as u32 }
+                        WrOp::Read { data_at: at as u32, len: n as u32 }
                     } else {
                         WrOp::Write { data_at: at as u32, len: n as u32, inline: n <= limits.max_inline }
                     };
@@ -373,7 +374,7 @@ mod tests {
         let d = doorbells(&p);
         assert_eq!(p.steps.len(), 1);
         let ops: Vec<_> = d[0].iter().map(|w| w.op).collect();
-        assert_eq!(ops, vec![WrOp::Faa { add: 3 }, WrOp::Cas { expect: 4, new: 5 }, WrOp::Read { len: 8 }]);
+        assert_eq!(ops, vec![WrOp::Faa { add: 3 }, WrOp::Cas { expect: 4, new: 5 }, WrOp::Read { data_at: 0, len: 8 }]);
     }
 
     #[test]
@@ -408,9 +409,9 @@ mod tests {
         assert_eq!(
             pieces,
             vec![
-                (WrOp::Read { len: 4096 }, BASE + 100),
-                (WrOp::Read { len: 4096 }, BASE + 4196),
-                (WrOp::Read { len: 1808 }, BASE + 8292),
+                (WrOp::Read { data_at: 0, len: 4096 }, BASE + 100),
+                (WrOp::Read { data_at: 4096, len: 4096 }, BASE + 4196),
+                (WrOp::Read { data_at: 8192, len: 1808 }, BASE + 8292),
             ]
         );
         let p = plan(&[Verb::Write { addr: at(0), data: vec![] }], &regions(), limits);
