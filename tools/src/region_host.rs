@@ -1,5 +1,6 @@
-//! `citronfs region-host`: serves regions of memory over the tcp software NIC
-//! and/or as a shm fabric, until interrupted. The servers of later issues
+//! `citronfs region-host`: serves regions of memory over the tcp software NIC,
+//! as a shm fabric and/or to RDMA NICs (`ib`), all at once, until
+//! interrupted. The servers of later issues
 //! embed the same host; this command exposes it alone, for benchmarks and
 //! for clients on other machines.
 
@@ -8,7 +9,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use citron_lock::rdma::{RegionId, RegionMemory, RegionTable, ShmHost, TcpHost};
+use citron_lock::rdma::{IbDevice, IbHost, RegionId, RegionMemory, RegionTable, ShmHost, TcpHost};
 use clap::Args;
 
 use crate::size::ByteSize;
@@ -39,14 +40,23 @@ pub struct RegionHostArgs {
     /// clients on this host and tcp clients elsewhere see the same words).
     #[arg(long, value_name = "NAME")]
     shm: Option<String>,
+    /// Also serve the regions to RDMA clients: register them with this RDMA
+    /// device (`mlx5_0`, `mlx5_0:PORT`, `mlx5_0:PORT:GID_INDEX`; needs a
+    /// build with `--features rdma`). Clients join `ib:THEIR_DEVICE@ADDR`
+    /// with the control address printed.
+    #[arg(long, value_name = "DEVICE")]
+    ib: Option<IbDevice>,
+    /// Where the ib control channel listens (connection setup).
+    #[arg(long, default_value = "0.0.0.0:0")]
+    ib_listen: SocketAddr,
     /// A region to register, ID:SIZE; repeatable.
     #[arg(long = "region", default_value = "1:64MiB")]
     regions: Vec<RegionSpec>,
 }
 
 pub fn run(args: RegionHostArgs) -> Result<()> {
-    if args.listen.is_none() && args.shm.is_none() {
-        bail!("nothing to serve: give --listen ADDR, --shm NAME, or both");
+    if args.listen.is_none() && args.shm.is_none() && args.ib.is_none() {
+        bail!("nothing to serve: give --listen ADDR, --shm NAME, --ib DEVICE, or several");
     }
     let (shm, table) = match &args.shm {
         Some(name) => {
@@ -73,6 +83,13 @@ pub fn run(args: RegionHostArgs) -> Result<()> {
         }
         None => None,
     };
+    let ib = match &args.ib {
+        Some(device) => Some(
+            IbHost::spawn(device, args.ib_listen, table.clone())
+                .with_context(|| format!("cannot serve the regions on RDMA device {device}"))?,
+        ),
+        None => None,
+    };
     for (id, len) in table.list() {
         println!("region {}: {}", id.0, ByteSize(len));
     }
@@ -82,8 +99,12 @@ pub fn run(args: RegionHostArgs) -> Result<()> {
     if let Some(name) = &args.shm {
         println!("serving shm:{name}");
     }
+    if let Some(h) = &ib {
+        println!("serving ib:DEVICE@{} (RDMA device {} here)", h.local_addr(), h.device());
+    }
     crate::servers::wait_for_signal()?;
     println!("stopping");
+    drop(ib);
     drop(tcp);
     drop(shm);
     Ok(())

@@ -53,6 +53,7 @@ use crossbeam_channel::Receiver;
 pub use addr::{ClientAddr, MailboxId, NodeId, RegionId, RemoteAddr};
 pub use atomicity::RemoteAtomicity;
 pub use error::{RdmaError, TransportError, VerbError};
+pub use ib::{IbDevice, IbFabric, IbHost};
 pub use mailbox::{Message, MAX_MESSAGE};
 pub use memory::{RegionMemory, RegionTable};
 pub use shm::ShmHost;
@@ -155,10 +156,7 @@ impl Node {
         #[cfg(not(feature = "rdma"))]
         {
             let _ = options;
-            Err(TransportError::Ib(format!(
-                "cannot open RDMA device {}: this build has no ib backend (build with --features rdma)",
-                fabric.device
-            )))
+            Err(ib::no_backend(&fabric.device))
         }
     }
 

@@ -6,7 +6,11 @@
 //!   poll their socket briefly before blocking, exactly as the software NIC
 //!   and its clients do (`wire::poll_readable`), so the comparison is of the
 //!   verbs layer, not of the wake-up technique;
-//! * shm: a raw `AtomicU64::fetch_add` on the same mapped region.
+//! * shm: a raw `AtomicU64::fetch_add` on the same mapped region;
+//! * ib: the rows themselves are the comparison: native CAS/FAA beside the
+//!   masked forms the device lacks (emulated by a CAS loop, whose extra
+//!   round trips show in the `verbs/rt` column, below 1) and the 16-byte forms the host
+//!   executes.
 //!
 //! On shm a single verb takes nanoseconds, below the clock's resolution, so
 //! latency samples there are the mean of a chunk of consecutive operations
@@ -23,8 +27,8 @@ use anyhow::{bail, Context, Result};
 use citron_lock::rdma::tcp::rpc::POLL_BUDGET;
 use citron_lock::rdma::tcp::wire;
 use citron_lock::rdma::{
-    Endpoint, FabricAddr, Node, RegionId, RegionMemory, RegionTable, RemoteAddr, ShmHost, TcpHost, Verb,
-    VerbCounts, VerbKind,
+    Endpoint, FabricAddr, IbDevice, IbFabric, IbHost, Node, RegionId, RegionMemory, RegionTable, RemoteAddr,
+    ShmHost, TcpHost, Verb, VerbCounts, VerbKind,
 };
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
@@ -37,11 +41,23 @@ pub enum BackendChoice {
     Tcp,
 }
 
+/// The backends `bench verbs` measures (the others' [`BackendChoice`], and ib).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum VerbsBackend {
+    Shm,
+    Tcp,
+    Ib,
+}
+
 #[derive(Args, Debug)]
 pub struct VerbsArgs {
     /// Which backend to measure.
     #[arg(long, value_enum, default_value = "shm")]
-    backend: BackendChoice,
+    backend: VerbsBackend,
+    /// With `--backend ib`: the RDMA device of this machine (`mlx5_0`,
+    /// `mlx5_0:PORT:GID_INDEX`); default: $CITRONFS_IB_DEVICE.
+    #[arg(long, value_name = "DEVICE")]
+    ib_device: Option<IbDevice>,
     /// Client threads (one endpoint each) for the multi-threaded rows.
     #[arg(long, default_value_t = 4)]
     threads: usize,
@@ -69,6 +85,7 @@ const SLOT: u64 = 256;
 enum LocalHost {
     Shm(ShmHost),
     Tcp(TcpHost),
+    Ib(IbHost),
     Remote,
 }
 
@@ -84,19 +101,36 @@ pub fn run(args: VerbsArgs) -> Result<()> {
         bail!("--threads and --batch must be at least 1");
     }
     let ops = args.ops.unwrap_or(match args.backend {
-        BackendChoice::Shm => 200_000,
-        BackendChoice::Tcp => 4_000,
+        VerbsBackend::Shm => 200_000,
+        VerbsBackend::Tcp | VerbsBackend::Ib => 4_000,
     });
     let region_len = (3 * VerbKind::ALL.len() as u64 * SLOT * args.threads as u64).next_multiple_of(4096);
     let (fabric, host) = match (&args.fabric, args.backend) {
         (Some(f), _) => (f.clone(), LocalHost::Remote),
-        (None, BackendChoice::Shm) => {
+        (None, VerbsBackend::Shm) => {
             let name = format!("bench-{}", std::process::id());
             let host = ShmHost::create(&name)?;
             host.add_region(REGION, region_len)?;
             (FabricAddr::Shm(name), LocalHost::Shm(host))
         }
-        (None, BackendChoice::Tcp) => {
+        (None, VerbsBackend::Ib) => {
+            let device = match &args.ib_device {
+                Some(d) => d.clone(),
+                None => match IbDevice::from_env() {
+                    Some(d) => d.map_err(anyhow::Error::msg)?,
+                    None => bail!(
+                        "--backend ib needs an RDMA device: give --ib-device DEVICE or set {}",
+                        citron_lock::rdma::ib::DEVICE_ENV
+                    ),
+                },
+            };
+            let regions = Arc::new(RegionTable::new());
+            regions.insert(RegionMemory::anonymous(REGION, region_len)?)?;
+            let host = IbHost::spawn(&device, "127.0.0.1:0".parse()?, regions)
+                .with_context(|| format!("cannot measure the ib backend on RDMA device {device}"))?;
+            (FabricAddr::Ib(IbFabric { device, host: host.local_addr() }), LocalHost::Ib(host))
+        }
+        (None, VerbsBackend::Tcp) => {
             let regions = Arc::new(RegionTable::new());
             regions.insert(RegionMemory::anonymous(REGION, region_len)?)?;
             let host = TcpHost::spawn("127.0.0.1:0".parse()?, regions.clone())?;
@@ -215,6 +249,12 @@ pub fn run(args: VerbsArgs) -> Result<()> {
         );
         let piped1 = get(&mops_of, "faa", "single", t);
         println!("ratio faa throughput, {t} threads one at a time / 1 thread: {:.2}", piped1 / one);
+    } else if backend == "ib" {
+        // Emulated and host-executed verbs beside the native ones, same run.
+        let cas = get(&p50_of, "cas", "single", 1);
+        for v in ["masked_cas", "masked_faa", "ext_cas", "ext_faa"] {
+            println!("ratio {v} p50 / native cas p50 (1 thread): {:.2}", get(&p50_of, v, "single", 1) / cas);
+        }
     } else {
         let raw = get(&p50_of, "raw-atomic-faa", "single", 1);
         for v in ["faa", "masked_faa", "masked_cas"] {

@@ -40,12 +40,24 @@ pub mod remote;
 mod ffi;
 #[cfg(feature = "rdma")]
 mod host;
+#[cfg(not(feature = "rdma"))]
+mod host_stub;
 #[cfg(feature = "rdma")]
 pub(crate) mod node;
 
 pub use addr::{IbDevice, IbFabric, DEVICE_ENV};
 #[cfg(feature = "rdma")]
 pub use host::IbHost;
+#[cfg(not(feature = "rdma"))]
+pub use host_stub::IbHost;
 
 /// Whether this build has the `ib` backend (cargo feature `rdma`).
 pub const ENABLED: bool = cfg!(feature = "rdma");
+
+/// The error of a build without the backend.
+#[cfg_attr(feature = "rdma", allow(dead_code))]
+pub(crate) fn no_backend(device: &IbDevice) -> crate::rdma::TransportError {
+    crate::rdma::TransportError::Ib(format!(
+        "cannot open RDMA device {device}: this build has no ib backend (build with --features rdma)"
+    ))
+}
