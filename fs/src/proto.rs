@@ -60,6 +60,8 @@ pub struct DataServerInfo {
     pub nic: SocketAddr,
     /// Its shm fabric name, for clients on the same host.
     pub shm: Option<String>,
+    /// Its `ib` control channel, when it serves RDMA clients (`--ib`).
+    pub ib: Option<SocketAddr>,
 }
 
 /// What a client needs to do I/O on a regular file without the meta-server.
@@ -89,6 +91,8 @@ pub struct ClusterInfo {
     /// The meta-server's own software NIC (attribute slots, lock memory).
     pub meta_nic: SocketAddr,
     pub meta_shm: Option<String>,
+    /// The meta-server's `ib` control channel, when it serves RDMA clients.
+    pub meta_ib: Option<SocketAddr>,
     pub data_servers: Vec<DataServerInfo>,
     /// How often the client must renew its lease, in milliseconds.
     pub lease_ms: u64,
@@ -125,6 +129,7 @@ pub enum MetaRequest {
     RegisterDataServer {
         nic: SocketAddr,
         shm: Option<String>,
+        ib: Option<SocketAddr>,
         region: u32,
         capacity: u64,
     },

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use citron_lock::rdma::tcp::RpcClient;
-use citron_lock::rdma::{RegionId, RegionMemory, RegionTable, ShmHost, TcpHost};
+use citron_lock::rdma::{IbDevice, IbHost, RegionId, RegionMemory, RegionTable, ShmHost, TcpHost};
 use citronfs_core::proto::{MetaRequest, MetaResponse};
 use citronfs_core::types::DataServerId;
 use citronfs_core::FsError;
@@ -19,6 +19,8 @@ pub struct DataServer {
     nic: TcpHost,
     /// The same memory as a shm fabric, for clients on this host.
     _shm: Option<ShmHost>,
+    /// The same memory registered with an RNIC, for `ib` clients.
+    _ib: Option<IbHost>,
     id: DataServerId,
 }
 
@@ -30,6 +32,18 @@ impl DataServer {
         meta: SocketAddr,
         capacity: u64,
         shm: Option<&str>,
+    ) -> Result<Self, FsError> {
+        Self::start_with_ib(listen, meta, capacity, shm, None)
+    }
+
+    /// As [`DataServer::start`], also serving the memory to RDMA clients on
+    /// `ib` (its control channel listens on `listen`'s address).
+    pub fn start_with_ib(
+        listen: SocketAddr,
+        meta: SocketAddr,
+        capacity: u64,
+        shm: Option<&str>,
+        ib: Option<&IbDevice>,
     ) -> Result<Self, FsError> {
         let io = |e: std::io::Error| FsError::Io(e.to_string());
         if capacity < 1 << 20 {
@@ -49,17 +63,27 @@ impl DataServer {
                 (None, regions)
             }
         };
+        let ib_host = match ib {
+            Some(device) => Some(IbHost::spawn(device, SocketAddr::new(listen.ip(), 0), regions.clone())?),
+            None => None,
+        };
         let nic = TcpHost::spawn(listen, regions).map_err(io)?;
         let mut advertised = nic.local_addr();
+        let mut advertised_ib = ib_host.as_ref().map(IbHost::local_addr);
         if advertised.ip().is_unspecified() {
             // Tell clients the address this host reaches the meta-server from.
             let probe = TcpStream::connect_timeout(&meta, Duration::from_secs(3)).map_err(io)?;
-            advertised.set_ip(probe.local_addr().map_err(io)?.ip());
+            let ip = probe.local_addr().map_err(io)?.ip();
+            advertised.set_ip(ip);
+            if let Some(a) = advertised_ib.as_mut() {
+                a.set_ip(ip);
+            }
         }
         let rpc: RpcClient<MetaRequest, MetaResponse> = RpcClient::new(meta, Duration::from_secs(10));
         let request = MetaRequest::RegisterDataServer {
             nic: advertised,
             shm: shm.map(str::to_string),
+            ib: advertised_ib,
             region: DATA_REGION.0,
             capacity,
         };
@@ -69,7 +93,7 @@ impl DataServer {
             other => return Err(FsError::Io(format!("unexpected answer {other:?}"))),
         };
         log::info!("data server {} serving {capacity} bytes on {advertised}", id.0);
-        Ok(Self { nic, _shm: shm_host, id })
+        Ok(Self { nic, _shm: shm_host, _ib: ib_host, id })
     }
 
     pub fn id(&self) -> DataServerId {

@@ -73,7 +73,8 @@ use citron_lock::range_lock::RangeAlgorithm;
 use citron_lock::range_lock::RangeLockSite;
 use citron_lock::rdma::tcp::{RpcServer, RpcService};
 use citron_lock::rdma::{
-    Endpoint, FabricAddr, Node, RegionId, RegionMemory, RegionTable, RemoteAddr, ShmHost, TcpHost, TcpOptions,
+    Endpoint, FabricAddr, IbDevice, IbHost, Node, RegionId, RegionMemory, RegionTable, RemoteAddr, ShmHost,
+    TcpHost, TcpOptions,
 };
 use citronfs_core::locks::area::LockChoice;
 use citronfs_core::locks::table::TableGrowth;
@@ -132,6 +133,9 @@ pub struct MetaServerConfig {
     /// Also publish the meta-server's memory as this shm fabric, for
     /// clients on this host.
     pub shm: Option<String>,
+    /// Also serve the meta-server's memory to RDMA clients on this device
+    /// (the `ib` backend; its control channel listens beside the NIC).
+    pub ib: Option<IbDevice>,
 }
 
 impl MetaServerConfig {
@@ -151,6 +155,7 @@ impl MetaServerConfig {
             lease: Duration::from_secs(5),
             root_owner: Caller::ROOT,
             shm: None,
+            ib: None,
         }
     }
 }
@@ -167,6 +172,7 @@ pub struct MetaService {
     lease: Duration,
     nic: SocketAddr,
     shm: Option<String>,
+    ib: Option<SocketAddr>,
     data_servers: Mutex<Vec<Arc<DataServerLink>>>,
     clients: Mutex<HashMap<ClientId, ClientLease>>,
     next_client: AtomicU64,
@@ -221,6 +227,7 @@ impl MetaService {
         &self,
         nic: SocketAddr,
         shm: Option<String>,
+        ib: Option<SocketAddr>,
         region: u32,
         capacity: u64,
     ) -> Result<MetaResponse, FsError> {
@@ -230,7 +237,7 @@ impl MetaService {
         let id = DataServerId(links.len() as u32 + 1);
         self.ns.lock().chunks.add_server(id, RegionId(region), capacity);
         links.push(Arc::new(DataServerLink {
-            info: DataServerInfo { id, nic, shm },
+            info: DataServerInfo { id, nic, shm, ib },
             endpoint: Mutex::new(endpoint),
         }));
         log::info!("data server {} at {nic}: {capacity} bytes", id.0);
@@ -307,6 +314,7 @@ impl MetaService {
                     chunk_size: self.chunk_size,
                     meta_nic: self.nic,
                     meta_shm: self.shm.clone(),
+                    meta_ib: self.ib,
                     data_servers: self.data_servers.lock().iter().map(|l| l.info.clone()).collect(),
                     lease_ms: self.lease.as_millis() as u64,
                     waits_for: self.waits_for,
@@ -326,8 +334,8 @@ impl MetaService {
                 }
                 A::Done
             }
-            R::RegisterDataServer { nic, shm, region, capacity } => {
-                self.register_data_server(nic, shm, region, capacity)?
+            R::RegisterDataServer { nic, shm, ib, region, capacity } => {
+                self.register_data_server(nic, shm, ib, region, capacity)?
             }
             R::Lookup { parent, name, .. } => A::Attr(self.ns.lock().lookup(parent, &name)?),
             R::GetAttr { ino } => A::Attr(self.ns.lock().attr(ino)?),
@@ -456,6 +464,7 @@ pub struct MetaServer {
     _range_server: Option<RangeLockServer>,
     nic: TcpHost,
     _shm: Option<ShmHost>,
+    _ib: Option<IbHost>,
     stop: Arc<AtomicBool>,
     reaper: Option<JoinHandle<()>>,
 }
@@ -500,6 +509,12 @@ impl MetaServer {
             * 4096;
         let tree_start = lock_bytes - tree_bytes;
         let nic = TcpHost::spawn(config.nic_listen, regions.clone()).map_err(io)?;
+        let ib = match &config.ib {
+            Some(device) => {
+                Some(IbHost::spawn(device, SocketAddr::new(config.nic_listen.ip(), 0), regions.clone())?)
+            }
+            None => None,
+        };
         let mut lock_memory = LockMemory::below(locks.clone(), tree_start);
         let waits_for = WaitsFor {
             base: lock_memory.allocate(WaitsFor::bytes(config.max_waiting_owners))?,
@@ -586,6 +601,7 @@ impl MetaServer {
             lease: config.lease,
             nic: nic.local_addr(),
             shm: config.shm.clone(),
+            ib: ib.as_ref().map(IbHost::local_addr),
             data_servers: Mutex::new(Vec::new()),
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
@@ -624,6 +640,7 @@ impl MetaServer {
             rpc,
             nic,
             _shm: shm,
+            _ib: ib,
             stop,
             reaper: Some(reaper),
             _lock_host: lock_host,

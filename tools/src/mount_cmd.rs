@@ -8,6 +8,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use citron_lock::rdma::IbDevice;
 use citronfs_core::client::{ClientConfig, FsClient, Transport};
 use citronfs_meta_server::{DataServer, MetaServer};
 use citronfs_mount::{CitronFuse, MountOptions};
@@ -39,9 +40,13 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 4)]
     threads: usize,
     /// How to reach server memory: auto (shm for servers on this host that
-    /// publish it, tcp otherwise) or tcp.
+    /// publish it, tcp otherwise), tcp, or ib (RDMA, with --ib-device).
     #[arg(long, value_enum, default_value = "auto")]
     transport: TransportArg,
+    /// The RDMA device of this machine for `--transport ib` (`mlx5_0`,
+    /// `mlx5_0:PORT:GID_INDEX`); embedded servers serve ib on it too.
+    #[arg(long, value_name = "DEVICE")]
+    ib_device: Option<IbDevice>,
     /// Seconds to wait for a server before answering EIO.
     #[arg(long, default_value_t = 5.0)]
     timeout: f64,
@@ -54,6 +59,7 @@ pub struct MountArgs {
 enum TransportArg {
     Auto,
     Tcp,
+    Ib,
 }
 
 fn is_mount_point(path: &Path) -> Result<bool> {
@@ -80,6 +86,14 @@ pub fn run(args: MountArgs) -> Result<()> {
     if is_mount_point(&mountpoint)? {
         bail!("mount point {} is busy: something is already mounted there", mountpoint.display());
     }
+    let ib_device = match (args.transport, &args.ib_device) {
+        (TransportArg::Ib, None) => {
+            bail!("--transport ib needs --ib-device DEVICE (this machine's RDMA device)")
+        }
+        (TransportArg::Ib, Some(d)) => Some(d.clone()),
+        (_, Some(_)) => bail!("--ib-device is for --transport ib"),
+        (_, None) => None,
+    };
     // Embedded servers live as long as this function.
     let mut embedded: Option<(MetaServer, DataServer)> = None;
     let meta = match args.meta {
@@ -93,14 +107,21 @@ pub fn run(args: MountArgs) -> Result<()> {
                 chunk_size: ByteSize(1 << 20),
                 lease_ms: args.lease_ms,
                 shm: Some(format!("{pid}-meta")),
+                ib: ib_device.clone(),
                 locks: args.locks.clone(),
             };
             let meta =
                 MetaServer::start(meta_args.config()).context("cannot start the embedded meta-server")?;
             let data_shm = format!("{pid}-data");
             let data_listen = SocketAddr::new(args.listen.ip(), 0);
-            let data = DataServer::start(data_listen, meta.local_addr(), args.capacity.0, Some(&data_shm))
-                .context("cannot start the embedded data server")?;
+            let data = DataServer::start_with_ib(
+                data_listen,
+                meta.local_addr(),
+                args.capacity.0,
+                Some(&data_shm),
+                ib_device.as_ref(),
+            )
+            .context("cannot start the embedded data server")?;
             let addr = meta.local_addr();
             embedded = Some((meta, data));
             addr
@@ -109,8 +130,9 @@ pub fn run(args: MountArgs) -> Result<()> {
     let transport = match args.transport {
         TransportArg::Auto => Transport::Auto,
         TransportArg::Tcp => Transport::Tcp,
+        TransportArg::Ib => Transport::Ib,
     };
-    let client = FsClient::connect(ClientConfig { meta, timeout, transport })
+    let client = FsClient::connect(ClientConfig { meta, timeout, transport, ib_device })
         .with_context(|| format!("cannot join the cluster at {meta}"))?;
     let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads: args.threads });
     let session = citronfs_mount::spawn_mount(fs, &mountpoint)

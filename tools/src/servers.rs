@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use citron_lock::range_lock::RangeAlgorithm;
+use citron_lock::rdma::IbDevice;
 use citron_lock::rwlock::Algorithm;
 use citronfs_core::locks::area::LockChoice;
 use citronfs_core::locks::ClusterLockParams;
@@ -29,6 +30,11 @@ pub struct MetaServerArgs {
     /// clients on this host).
     #[arg(long, value_name = "NAME")]
     pub shm: Option<String>,
+    /// Also serve the meta-server's memory to RDMA clients (`--transport
+    /// ib`) through this device (`mlx5_0`, `mlx5_0:PORT:GID_INDEX`; needs a
+    /// build with `--features rdma`).
+    #[arg(long, value_name = "DEVICE")]
+    pub ib: Option<IbDevice>,
     #[command(flatten)]
     pub locks: LockArgs,
 }
@@ -83,6 +89,7 @@ impl MetaServerArgs {
         cfg.chunk_size = self.chunk_size.0;
         cfg.lease = Duration::from_millis(self.lease_ms);
         cfg.shm = self.shm.clone();
+        cfg.ib = self.ib.clone();
         self.locks.apply(&mut cfg);
         cfg
     }
@@ -102,6 +109,9 @@ pub struct DataServerArgs {
     /// Also publish the memory as shm fabric NAME (for clients on this host).
     #[arg(long, value_name = "NAME")]
     shm: Option<String>,
+    /// Also serve the memory to RDMA clients through this device.
+    #[arg(long, value_name = "DEVICE")]
+    ib: Option<IbDevice>,
 }
 
 /// Blocks until SIGINT or SIGTERM.
@@ -125,8 +135,14 @@ pub fn run_meta(args: MetaServerArgs) -> Result<()> {
 }
 
 pub fn run_data(args: DataServerArgs) -> Result<()> {
-    let server = DataServer::start(args.listen, args.meta, args.capacity.0, args.shm.as_deref())
-        .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
+    let server = DataServer::start_with_ib(
+        args.listen,
+        args.meta,
+        args.capacity.0,
+        args.shm.as_deref(),
+        args.ib.as_ref(),
+    )
+    .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
     println!("data server {} exporting {} on {}", server.id().0, args.capacity, server.nic_addr());
     wait_for_signal()?;
     drop(server);

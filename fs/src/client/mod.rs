@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use citron_lock::range_lock::RangeLockSite;
 use citron_lock::rdma::tcp::RpcClient;
-use citron_lock::rdma::{Endpoint, Node, TcpOptions, Verb, VerbCounts, VerbReply};
+use citron_lock::rdma::{Endpoint, IbDevice, IbFabric, Node, TcpOptions, Verb, VerbCounts, VerbReply};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::FsError;
@@ -50,6 +50,10 @@ pub enum Transport {
     Auto,
     /// Always the tcp software NIC (as a client on another host would).
     Tcp,
+    /// Every server through its RDMA NIC (the `ib` backend), with
+    /// [`ClientConfig::ib_device`] on this machine; a server that does not
+    /// serve ib is an error.
+    Ib,
 }
 
 /// How to reach a cluster and how long to wait for it.
@@ -60,22 +64,42 @@ pub struct ClientConfig {
     /// (EIO at the mount) after this, never a hang.
     pub timeout: Duration,
     pub transport: Transport,
+    /// The RDMA device of this machine, for [`Transport::Ib`].
+    pub ib_device: Option<IbDevice>,
 }
 
 impl ClientConfig {
     pub fn new(meta: SocketAddr) -> Self {
-        Self { meta, timeout: Duration::from_secs(5), transport: Transport::Auto }
+        Self { meta, timeout: Duration::from_secs(5), transport: Transport::Auto, ib_device: None }
     }
 }
 
-/// Joins a server's memory: its shm fabric when allowed and present on this
-/// host, its NIC otherwise.
-fn join_server(
+/// How a server's memory can be reached, as the meta-server reported it.
+struct ServerAddrs<'a> {
     nic: SocketAddr,
-    shm: Option<&str>,
+    shm: Option<&'a str>,
+    ib: Option<SocketAddr>,
+}
+
+/// Joins a server's memory: its shm fabric when allowed and present on this
+/// host, its NIC otherwise; with [`Transport::Ib`], its RDMA control channel.
+fn join_server(
+    server: ServerAddrs<'_>,
     transport: Transport,
+    ib_device: Option<&IbDevice>,
     options: TcpOptions,
 ) -> Result<Node, FsError> {
+    let ServerAddrs { nic, shm, ib } = server;
+    if transport == Transport::Ib {
+        let device = ib_device
+            .ok_or_else(|| FsError::Invalid("--transport ib needs the RDMA device of this machine".into()))?;
+        let host = ib.ok_or_else(|| {
+            FsError::Io(format!(
+                "the server at {nic} does not serve RDMA clients (start it with --ib DEVICE)"
+            ))
+        })?;
+        return Ok(Node::join_ib(&IbFabric { device: device.clone(), host }, options)?);
+    }
     if let (Transport::Auto, Some(name)) = (transport, shm) {
         if citron_lock::rdma::shm::fabric_dir(name).exists() {
             match Node::join_shm(name) {
@@ -142,6 +166,7 @@ pub struct FsClient {
     geometry: ChunkGeometry,
     timeout: Duration,
     transport: Transport,
+    ib_device: Option<IbDevice>,
     meta_node: Node,
     data_nodes: RwLock<HashMap<DataServerId, (DataServerInfo, Node)>>,
     pool: Mutex<Vec<Endpoints>>,
@@ -202,6 +227,7 @@ impl FsClient {
             chunk_size,
             meta_nic,
             meta_shm,
+            meta_ib,
             data_servers,
             lease_ms,
             waits_for,
@@ -210,8 +236,12 @@ impl FsClient {
         } = info;
         let geometry = ChunkGeometry::new(chunk_size).map_err(FsError::Invalid)?;
         let options = TcpOptions { connect_timeout: config.timeout, reply_timeout: config.timeout };
-        let meta_node =
-            join_server(reachable(meta_nic, config.meta), meta_shm.as_deref(), config.transport, options)?;
+        let meta_addrs = ServerAddrs {
+            nic: reachable(meta_nic, config.meta),
+            shm: meta_shm.as_deref(),
+            ib: meta_ib.map(|a| reachable(a, config.meta)),
+        };
+        let meta_node = join_server(meta_addrs, config.transport, config.ib_device.as_ref(), options)?;
         let shared = Arc::new(Shared {
             rpc,
             client: AtomicU64::new(client.0),
@@ -232,6 +262,7 @@ impl FsClient {
             geometry,
             timeout: config.timeout,
             transport: config.transport,
+            ib_device: config.ib_device.clone(),
             meta_node,
             data_nodes: RwLock::new(HashMap::new()),
             pool: Mutex::new(Vec::new()),
@@ -282,8 +313,13 @@ impl FsClient {
             if nodes.contains_key(&info.id) {
                 continue;
             }
-            let nic = reachable(info.nic, self.shared.rpc.server());
-            let node = join_server(nic, info.shm.as_deref(), self.transport, options)?;
+            let meta = self.shared.rpc.server();
+            let addrs = ServerAddrs {
+                nic: reachable(info.nic, meta),
+                shm: info.shm.as_deref(),
+                ib: info.ib.map(|a| reachable(a, meta)),
+            };
+            let node = join_server(addrs, self.transport, self.ib_device.as_ref(), options)?;
             nodes.insert(info.id, (info, node));
         }
         Ok(())

@@ -56,7 +56,9 @@ impl FromStr for IbDevice {
         };
         let gid_index = match parts.next() {
             None => None,
-            Some(g) => Some(g.parse::<u8>().map_err(|_| format!("bad GID index {g:?} of RDMA device {name}"))?),
+            Some(g) => {
+                Some(g.parse::<u8>().map_err(|_| format!("bad GID index {g:?} of RDMA device {name}"))?)
+            }
         };
         if parts.next().is_some() {
             return Err(format!("RDMA device {s:?} has more than DEVICE:PORT:GID_INDEX"));

@@ -89,9 +89,14 @@ impl Context {
         // SAFETY: freed once; the opened context does not depend on the list.
         unsafe { ibv_free_device_list(list) };
         if found.is_null() {
-            return Err(ib_err(format!("no RDMA device {} (this machine has: {})", device.name, names.join(", "))));
+            return Err(ib_err(format!(
+                "no RDMA device {} (this machine has: {})",
+                device.name,
+                names.join(", ")
+            )));
         }
-        let ctx = NonNull::new(ctx).ok_or_else(|| os_err(&format!("cannot open RDMA device {}", device.name)))?;
+        let ctx =
+            NonNull::new(ctx).ok_or_else(|| os_err(&format!("cannot open RDMA device {}", device.name)))?;
         // From here on, `Context`'s Drop closes the device on every error path.
         let mut this = Context {
             ctx,
@@ -267,7 +272,8 @@ impl LocalBuffer {
         let mut mem = vec![0u128; len.div_ceil(16).max(1)].into_boxed_slice();
         // SAFETY: the boxed slice is ours, never reallocated, and freed only
         // after the MR (field order).
-        let mr = unsafe { MemoryRegion::register(pd, mem.as_mut_ptr().cast(), mem.len() * 16, Access::Local)? };
+        let mr =
+            unsafe { MemoryRegion::register(pd, mem.as_mut_ptr().cast(), mem.len() * 16, Access::Local)? };
         Ok(Self { mr, mem })
     }
 
@@ -352,7 +358,12 @@ impl CompletionQueue {
             return Err(ib_err("polling the completion queue failed"));
         }
         for wc in &wcs[..n as usize] {
-            out.push(Completion { wr_id: wc.wr_id, status: wc.status, byte_len: wc.byte_len, qp_num: wc.qp_num });
+            out.push(Completion {
+                wr_id: wc.wr_id,
+                status: wc.status,
+                byte_len: wc.byte_len,
+                qp_num: wc.qp_num,
+            });
         }
         Ok(n as usize)
     }
@@ -453,7 +464,8 @@ impl QueuePair {
         let qp = NonNull::new(qp).ok_or_else(|| os_err("cannot create a queue pair"))?;
         // A random-enough 24-bit starting PSN, so a late packet of an older
         // connection is not taken for one of this.
-        let psn = (std::process::id().wrapping_mul(2654435761) ^ Instant::now().elapsed().subsec_nanos()
+        let psn = (std::process::id().wrapping_mul(2654435761)
+            ^ Instant::now().elapsed().subsec_nanos()
             ^ (qp.as_ptr() as usize as u32))
             & 0xFF_FFFF;
         Ok(Self {
@@ -476,11 +488,19 @@ impl QueuePair {
         self.pd.ctx.qp_address(self.qpn(), self.psn)
     }
 
-    fn modify(&self, attr: &mut ibv_qp_attr, mask: ibv_qp_attr_mask, what: &str) -> Result<(), TransportError> {
+    fn modify(
+        &self,
+        attr: &mut ibv_qp_attr,
+        mask: ibv_qp_attr_mask,
+        what: &str,
+    ) -> Result<(), TransportError> {
         // SAFETY: the QP is alive; `attr` is valid for the fields `mask` names.
         let r = unsafe { ibv_modify_qp(self.qp.as_ptr(), attr, mask.0 as c_int) };
         if r != 0 {
-            return Err(ib_err(format!("cannot move the queue pair to {what}: {}", std::io::Error::from_raw_os_error(r))));
+            return Err(ib_err(format!(
+                "cannot move the queue pair to {what}: {}",
+                std::io::Error::from_raw_os_error(r)
+            )));
         }
         Ok(())
     }
@@ -568,7 +588,10 @@ impl QueuePair {
         // SAFETY: the caller's contract; the QP is alive.
         let r = unsafe { ibv_post_send(self.qp.as_ptr(), first, &mut bad) };
         if r != 0 {
-            return Err(ib_err(format!("posting work requests failed: {}", std::io::Error::from_raw_os_error(r))));
+            return Err(ib_err(format!(
+                "posting work requests failed: {}",
+                std::io::Error::from_raw_os_error(r)
+            )));
         }
         Ok(())
     }
@@ -587,7 +610,10 @@ impl QueuePair {
         // which copies them.
         let r = unsafe { ibv_post_recv(self.qp.as_ptr(), &mut wr, &mut bad) };
         if r != 0 {
-            return Err(ib_err(format!("posting a receive failed: {}", std::io::Error::from_raw_os_error(r))));
+            return Err(ib_err(format!(
+                "posting a receive failed: {}",
+                std::io::Error::from_raw_os_error(r)
+            )));
         }
         Ok(())
     }

@@ -230,7 +230,14 @@ mod tests {
     use crate::rdma::RemoteAddr;
 
     fn qp() -> QpAddress {
-        QpAddress { qpn: 0x1234, psn: 0xAB_CDEF, lid: 7, gid: [0; 16], gid_index: None, mtu: PathMtu::MTU_4096 }
+        QpAddress {
+            qpn: 0x1234,
+            psn: 0xAB_CDEF,
+            lid: 7,
+            gid: [0; 16],
+            gid_index: None,
+            mtu: PathMtu::MTU_4096,
+        }
     }
 
     fn grant(id: u32) -> RegionGrant {
@@ -294,7 +301,12 @@ mod tests {
             assert_eq!(check_host_request(&req), Err(want));
         }
         // RoCE: no LID, a GID.
-        let roce = QpAddress { lid: 0, gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8], gid_index: Some(3), ..qp() };
+        let roce = QpAddress {
+            lid: 0,
+            gid: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8],
+            gid_index: Some(3),
+            ..qp()
+        };
         roce.validate().unwrap();
         assert!(roce.needs_grh());
         assert!(!qp().needs_grh());

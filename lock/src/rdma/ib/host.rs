@@ -52,7 +52,12 @@ impl HostService {
                 // keeps alive for as long as the MR; remote peers access it
                 // as the shm backend's clients do (atomics, or under locks).
                 let mr = unsafe {
-                    MemoryRegion::register(&self.pd, memory.base_ptr(), memory.len() as usize, Access::Remote)?
+                    MemoryRegion::register(
+                        &self.pd,
+                        memory.base_ptr(),
+                        memory.len() as usize,
+                        Access::Remote,
+                    )?
                 };
                 log::info!("ib: registered region {} ({} bytes, rkey {:#x})", id.0, memory.len(), mr.rkey());
                 slot.insert(Registered { mr, memory });
@@ -68,7 +73,11 @@ impl HostService {
         Ok(out)
     }
 
-    fn connect(&self, remote: &handshake::QpAddress, peer: SocketAddr) -> Result<HostResponse, TransportError> {
+    fn connect(
+        &self,
+        remote: &handshake::QpAddress,
+        peer: SocketAddr,
+    ) -> Result<HostResponse, TransportError> {
         let regions = self.grants()?;
         let qp = QueuePair::new(&self.pd, &self.cq, &self.cq, QpSizes { send: 1, recv: 1, max_inline: 0 })?;
         qp.connect(remote)?;
@@ -135,7 +144,11 @@ pub struct IbHost {
 impl IbHost {
     /// Opens `device`, registers `regions` (and, lazily, regions added
     /// later) and listens for connection setup on `listen`.
-    pub fn spawn(device: &IbDevice, listen: SocketAddr, regions: Arc<RegionTable>) -> Result<Self, TransportError> {
+    pub fn spawn(
+        device: &IbDevice,
+        listen: SocketAddr,
+        regions: Arc<RegionTable>,
+    ) -> Result<Self, TransportError> {
         let ctx = Context::open(device)?;
         if !ctx.atomics {
             return Err(TransportError::Ib(format!("RDMA device {device} has no atomic verbs")));
@@ -153,7 +166,10 @@ impl IbHost {
         });
         service.grants()?;
         let server = RpcServer::spawn(listen, service, "ib-ctl")?;
-        log::info!("ib host on {device}, control channel {} (protocol {PROTOCOL_VERSION})", server.local_addr());
+        log::info!(
+            "ib host on {device}, control channel {} (protocol {PROTOCOL_VERSION})",
+            server.local_addr()
+        );
         Ok(Self { server, device: device.clone() })
     }
 

@@ -16,7 +16,11 @@ pub struct IbHost {
 }
 
 impl IbHost {
-    pub fn spawn(device: &IbDevice, _listen: SocketAddr, _regions: Arc<RegionTable>) -> Result<Self, TransportError> {
+    pub fn spawn(
+        device: &IbDevice,
+        _listen: SocketAddr,
+        _regions: Arc<RegionTable>,
+    ) -> Result<Self, TransportError> {
         Err(super::no_backend(device))
     }
 

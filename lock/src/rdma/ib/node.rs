@@ -34,7 +34,8 @@ fn ib_err(what: impl std::fmt::Display) -> TransportError {
 
 fn host_call(client: &HostClient, request: &HostRequest) -> Result<HostResponse, TransportError> {
     let response = client.call(request)?;
-    handshake::check_host_response(&response).map_err(|e| ib_err(format!("host {}: {e}", client.server())))?;
+    handshake::check_host_response(&response)
+        .map_err(|e| ib_err(format!("host {}: {e}", client.server())))?;
     Ok(response)
 }
 
@@ -50,7 +51,11 @@ pub(crate) struct IbNode {
 }
 
 impl IbNode {
-    pub fn join(fabric: &IbFabric, options: TcpOptions, router: Arc<MailboxRouter>) -> Result<Self, TransportError> {
+    pub fn join(
+        fabric: &IbFabric,
+        options: TcpOptions,
+        router: Arc<MailboxRouter>,
+    ) -> Result<Self, TransportError> {
         let ctx = Context::open(&fabric.device)?;
         if !ctx.atomics {
             return Err(ib_err(format!("RDMA device {} has no atomic verbs", fabric.device)));
@@ -229,7 +234,8 @@ impl IbQp {
                                     .copy_from_slice(&staging[at..at + l]);
                             }
                             (WrOp::Read { .. }, _) | (WrOp::Cas { .. }, _) | (WrOp::Faa { .. }, _) => {
-                                let old = u64::from_ne_bytes(staging[at..at + 8].try_into().expect("8 bytes"));
+                                let old =
+                                    u64::from_ne_bytes(staging[at..at + 8].try_into().expect("8 bytes"));
                                 self.guesses_note(w.remote, &w.op, old);
                                 results[w.verb] = Some(Ok(VerbReply::Old(old)));
                             }
@@ -252,10 +258,14 @@ impl IbQp {
                     round_trips += r.round_trips() - 1;
                     results[*verb] = Some(Ok(VerbReply::Old(r.old)));
                 }
-                Step::Host { verb } => match host_call(&self.control, &HostRequest::Execute(verbs[*verb].clone()))? {
-                    HostResponse::Executed(r) => results[*verb] = Some(r),
-                    other => return Err(TransportError::Protocol(format!("unexpected reply: {other:?}"))),
-                },
+                Step::Host { verb } => {
+                    match host_call(&self.control, &HostRequest::Execute(verbs[*verb].clone()))? {
+                        HostResponse::Executed(r) => results[*verb] = Some(r),
+                        other => {
+                            return Err(TransportError::Protocol(format!("unexpected reply: {other:?}")))
+                        }
+                    }
+                }
             }
         }
         for (i, r) in results.into_iter().enumerate() {
@@ -296,7 +306,9 @@ impl IbQp {
             let mut conn_mut = self.conn.borrow_mut();
             let staging = conn_mut.as_mut().expect("connected").staging.bytes_mut();
             for w in wrs {
-                if let (WrOp::Write { data_at, len, inline: false }, Verb::Write { data, .. }) = (w.op, &verbs[w.verb]) {
+                if let (WrOp::Write { data_at, len, inline: false }, Verb::Write { data, .. }) =
+                    (w.op, &verbs[w.verb])
+                {
                     let (d, l) = (data_at as usize, len as usize);
                     staging[w.staging_at..w.staging_at + l].copy_from_slice(&data[d..d + l]);
                 }
@@ -310,7 +322,9 @@ impl IbQp {
                 (WrOp::Write { data_at, len, inline: true }, Verb::Write { data, .. }) => {
                     (data[data_at as usize..].as_ptr() as u64, len)
                 }
-                (WrOp::Write { len, .. }, _) | (WrOp::Read { len, .. }, _) => (saddr + w.staging_at as u64, len),
+                (WrOp::Write { len, .. }, _) | (WrOp::Read { len, .. }, _) => {
+                    (saddr + w.staging_at as u64, len)
+                }
                 (WrOp::Cas { .. }, _) | (WrOp::Faa { .. }, _) => (saddr + w.staging_at as u64, 8),
             };
             sges.push(ffi::ibv_sge { addr, length: len, lkey });
@@ -347,8 +361,12 @@ impl IbQp {
                 }
                 WrOp::Faa { add } => {
                     wr.opcode = ffi::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
-                    wr.wr.atomic =
-                        rdma_sys::atomic_t { remote_addr: w.remote.addr, compare_add: add, swap: 0, rkey: w.remote.rkey };
+                    wr.wr.atomic = rdma_sys::atomic_t {
+                        remote_addr: w.remote.addr,
+                        compare_add: add,
+                        swap: 0,
+                        rkey: w.remote.rkey,
+                    };
                 }
             }
             wr.send_flags = flags.0;
@@ -357,7 +375,8 @@ impl IbQp {
         // Link the chain only now: `sges` and `chain` no longer move.
         for i in 0..chain.len() {
             chain[i].sg_list = &mut sges[i];
-            chain[i].next = if i + 1 < chain.len() { &mut chain[i + 1] as *mut _ } else { std::ptr::null_mut() };
+            chain[i].next =
+                if i + 1 < chain.len() { &mut chain[i + 1] as *mut _ } else { std::ptr::null_mut() };
         }
         // SAFETY: the chain and its SGEs live until this function returns,
         // after the doorbell's completion (or its failure, after which the
@@ -502,7 +521,12 @@ impl MessengerShared {
             // SAFETY: buffer `i` is inside `buffers`, which lives with the QP
             // in `inbound` and is only read after its receive completed.
             unsafe {
-                qp.post_recv(i as u64, buffers.addr() + (i * MESSAGE_BUFFER) as u64, MESSAGE_BUFFER as u32, buffers.lkey())?
+                qp.post_recv(
+                    i as u64,
+                    buffers.addr() + (i * MESSAGE_BUFFER) as u64,
+                    MESSAGE_BUFFER as u32,
+                    buffers.lkey(),
+                )?
             };
         }
         qp.connect(remote)?;
@@ -531,7 +555,12 @@ impl MessengerShared {
             }
             // SAFETY: the buffer's message was copied out (decoded) above.
             if let Err(e) = unsafe {
-                conn.qp.post_recv(c.wr_id, conn.buffers.addr() + at as u64, MESSAGE_BUFFER as u32, conn.buffers.lkey())
+                conn.qp.post_recv(
+                    c.wr_id,
+                    conn.buffers.addr() + at as u64,
+                    MESSAGE_BUFFER as u32,
+                    conn.buffers.lkey(),
+                )
             } {
                 log::warn!("ib: cannot repost a receive buffer: {e}");
             }
@@ -599,11 +628,17 @@ impl Messenger {
         *self.shared.id.lock() = id;
     }
 
-    fn outbound(&self, to: NodeId, host: &HostClient, pd: &Arc<ProtectionDomain>) -> Result<Arc<Mutex<Outbound>>, TransportError> {
+    fn outbound(
+        &self,
+        to: NodeId,
+        host: &HostClient,
+        pd: &Arc<ProtectionDomain>,
+    ) -> Result<Arc<Mutex<Outbound>>, TransportError> {
         if let Some(o) = self.outbound.lock().get(&to) {
             return Ok(o.clone());
         }
-        let unknown = || TransportError::UnknownClient(ClientAddr { node: to, mailbox: crate::rdma::MailboxId(0) });
+        let unknown =
+            || TransportError::UnknownClient(ClientAddr { node: to, mailbox: crate::rdma::MailboxId(0) });
         let addr = match host_call(host, &HostRequest::Resolve(to))? {
             HostResponse::Resolved(Some(a)) => a,
             HostResponse::Resolved(None) => return Err(unknown()),
@@ -614,12 +649,18 @@ impl Messenger {
         let buffer = LocalBuffer::new(pd, MESSAGE_BUFFER)?;
         let control = RpcClient::new(addr, self.options.reply_timeout);
         let me = *self.shared.id.lock();
-        let remote = match control.call(&PeerRequest::Connect { version: PROTOCOL_VERSION, from: me, qp: qp.address() })? {
+        let remote = match control.call(&PeerRequest::Connect {
+            version: PROTOCOL_VERSION,
+            from: me,
+            qp: qp.address(),
+        })? {
             PeerResponse::Accepted { qp } => {
                 qp.validate().map_err(|e| ib_err(format!("peer {}: {e}", to.0)))?;
                 qp
             }
-            PeerResponse::Refused(e) => return Err(ib_err(format!("peer node {} refused a message QP: {e}", to.0))),
+            PeerResponse::Refused(e) => {
+                return Err(ib_err(format!("peer node {} refused a message QP: {e}", to.0)))
+            }
         };
         qp.connect(&remote)?;
         let o = Arc::new(Mutex::new(Outbound { qp, cq, buffer, next_wr: 1, _control: control }));
@@ -627,7 +668,13 @@ impl Messenger {
         Ok(o)
     }
 
-    fn send(&self, to: ClientAddr, envelope: &Envelope, host: &HostClient, pd: &Arc<ProtectionDomain>) -> Result<(), TransportError> {
+    fn send(
+        &self,
+        to: ClientAddr,
+        envelope: &Envelope,
+        host: &HostClient,
+        pd: &Arc<ProtectionDomain>,
+    ) -> Result<(), TransportError> {
         let out = self.outbound(to.node, host, pd)?;
         let mut o = out.lock();
         let bytes = codec::encode(envelope);
@@ -637,7 +684,8 @@ impl Messenger {
         o.buffer.bytes_mut()[..bytes.len()].copy_from_slice(&bytes);
         let wr_id = o.next_wr;
         o.next_wr += 1;
-        let mut sge = ffi::ibv_sge { addr: o.buffer.addr(), length: bytes.len() as u32, lkey: o.buffer.lkey() };
+        let mut sge =
+            ffi::ibv_sge { addr: o.buffer.addr(), length: bytes.len() as u32, lkey: o.buffer.lkey() };
         let mut wr = ffi::send_wr();
         wr.wr_id = wr_id;
         wr.sg_list = &mut sge;
@@ -659,7 +707,10 @@ impl Messenger {
                     match done.on_completion(c.wr_id, c.status) {
                         Progress::Done => return Ok(()),
                         Progress::Failed { status, .. } => {
-                            return Err(ib_err(format!("message to {to} failed: {}", ffi::status_text(status))))
+                            return Err(ib_err(format!(
+                                "message to {to} failed: {}",
+                                ffi::status_text(status)
+                            )))
                         }
                         Progress::Foreign => {}
                     }

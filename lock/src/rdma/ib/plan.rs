@@ -158,7 +158,9 @@ fn classify(verb: &Verb) -> Result<Native, Option<EmulatedOp>> {
         Verb::MaskedCas { cmp, cmp_mask, swap, swap_mask, .. } => {
             return Err(Some(EmulatedOp::MaskedCas { cmp, cmp_mask, swap, swap_mask }))
         }
-        Verb::MaskedFaa { add, boundary_mask, .. } => return Err(Some(EmulatedOp::MaskedFaa { add, boundary_mask })),
+        Verb::MaskedFaa { add, boundary_mask, .. } => {
+            return Err(Some(EmulatedOp::MaskedFaa { add, boundary_mask }))
+        }
         Verb::ExtCas { .. } | Verb::ExtFaa { .. } => return Err(None),
     })
 }
@@ -374,7 +376,10 @@ mod tests {
         let d = doorbells(&p);
         assert_eq!(p.steps.len(), 1);
         let ops: Vec<_> = d[0].iter().map(|w| w.op).collect();
-        assert_eq!(ops, vec![WrOp::Faa { add: 3 }, WrOp::Cas { expect: 4, new: 5 }, WrOp::Read { data_at: 0, len: 8 }]);
+        assert_eq!(
+            ops,
+            vec![WrOp::Faa { add: 3 }, WrOp::Cas { expect: 4, new: 5 }, WrOp::Read { data_at: 0, len: 8 }]
+        );
     }
 
     #[test]
@@ -405,7 +410,8 @@ mod tests {
         }
         // A 10000-byte read with a 4096-byte staging buffer: three pieces, three doorbells.
         let p = plan(&[Verb::Read { addr: at(100), len: 10_000 }], &regions(), limits);
-        let pieces: Vec<_> = doorbells(&p).iter().flat_map(|d| d.iter()).map(|w| (w.op, w.remote.addr)).collect();
+        let pieces: Vec<_> =
+            doorbells(&p).iter().flat_map(|d| d.iter()).map(|w| (w.op, w.remote.addr)).collect();
         assert_eq!(
             pieces,
             vec![

@@ -80,9 +80,10 @@ impl RemoteRegions {
         match verb {
             Verb::Read { addr, len } => self.check_transfer(*addr, u64::from(*len)),
             Verb::Write { addr, data } => self.check_transfer(*addr, data.len() as u64),
-            Verb::Cas { addr, .. } | Verb::Faa { addr, .. } | Verb::MaskedCas { addr, .. } | Verb::MaskedFaa { addr, .. } => {
-                self.check(*addr, 8, 8)
-            }
+            Verb::Cas { addr, .. }
+            | Verb::Faa { addr, .. }
+            | Verb::MaskedCas { addr, .. }
+            | Verb::MaskedFaa { addr, .. } => self.check(*addr, 8, 8),
             Verb::ExtCas { addr, .. } | Verb::ExtFaa { addr, .. } => self.check(*addr, 16, 16),
         }
     }
@@ -166,7 +167,10 @@ mod tests {
             Err(VerbError::TooLarge { len: MAX_TRANSFER + 1, max: MAX_TRANSFER })
         );
         let nowhere = RemoteAddr::new(RegionId(9), 0);
-        assert_eq!(remote.check_verb(&Verb::Read { addr: nowhere, len }), Err(VerbError::UnknownRegion(RegionId(9))));
+        assert_eq!(
+            remote.check_verb(&Verb::Read { addr: nowhere, len }),
+            Err(VerbError::UnknownRegion(RegionId(9)))
+        );
         assert_eq!(remote.list(), vec![(RegionId(1), LEN), (RegionId(2), 4096)]);
     }
 }
