@@ -17,16 +17,61 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use citron_lock::rdma::{FabricAddr, RegionId, RegionMemory, RegionTable, RemoteAtomicity, ShmHost, TcpHost};
+use citron_lock::rdma::{
+    FabricAddr, IbDevice, IbFabric, IbHost, RegionId, RegionMemory, RegionTable, RemoteAtomicity, ShmHost,
+    TcpHost,
+};
 
 /// The backends every conformance and stress test runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     Shm,
     Tcp,
+    /// RC queue pairs on the RDMA device named by `CITRONFS_IB_DEVICE`
+    /// (the tests run on it only when the variable is set).
+    Ib,
 }
 
-pub const BACKENDS: [Backend; 2] = [Backend::Shm, Backend::Tcp];
+/// The backends every conformance and stress test runs on: `for backend in
+/// BACKENDS`. Always shm and tcp; ib too when `CITRONFS_IB_DEVICE` names
+/// an RDMA device (and the build has `--features citron-lock/rdma`),
+/// otherwise a line on stderr says that the ib runs were skipped.
+pub const BACKENDS: Backends = Backends;
+
+/// The set [`BACKENDS`] iterates.
+#[derive(Clone, Copy, Debug)]
+pub struct Backends;
+
+impl IntoIterator for Backends {
+    type Item = Backend;
+    type IntoIter = std::vec::IntoIter<Backend>;
+    fn into_iter(self) -> Self::IntoIter {
+        let mut v = vec![Backend::Shm, Backend::Tcp];
+        match ib_device() {
+            Some(_) => v.push(Backend::Ib),
+            None => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!(
+                        "ib backend: skipped (no RDMA device named; set {}=DEVICE, e.g. mlx5_0 or rxe0, \
+                         and build with --features citron-lock/rdma to run these tests on it)",
+                        citron_lock::rdma::ib::DEVICE_ENV
+                    )
+                });
+            }
+        }
+        v.into_iter()
+    }
+}
+
+/// The RDMA device the device-dependent tests use, if one is named.
+///
+/// # Panics
+/// If the variable is set but does not parse: a typo must not turn into a
+/// silent skip.
+pub fn ib_device() -> Option<IbDevice> {
+    IbDevice::from_env().map(|r| r.unwrap_or_else(|e| panic!("{}: {e}", citron_lock::rdma::ib::DEVICE_ENV)))
+}
 
 /// The region every test fabric registers.
 pub const TEST_REGION: RegionId = RegionId(1);
@@ -39,6 +84,7 @@ pub struct TestFabric {
     pub regions: Arc<RegionTable>,
     shm: Option<ShmHost>,
     tcp: Option<TcpHost>,
+    _ib: Option<IbHost>,
 }
 
 impl TestFabric {
@@ -62,6 +108,7 @@ impl TestFabric {
                     regions: host.regions().clone(),
                     shm: Some(host),
                     tcp: None,
+                    _ib: None,
                 }
             }
             Backend::Tcp => {
@@ -81,6 +128,28 @@ impl TestFabric {
                     regions,
                     shm: None,
                     tcp: Some(host),
+                    _ib: None,
+                }
+            }
+            Backend::Ib => {
+                let device = ib_device().expect("Backend::Ib is only listed when a device is named");
+                let regions = Arc::new(RegionTable::new());
+                regions
+                    .insert(
+                        RegionMemory::anonymous(TEST_REGION, region_len)
+                            .expect("map")
+                            .with_remote_atomicity(atomicity),
+                    )
+                    .expect("insert");
+                let host = IbHost::spawn(&device, "127.0.0.1:0".parse().unwrap(), regions.clone())
+                    .unwrap_or_else(|e| panic!("cannot serve a test region on RDMA device {device}: {e}"));
+                Self {
+                    addr: FabricAddr::Ib(IbFabric { device, host: host.local_addr() }),
+                    backend,
+                    regions,
+                    shm: None,
+                    tcp: None,
+                    _ib: Some(host),
                 }
             }
         }

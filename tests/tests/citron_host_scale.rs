@@ -73,7 +73,7 @@ fn host_run_scale_ups_under_contention_keep_ranges_exclusive() {
         host.enable_scaling(instance, spillover_addr(), 7).unwrap();
         let iterations = match backend {
             Backend::Shm => 2000,
-            Backend::Tcp => 600,
+            Backend::Tcp | Backend::Ib => 600,
         };
         let exe = env!("CARGO_BIN_EXE_citron-stress-worker");
         let workers: Vec<_> = (0..2)

@@ -42,7 +42,7 @@ fn scale_ups_under_contention_keep_ranges_exclusive() {
         let (instance, _) = host.create(TreeShape::new(SCALE_FROM)).unwrap();
         let iterations = match backend {
             Backend::Shm => 2000,
-            Backend::Tcp => 600,
+            Backend::Tcp | Backend::Ib => 600,
         };
         let exe = env!("CARGO_BIN_EXE_citron-stress-worker");
         let workers: Vec<_> = (0..2)

@@ -11,7 +11,7 @@ fn overlapping_ranges_are_never_held_at_once() {
         let fabric = TestFabric::new(backend, 1 << 20);
         let iterations = match backend {
             citronfs_tests::Backend::Shm => 400,
-            citronfs_tests::Backend::Tcp => 150,
+            citronfs_tests::Backend::Tcp | citronfs_tests::Backend::Ib => 150,
         };
         let exe = env!("CARGO_BIN_EXE_citron-stress-worker");
         let workers: Vec<_> = (0..2)

@@ -262,7 +262,7 @@ fn alock_excludes_host_threads_and_remote_processes_under_nic_only_atomics() {
         let fabric = TestFabric::with_atomicity(backend, REGION_LEN, RemoteAtomicity::NicOnly);
         let (process_iterations, remote_iterations, local_iterations) = match backend {
             Backend::Shm => (300, 300, 300),
-            Backend::Tcp => (60, 60, 60),
+            Backend::Tcp | Backend::Ib => (60, 60, 60),
         };
         let mix = Mix {
             processes: 2,
@@ -295,7 +295,7 @@ fn alock_budgets_bound_consecutive_entries_of_a_cohort() {
         let fabric = TestFabric::new(backend, REGION_LEN);
         let (process_iterations, local_iterations) = match backend {
             Backend::Shm => (400, 400),
-            Backend::Tcp => (80, 80),
+            Backend::Tcp | Backend::Ib => (80, 80),
         };
         let mix = Mix {
             processes: 2,
@@ -492,7 +492,7 @@ fn the_same_naive_lock_holds_when_remote_atomics_are_atomic_with_the_host() {
         let fabric = TestFabric::new(backend, REGION_LEN);
         let enough = match backend {
             Backend::Shm => 4000,
-            Backend::Tcp => 600,
+            Backend::Tcp | Backend::Ib => 600,
         };
         let run = naive_mixed_cas(&fabric, |f, elapsed, _| {
             let done = word(f, ORACLE_AT + oracle::DONE_LOCAL).min(word(f, ORACLE_AT + oracle::DONE_REMOTE));

@@ -65,7 +65,7 @@ fn every_built_algorithm_passes_the_oracle_through_the_factory() {
     for backend in BACKENDS {
         let iterations: u64 = match backend {
             Backend::Shm => 2000,
-            Backend::Tcp => 300,
+            Backend::Tcp | Backend::Ib => 300,
         };
         for alg in Algorithm::BUILT {
             for read_percent in [50, 95] {

@@ -139,7 +139,7 @@ fn stress_mutual_exclusion_overlap_bypass_and_handover() {
     for backend in BACKENDS {
         let iterations = match backend {
             Backend::Shm => 800,
-            Backend::Tcp => 150,
+            Backend::Tcp | Backend::Ib => 150,
         };
         // A lease far above any critical section here: a recovery or a
         // fenced holder would mean a stalled queue, i.e. a lost handover.

@@ -70,7 +70,7 @@ fn stress(fabric: &TestFabric, spec: &str, iterations: u64) -> u64 {
 fn iterations(backend: Backend, shm: u64, tcp: u64) -> u64 {
     match backend {
         Backend::Shm => shm,
-        Backend::Tcp => tcp,
+        Backend::Tcp | Backend::Ib => tcp,
     }
 }
 
