@@ -104,7 +104,6 @@ pub fn run(args: RegionHostArgs) -> Result<()> {
     }
     crate::servers::wait_for_signal()?;
     println!("stopping");
-    drop(ib);
     drop(tcp);
     drop(shm);
     Ok(())
