@@ -523,10 +523,21 @@ impl MetaServer {
         let lock_err = |e: citron_lock::rwlock::LockError| FsError::Io(format!("lock host: {e}"));
         // The meta-server acts on its own lock memory as a client of its own
         // fabric (shm when published, else its NIC): the lease reaper's
-        // cleanup, and the lock host's services.
-        let own_fabric = match &config.shm {
-            Some(name) => FabricAddr::Shm(name.clone()),
-            None => FabricAddr::Tcp(nic.local_addr()),
+        // cleanup, and the lock host's services. When it serves RDMA
+        // clients, through its RNIC too: an RNIC's atomics are atomic only
+        // with other RNIC atomics (ibv_atomic_cap HCA), not with the CPU's.
+        let own_fabric = match (&ib, &config.shm) {
+            (Some(h), _) => FabricAddr::Ib(citron_lock::rdma::IbFabric {
+                device: h.device().clone(),
+                host: match h.local_addr() {
+                    a if a.ip().is_unspecified() => {
+                        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), a.port())
+                    }
+                    a => a,
+                },
+            }),
+            (None, Some(name)) => FabricAddr::Shm(name.clone()),
+            (None, None) => FabricAddr::Tcp(nic.local_addr()),
         };
         let node = Node::join(&own_fabric)?;
         // The lock host: ShiftLock's recovery service and the RPC lock

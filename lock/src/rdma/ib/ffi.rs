@@ -17,7 +17,7 @@ use std::ffi::CStr;
 use std::os::raw::{c_int, c_void};
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdma_sys::*;
 
@@ -42,6 +42,9 @@ pub struct Context {
     pub max_qp_wr: u32,
     pub max_qp_rd_atom: u8,
     pub atomics: bool,
+    /// `IBV_ATOMIC_GLOB`: the NIC's atomics are atomic with the CPU's too.
+    /// Most devices report `IBV_ATOMIC_HCA` (only among the NIC's own).
+    pub atomics_with_cpu: bool,
 }
 
 // SAFETY: an `ibv_context` may be used from any thread; libibverbs and its
@@ -107,6 +110,7 @@ impl Context {
             max_qp_wr: 0,
             max_qp_rd_atom: 0,
             atomics: false,
+            atomics_with_cpu: false,
         };
         // SAFETY: a plain C struct, filled by the call.
         let mut dev_attr: ibv_device_attr = unsafe { std::mem::zeroed() };
@@ -135,6 +139,7 @@ impl Context {
         this.max_qp_wr = dev_attr.max_qp_wr.max(1) as u32;
         this.max_qp_rd_atom = dev_attr.max_qp_rd_atom.clamp(1, 16) as u8;
         this.atomics = dev_attr.atomic_cap != ibv_atomic_cap::IBV_ATOMIC_NONE;
+        this.atomics_with_cpu = dev_attr.atomic_cap == ibv_atomic_cap::IBV_ATOMIC_GLOB;
         Ok(Arc::new(this))
     }
 
@@ -368,15 +373,24 @@ impl CompletionQueue {
         Ok(n as usize)
     }
 
-    /// Waits up to `timeout` for the CQ to have something (needs a
-    /// channel): arms it, then waits on the channel's fd. Returns whether an
-    /// event came; the caller polls either way.
-    pub fn wait(&self, timeout: Duration) -> Result<bool, TransportError> {
-        let Some(ch) = self.channel else { return Ok(false) };
-        // SAFETY: the CQ is alive and has this channel.
+    /// Asks for an event at the next completion (needs a channel). The
+    /// caller polls once more after arming: a completion that arrived
+    /// before raises no event.
+    pub fn arm(&self) -> Result<(), TransportError> {
+        if self.channel.is_none() {
+            return Ok(());
+        }
+        // SAFETY: the CQ is alive and has a channel.
         if unsafe { ibv_req_notify_cq(self.cq.as_ptr(), 0) } != 0 {
             return Err(ib_err("cannot arm the completion queue"));
         }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the event of an armed CQ on the channel's
+    /// fd. Returns whether an event came; the caller polls either way.
+    pub fn wait_armed(&self, timeout: Duration) -> Result<bool, TransportError> {
+        let Some(ch) = self.channel else { return Ok(false) };
         // SAFETY: the channel is alive; `fd` is a plain field.
         let fd = unsafe { ch.as_ref().fd };
         let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
@@ -462,11 +476,12 @@ impl QueuePair {
         // SAFETY: PD and CQs are alive (held by the QP); `init` is valid.
         let qp = unsafe { ibv_create_qp(pd.pd.as_ptr(), &mut init) };
         let qp = NonNull::new(qp).ok_or_else(|| os_err("cannot create a queue pair"))?;
-        // A random-enough 24-bit starting PSN, so a late packet of an older
+        // A varying 24-bit starting PSN, so a late packet of an older
         // connection is not taken for one of this.
-        let psn = (std::process::id().wrapping_mul(2654435761)
-            ^ Instant::now().elapsed().subsec_nanos()
-            ^ (qp.as_ptr() as usize as u32))
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let psn = (std::process::id().wrapping_mul(2_654_435_761) ^ nanos ^ (qp.as_ptr() as usize as u32))
             & 0xFF_FFFF;
         Ok(Self {
             qp,

@@ -153,6 +153,13 @@ impl IbHost {
         if !ctx.atomics {
             return Err(TransportError::Ib(format!("RDMA device {device} has no atomic verbs")));
         }
+        if !ctx.atomics_with_cpu {
+            log::warn!(
+                "RDMA device {device}: its atomics are not atomic with CPU atomics (IBV_ATOMIC_HCA); \
+                 every client that applies atomics to this host's memory must come through an RNIC \
+                 (--transport ib), not shm or tcp"
+            );
+        }
         let pd = ProtectionDomain::new(&ctx)?;
         let cq = CompletionQueue::new(&ctx, 16, false)?;
         let service = Arc::new(HostService {

@@ -255,7 +255,8 @@ impl IbQp {
                         }
                     };
                     let r = r.inspect_err(|_| self.break_connection())?;
-                    round_trips += r.round_trips() - 1;
+                    // The step counted one already.
+                    round_trips += r.round_trips().saturating_sub(1);
                     results[*verb] = Some(Ok(VerbReply::Old(r.old)));
                 }
                 Step::Host { verb } => {
@@ -306,9 +307,12 @@ impl IbQp {
             let mut conn_mut = self.conn.borrow_mut();
             let staging = conn_mut.as_mut().expect("connected").staging.bytes_mut();
             for w in wrs {
-                if let (WrOp::Write { data_at, len, inline: false }, Verb::Write { data, .. }) =
-                    (w.op, &verbs[w.verb])
-                {
+                // Only WRITEs look at their verb: the emulation's one-request
+                // doorbells pass no verbs at all.
+                if let WrOp::Write { data_at, len, inline: false } = w.op {
+                    let Verb::Write { data, .. } = &verbs[w.verb] else {
+                        unreachable!("a write WR of another verb")
+                    };
                     let (d, l) = (data_at as usize, len as usize);
                     staging[w.staging_at..w.staging_at + l].copy_from_slice(&data[d..d + l]);
                 }
@@ -318,14 +322,15 @@ impl IbQp {
         let conn = conn_ref.as_ref().expect("connected");
         let (saddr, lkey) = (conn.staging.addr(), conn.staging.lkey());
         for (i, w) in wrs.iter().enumerate() {
-            let (addr, len) = match (w.op, &verbs[w.verb]) {
-                (WrOp::Write { data_at, len, inline: true }, Verb::Write { data, .. }) => {
+            let (addr, len) = match w.op {
+                WrOp::Write { data_at, len, inline: true } => {
+                    let Verb::Write { data, .. } = &verbs[w.verb] else {
+                        unreachable!("a write WR of another verb")
+                    };
                     (data[data_at as usize..].as_ptr() as u64, len)
                 }
-                (WrOp::Write { len, .. }, _) | (WrOp::Read { len, .. }, _) => {
-                    (saddr + w.staging_at as u64, len)
-                }
-                (WrOp::Cas { .. }, _) | (WrOp::Faa { .. }, _) => (saddr + w.staging_at as u64, 8),
+                WrOp::Write { len, .. } | WrOp::Read { len, .. } => (saddr + w.staging_at as u64, len),
+                WrOp::Cas { .. } | WrOp::Faa { .. } => (saddr + w.staging_at as u64, 8),
             };
             sges.push(ffi::ibv_sge { addr, length: len, lkey });
             let mut wr = ffi::send_wr();
@@ -585,7 +590,8 @@ impl Messenger {
         router: Arc<MailboxRouter>,
         options: TcpOptions,
     ) -> Result<Self, TransportError> {
-        let recv_cq = CompletionQueue::new(&pd.ctx, 1024, true)?;
+        // Room for every posted receive of 256 source nodes.
+        let recv_cq = CompletionQueue::new(&pd.ctx, (256 * RECV_BUFFERS) as u32, true)?;
         let shared = Arc::new(MessengerShared {
             pd: pd.clone(),
             recv_cq,
@@ -602,8 +608,14 @@ impl Messenger {
                 while !stopping.load(Ordering::Relaxed) {
                     match shared.drain() {
                         Ok(0) => {
-                            // Sleep on the completion channel (bounded, to see `stopping`).
-                            if let Err(e) = shared.recv_cq.wait(Duration::from_millis(100)) {
+                            // Arm, look once more (a completion that came
+                            // before arming raises no event), then sleep on
+                            // the channel (bounded, to see `stopping`).
+                            let slept = shared.recv_cq.arm().and_then(|()| match shared.drain()? {
+                                0 => shared.recv_cq.wait_armed(Duration::from_millis(100)),
+                                _ => Ok(true),
+                            });
+                            if let Err(e) = slept {
                                 log::warn!("ib: message receiver stops: {e}");
                                 return;
                             }
