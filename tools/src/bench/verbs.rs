@@ -264,6 +264,9 @@ pub fn run(args: VerbsArgs) -> Result<()> {
             );
         }
     }
+    if let LocalHost::Ib(h) = &host {
+        println!("host: RDMA device {}, control channel {}", h.device(), h.local_addr());
+    }
     if let LocalHost::Tcp(h) = &host {
         let st = h.stats();
         println!(
