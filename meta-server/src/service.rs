@@ -168,8 +168,12 @@ pub struct MetaService {
     nic: SocketAddr,
     shm: Option<String>,
     data_servers: Mutex<Vec<Arc<DataServerLink>>>,
+    /// Ids of data servers ever registered (a server that left keeps its id).
+    next_data_server: AtomicU64,
     clients: Mutex<HashMap<ClientId, ClientLease>>,
     next_client: AtomicU64,
+    /// Wakes the lease reaper at once (a client left).
+    reaper_wake: Mutex<std::sync::mpsc::Sender<()>>,
     waits_for: WaitsFor,
     lock_params: ClusterLockParams,
     lock_host: LockHostInfo,
@@ -178,6 +182,8 @@ pub struct MetaService {
 /// A registered client and when it last renewed its lease.
 struct ClientLease {
     renewed: Instant,
+    /// The client said it leaves: fenced at the reaper's next turn.
+    leaving: bool,
     hostname: String,
     pid: u32,
 }
@@ -227,7 +233,7 @@ impl MetaService {
         let node = Node::join_tcp(nic, TcpOptions::default())?;
         let endpoint = node.endpoint()?;
         let mut links = self.data_servers.lock();
-        let id = DataServerId(links.len() as u32 + 1);
+        let id = DataServerId(self.next_data_server.fetch_add(1, Ordering::Relaxed) as u32);
         self.ns.lock().chunks.add_server(id, RegionId(region), capacity);
         links.push(Arc::new(DataServerLink {
             info: DataServerInfo { id, nic, shm },
@@ -235,6 +241,24 @@ impl MetaService {
         }));
         log::info!("data server {} at {nic}: {capacity} bytes", id.0);
         Ok(MetaResponse::DataServerRegistered(id))
+    }
+
+    /// Data server `id` is gone (it left, or stopped answering), and the
+    /// file data in its memory with it. New chunks go to the others; files
+    /// that had chunks there keep their names and attributes, and opening
+    /// them or doing I/O answers EIO (their epochs change, so clients with
+    /// a layout refetch it and learn); truncating or removing them works.
+    fn lose_data_server(&self, id: DataServerId, why: &str) {
+        let gone = {
+            let mut links = self.data_servers.lock();
+            let before = links.len();
+            links.retain(|l| l.info.id != id);
+            links.len() < before
+        };
+        if gone {
+            let files = self.ns.lock().lose_data_server(id);
+            log::warn!("data server {} is gone ({why}): {files} files lost data on it", id.0);
+        }
     }
 
     /// Runs an allocation; when the data servers are full but freed chunks
@@ -266,7 +290,7 @@ impl MetaService {
             let mut clients = self.clients.lock();
             let dead: Vec<ClientId> = clients
                 .iter()
-                .filter(|(_, l)| now.duration_since(l.renewed) > self.lease)
+                .filter(|(_, l)| l.leaving || now.duration_since(l.renewed) > self.lease)
                 .map(|(c, _)| *c)
                 .collect();
             for c in &dead {
@@ -298,9 +322,10 @@ impl MetaService {
                     // Claimed lock slots carry 24 bits of the claimer.
                     return Err(FsError::Invalid("client ids are exhausted; restart the meta-server".into()));
                 }
-                self.clients
-                    .lock()
-                    .insert(client, ClientLease { renewed: Instant::now(), hostname: hostname.clone(), pid });
+                self.clients.lock().insert(
+                    client,
+                    ClientLease { renewed: Instant::now(), leaving: false, hostname: hostname.clone(), pid },
+                );
                 log::info!("client {} registered: {hostname} pid {pid}", client.0);
                 A::Registered(ClusterInfo {
                     client,
@@ -326,8 +351,20 @@ impl MetaService {
                 }
                 A::Done
             }
+            R::ClientLeaves { client } => {
+                if let Some(l) = self.clients.lock().get_mut(&client) {
+                    l.leaving = true;
+                    log::info!("client {} leaves", client.0);
+                }
+                let _ = self.reaper_wake.lock().send(());
+                A::Done
+            }
             R::RegisterDataServer { nic, shm, region, capacity } => {
                 self.register_data_server(nic, shm, region, capacity)?
+            }
+            R::DataServerLeaves { id } => {
+                self.lose_data_server(id, "it left");
+                A::Done
             }
             R::Lookup { parent, name, .. } => A::Attr(self.ns.lock().lookup(parent, &name)?),
             R::GetAttr { ino } => A::Attr(self.ns.lock().attr(ino)?),
@@ -457,6 +494,7 @@ pub struct MetaServer {
     nic: TcpHost,
     _shm: Option<ShmHost>,
     stop: Arc<AtomicBool>,
+    reaper_wake: std::sync::mpsc::Sender<()>,
     reaper: Option<JoinHandle<()>>,
 }
 
@@ -566,6 +604,7 @@ impl MetaServer {
         // flight when a truncate freed them finishes long before, and every
         // later I/O sees the epoch change first.
         let chunks = ChunkAllocator::new(config.chunk_size, config.lease);
+        let (reaper_wake, reaper_woken) = std::sync::mpsc::channel();
         let service = Arc::new(MetaService {
             // The lookup-then-open window an orphan's grace covers is
             // microseconds; a second is ample.
@@ -587,8 +626,10 @@ impl MetaServer {
             nic: nic.local_addr(),
             shm: config.shm.clone(),
             data_servers: Mutex::new(Vec::new()),
+            next_data_server: AtomicU64::new(1),
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
+            reaper_wake: Mutex::new(reaper_wake.clone()),
             waits_for,
             lock_params: config.lock_params,
             lock_host: lock_host.info().clone(),
@@ -613,7 +654,11 @@ impl MetaServer {
                     let rtt = ep.measure_rtt(waits_for.base, 16).unwrap_or(Duration::from_micros(10));
                     let timing = LockTiming::new(rtt, lock_params);
                     while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(tick);
+                        // A tick, or sooner: a client left, or shutdown.
+                        let _ = reaper_woken.recv_timeout(tick);
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
                         service.expire_clients(&ep, &timing);
                     }
                 })
@@ -625,6 +670,7 @@ impl MetaServer {
             nic,
             _shm: shm,
             stop,
+            reaper_wake,
             reaper: Some(reaper),
             _lock_host: lock_host,
             _range_server: range_server,
@@ -684,6 +730,7 @@ impl MetaServer {
     /// Cuts every connection and stops serving, as a crash would.
     pub fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let _ = self.reaper_wake.send(());
         self.rpc.shutdown();
         if let Some((_, server, _)) = self.trees.as_mut() {
             server.shutdown();

@@ -34,6 +34,7 @@ pub mod error;
 mod mailbox;
 pub mod memory;
 pub mod shm;
+pub mod shm_owner;
 pub mod tcp;
 pub mod verb;
 
