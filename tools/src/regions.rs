@@ -31,7 +31,8 @@ pub struct HostRegion {
     /// The fabric's name (`shm:NAME`).
     pub fabric: String,
     pub dir: String,
-    /// `live` or `orphaned`.
+    /// `live`, `orphaned`, or `unknown` (no owner lock: made by an older
+    /// citronfs, never removed automatically).
     pub state: &'static str,
     /// The owning process, when live and visible.
     pub pid: Option<u32>,
@@ -50,6 +51,7 @@ impl From<&FabricInfo> for HostRegion {
         let (state, pid) = match f.owner {
             Owner::Live { pid } => ("live", pid),
             Owner::Orphaned => ("orphaned", None),
+            Owner::Unknown => ("unknown", None),
         };
         let command = pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok());
         Self {

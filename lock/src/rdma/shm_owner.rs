@@ -7,19 +7,22 @@
 //! the fabric's liveness is a lock, never a guess from a pid:
 //!
 //! * the host ([`super::ShmHost`]) holds an exclusive `flock(2)` on the
-//!   fabric directory for its whole life, through a descriptor it never
-//!   closes before it removes the directory. The kernel drops the lock when
-//!   that open file goes away, which a crash does too;
-//! * a fabric whose directory lock can be taken has no live owner: it is an
+//!   fabric's `owner` file for its whole life, through a descriptor it
+//!   never closes before it removes the directory. The kernel drops the
+//!   lock when that open file goes away, which a crash does too;
+//! * a fabric whose owner lock can be taken has no live owner: it is an
 //!   orphan, and [`remove_orphans`] deletes it. Every citronfs start and every
 //!   new host does that first, so a crash leaves nothing the next start does
 //!   not clean up;
+//! * a fabric directory without an `owner` file was made by a citronfs
+//!   from before this scheme ([`Owner::Unknown`]): nothing tells whether its
+//!   host lives, so it is listed and never removed automatically;
 //! * a client joining a fabric checks the same lock ([`owner_is_alive`]), so
 //!   it never maps the memory of a dead host.
 //!
 //! Creation and sweeping are ordered by one host-wide lock file,
 //! `/dev/shm/citronfs.lock` (empty, never removed): a creator holds it shared
-//! from `mkdir` until its directory lock is taken, and a sweeper holds it
+//! from `mkdir` until its owner lock is taken, and a sweeper holds it
 //! exclusive while it tests and removes, so a sweeper never takes a fabric
 //! being created for an orphan. Creators do not exclude each other.
 //!
@@ -38,6 +41,8 @@ pub const SHM_ROOT: &str = "/dev/shm";
 pub const FABRIC_PREFIX: &str = "citronfs-";
 /// The host-wide lock that orders creation against sweeping.
 const SWEEP_LOCK: &str = "citronfs.lock";
+/// The file of a fabric directory that its host keeps locked.
+pub const OWNER_FILE: &str = "owner";
 
 /// Who owns a fabric.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,6 +52,8 @@ pub enum Owner {
     Live { pid: Option<u32> },
     /// Nobody holds it: the host died without removing it.
     Orphaned,
+    /// No owner lock: made by an older citronfs; never removed here.
+    Unknown,
 }
 
 /// One file of a fabric directory.
@@ -88,11 +95,11 @@ impl FabricInfo {
     }
 }
 
-/// The exclusive lock a fabric's host holds on its directory; the fabric is
-/// alive while this exists.
+/// The exclusive lock a fabric's host holds on its owner file; the fabric
+/// is alive while this exists.
 #[derive(Debug)]
 pub struct OwnerLock {
-    _dir: File,
+    _owner: File,
 }
 
 /// `flock(2)` on `file`; `Ok(false)` when `nonblocking` and someone else
@@ -112,9 +119,14 @@ fn flock(file: &File, operation: libc::c_int) -> io::Result<bool> {
     }
 }
 
-fn open_dir(dir: &Path) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY).open(dir)
+/// The owner file of the fabric at `dir`; `None` if it has none (an older
+/// citronfs made it).
+fn open_owner(dir: &Path) -> io::Result<Option<File>> {
+    match File::open(dir.join(OWNER_FILE)) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound && dir.is_dir() => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The host-wide lock file, locked with `operation` (blocking); unlocked
@@ -126,13 +138,19 @@ fn sweep_lock(root: &Path, operation: libc::c_int) -> io::Result<File> {
     Ok(file)
 }
 
-/// Whether a live process holds the lock of the fabric at `dir`.
+/// Who owns the fabric at `dir` (without its pid).
 ///
 /// Tested with a non-blocking shared lock that is released at once: it is
 /// refused exactly while a host holds its exclusive one.
+fn owner_of(dir: &Path) -> io::Result<Owner> {
+    let Some(file) = open_owner(dir)? else { return Ok(Owner::Unknown) };
+    Ok(if flock(&file, libc::LOCK_SH | libc::LOCK_NB)? { Owner::Orphaned } else { Owner::Live { pid: None } })
+}
+
+/// Whether the fabric at `dir` may have a live host: its owner lock is
+/// held, or it has none (an older citronfs made it).
 pub fn owner_is_alive(dir: &Path) -> io::Result<bool> {
-    let file = open_dir(dir)?;
-    Ok(!flock(&file, libc::LOCK_SH | libc::LOCK_NB)?)
+    Ok(owner_of(dir)? != Owner::Orphaned)
 }
 
 /// Creates the fabric directory `dir` (under [`SHM_ROOT`]) and takes its
@@ -142,17 +160,19 @@ pub(crate) fn create_owned(dir: &Path) -> io::Result<OwnerLock> {
     let root = dir.parent().unwrap_or(Path::new(SHM_ROOT));
     let _creating = sweep_lock(root, libc::LOCK_SH)?;
     if dir.exists() {
-        if owner_is_alive(dir)? {
+        if let Owner::Live { .. } = owner_of(dir)? {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
                 format!("{} is in use by a live process", dir.display()),
             ));
         }
-        log::warn!("removing orphaned shm fabric {}", dir.display());
+        // An orphan, or an older citronfs's fabric of this name (replaced
+        // as before).
+        log::warn!("removing stale shm fabric {}", dir.display());
         fs::remove_dir_all(dir)?;
     }
     fs::create_dir(dir)?;
-    let file = open_dir(dir)?;
+    let file = OpenOptions::new().read(true).write(true).create_new(true).open(dir.join(OWNER_FILE))?;
     if !flock(&file, libc::LOCK_EX | libc::LOCK_NB)? {
         // Only a second creator of the same name that won the race can hold it.
         return Err(io::Error::new(
@@ -160,7 +180,7 @@ pub(crate) fn create_owned(dir: &Path) -> io::Result<OwnerLock> {
             format!("{} was taken meanwhile", dir.display()),
         ));
     }
-    Ok(OwnerLock { _dir: file })
+    Ok(OwnerLock { _owner: file })
 }
 
 /// The owners of flock locks by (device, inode), from `/proc/locks`.
@@ -227,17 +247,16 @@ pub fn list_fabrics_in(root: &Path) -> io::Result<Vec<FabricInfo>> {
     let mut out = Vec::new();
     for (name, dir) in fabric_dirs(root)? {
         // A fabric removed while we look is simply not listed.
-        let Ok(file) = open_dir(&dir) else { continue };
-        let Ok(free) = flock(&file, libc::LOCK_SH | libc::LOCK_NB) else { continue };
-        drop(file);
-        let owner = if free {
-            Owner::Orphaned
-        } else {
-            let pid = fs::metadata(&dir).ok().and_then(|m| {
-                let key = (libc::major(m.dev()), libc::minor(m.dev()), m.ino());
-                owners.iter().find(|(k, _)| *k == key).map(|(_, pid)| *pid)
-            });
-            Owner::Live { pid }
+        let Ok(owner) = owner_of(&dir) else { continue };
+        let owner = match owner {
+            Owner::Live { .. } => {
+                let pid = fs::metadata(dir.join(OWNER_FILE)).ok().and_then(|m| {
+                    let key = (libc::major(m.dev()), libc::minor(m.dev()), m.ino());
+                    owners.iter().find(|(k, _)| *k == key).map(|(_, pid)| *pid)
+                });
+                Owner::Live { pid }
+            }
+            other => other,
         };
         out.push(describe(&dir, &name, owner));
     }
@@ -255,7 +274,7 @@ pub fn remove_orphans_in(root: &Path) -> io::Result<Vec<FabricInfo>> {
     let _sweeping = sweep_lock(root, libc::LOCK_EX)?;
     let mut removed = Vec::new();
     for (name, dir) in fabric_dirs(root)? {
-        let Ok(file) = open_dir(&dir) else { continue };
+        let Ok(Some(file)) = open_owner(&dir) else { continue };
         // Held until the directory is gone, so no client joins meanwhile
         // (a joining client's shared test fails and it reports the host dead).
         if !flock(&file, libc::LOCK_EX | libc::LOCK_NB)? {
@@ -321,6 +340,15 @@ mod tests {
     fn other_entries_of_the_root_are_left_alone() {
         let root = tempfile::tempdir().unwrap();
         fs::create_dir(root.path().join("someone-else")).unwrap();
+        // An older citronfs's fabric: no owner file, so nobody can tell.
+        let legacy = root.path().join(format!("{FABRIC_PREFIX}legacy"));
+        fs::create_dir(&legacy).unwrap();
+        fs::write(legacy.join("region-1"), b"x").unwrap();
+        assert_eq!(list_fabrics_in(root.path()).unwrap()[0].owner, Owner::Unknown);
+        assert!(owner_is_alive(&legacy).unwrap());
+        assert!(remove_orphans_in(root.path()).unwrap().is_empty());
+        assert!(legacy.exists());
+        fs::remove_dir_all(&legacy).unwrap();
         fs::write(root.path().join(format!("{FABRIC_PREFIX}file")), b"not a dir").unwrap();
         assert!(remove_orphans_in(root.path()).unwrap().is_empty());
         assert!(list_fabrics_in(root.path()).unwrap().is_empty());
