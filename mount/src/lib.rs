@@ -771,6 +771,10 @@ pub fn session_config(fsname: &str, threads: usize) -> fuser::Config {
     config.mount_options = vec![
         fuser::MountOption::FSName(fsname.into()),
         fuser::MountOption::Subtype(fsname.into()),
+        // fuser gives the subtype only to fusermount; mounted directly (as
+        // root) the kernel needs it as an option, or the type is plain
+        // "fuse" and mount(8), findmnt and fstab lines cannot tell us apart.
+        fuser::MountOption::CUSTOM(format!("subtype={fsname}")),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::Dev,
         fuser::MountOption::Suid,
