@@ -159,6 +159,10 @@ struct DataServerLink {
     info: DataServerInfo,
     /// The meta-server's own endpoint to it, for zeroing recycled memory.
     endpoint: Mutex<Endpoint>,
+    /// Its region (probed for liveness).
+    region: RegionId,
+    /// Since when its probes have failed (`None`: it answers).
+    failing_since: Mutex<Option<Instant>>,
 }
 
 pub struct MetaService {
@@ -238,6 +242,8 @@ impl MetaService {
         links.push(Arc::new(DataServerLink {
             info: DataServerInfo { id, nic, shm },
             endpoint: Mutex::new(endpoint),
+            region: RegionId(region),
+            failing_since: Mutex::new(None),
         }));
         log::info!("data server {} at {nic}: {capacity} bytes", id.0);
         Ok(MetaResponse::DataServerRegistered(id))
@@ -258,6 +264,42 @@ impl MetaService {
         if gone {
             let files = self.ns.lock().lose_data_server(id);
             log::warn!("data server {} is gone ({why}): {files} files lost data on it", id.0);
+        }
+    }
+
+    /// Probes every data server: one read through the meta-server's
+    /// endpoint, or through a fresh connection after a failure (a server
+    /// that died refuses it at once). A server that has not answered for a
+    /// whole lease is lost ([`MetaService::lose_data_server`]): the lease is
+    /// the bound a busy machine gets before anyone is declared dead, as for
+    /// clients. Clients reaching it over tcp see errors before that; clients
+    /// on its shm fabric learn from the epochs.
+    fn probe_data_servers(&self) {
+        let links = self.data_servers.lock().clone();
+        for link in links {
+            let word = RemoteAddr::new(link.region, 0);
+            let answered = {
+                let mut ep = link.endpoint.lock();
+                ep.read_u64(word).is_ok() || {
+                    let wait = (self.lease / 4).max(Duration::from_millis(100));
+                    let options = TcpOptions { connect_timeout: wait, reply_timeout: wait };
+                    let fresh = Node::join_tcp(link.info.nic, options).and_then(|n| n.endpoint());
+                    match fresh {
+                        Ok(fresh) if fresh.read_u64(word).is_ok() => {
+                            *ep = fresh;
+                            true
+                        }
+                        _ => false,
+                    }
+                }
+            };
+            let mut since = link.failing_since.lock();
+            if answered {
+                *since = None;
+            } else if since.get_or_insert_with(Instant::now).elapsed() >= self.lease {
+                drop(since);
+                self.lose_data_server(link.info.id, "it stopped answering for a lease");
+            }
         }
     }
 
@@ -286,20 +328,24 @@ impl MetaService {
     /// meta-server's own endpoint on its lock memory.
     fn expire_clients(&self, ep: &Endpoint, timing: &LockTiming) {
         let now = Instant::now();
-        let expired: Vec<ClientId> = {
+        let expired: Vec<(ClientId, bool)> = {
             let mut clients = self.clients.lock();
-            let dead: Vec<ClientId> = clients
+            let dead: Vec<(ClientId, bool)> = clients
                 .iter()
                 .filter(|(_, l)| l.leaving || now.duration_since(l.renewed) > self.lease)
-                .map(|(c, _)| *c)
+                .map(|(c, l)| (*c, l.leaving))
                 .collect();
-            for c in &dead {
+            for (c, _) in &dead {
                 clients.remove(c);
             }
             dead
         };
-        for c in expired {
-            log::warn!("client {} missed its lease; releasing its locks and opens", c.0);
+        for (c, left) in expired {
+            if left {
+                log::info!("client {} left; releasing its locks and opens", c.0);
+            } else {
+                log::warn!("client {} missed its lease; releasing its locks and opens", c.0);
+            }
             let tables = self.ns.lock().lock_tables();
             let growth = |ino| NamespaceGrowth { service: self, ino };
             match lock_cleanup::release_client(ep, timing, &tables, self.waits_for, c, &growth) {
@@ -496,6 +542,7 @@ pub struct MetaServer {
     stop: Arc<AtomicBool>,
     reaper_wake: std::sync::mpsc::Sender<()>,
     reaper: Option<JoinHandle<()>>,
+    prober: Option<JoinHandle<()>>,
 }
 
 impl MetaServer {
@@ -637,6 +684,25 @@ impl MetaServer {
         let rpc = RpcServer::spawn(config.listen, service.clone(), "meta").map_err(io)?;
         let stop = Arc::new(AtomicBool::new(false));
         let lock_params = config.lock_params;
+        let prober = {
+            let stop = stop.clone();
+            let service = service.clone();
+            let tick = (config.lease / 4).max(Duration::from_millis(20));
+            std::thread::Builder::new()
+                .name("meta-data-probe".into())
+                .spawn(move || {
+                    let mut last = Instant::now();
+                    while !stop.load(Ordering::Relaxed) {
+                        // Short naps, so shutdown does not wait a tick.
+                        std::thread::sleep(Duration::from_millis(20).min(tick));
+                        if last.elapsed() >= tick {
+                            last = Instant::now();
+                            service.probe_data_servers();
+                        }
+                    }
+                })
+                .map_err(io)?
+        };
         let reaper = {
             let stop = stop.clone();
             let service = service.clone();
@@ -672,6 +738,7 @@ impl MetaServer {
             stop,
             reaper_wake,
             reaper: Some(reaper),
+            prober: Some(prober),
             _lock_host: lock_host,
             _range_server: range_server,
             trees,
@@ -738,6 +805,9 @@ impl MetaServer {
         self.nic.shutdown();
         if let Some(r) = self.reaper.take() {
             let _ = r.join();
+        }
+        if let Some(p) = self.prober.take() {
+            let _ = p.join();
         }
     }
 }

@@ -605,3 +605,26 @@ fn install_units_into_a_staging_root() {
         .contains("CITRONFS_META_SERVER_ARGS"));
     assert_eq!(std::fs::read_link(root.path().join("sbin/mount.fuse.citronfs")).unwrap(), exe);
 }
+
+/// SIGKILL of a data server whose memory a mount maps (shm): the
+/// meta-server finds it gone (its probes fail for a lease) and the files
+/// whose data it held answer EIO instead of the dead server's memory.
+#[test]
+fn a_crashed_data_server_is_found_and_its_files_answer_eio() {
+    let tag = std::process::id();
+    let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0", "--lease-ms", "1000"]);
+    let addr = meta_addr(&line);
+    let shm = format!("crash-data-{tag}");
+    let (mut data, _) = start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--shm", &shm]);
+    let mount = citronfs_tests::TestMount::new(addr.parse().unwrap());
+    std::fs::write(mount.path("f"), b"in the dead server's memory").unwrap();
+    data.kill().unwrap();
+    data.wait().unwrap();
+    wait_until("reads of the crashed server's file fail with EIO", || {
+        std::fs::read(mount.path("f")).is_err_and(|e| e.raw_os_error() == Some(libc::EIO))
+    });
+    assert_eq!(std::fs::metadata(mount.path("f")).unwrap().len(), 27, "the namespace stays");
+    drop(mount);
+    signal(meta.id() as i32, libc::SIGTERM);
+    assert!(wait_exit(&mut meta).success());
+}
