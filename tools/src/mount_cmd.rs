@@ -93,6 +93,17 @@ fn seconds(s: f64, what: &str) -> Result<Duration> {
         .with_context(|| format!("--{what} must be a non-negative number of seconds"))
 }
 
+/// Why the serving loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// The kernel ended the session (umount).
+    Unmounted,
+    /// The mount point was detached with the file system still in use.
+    Detached,
+    /// SIGINT, SIGTERM or SIGHUP.
+    Signal,
+}
+
 /// Mounts and serves until unmounted or signalled. With `readiness` (the
 /// detached daemon), the waiting parent is told once the file system is
 /// mounted; on an error before that, the caller reports it there.
@@ -177,16 +188,30 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
         }
     }
 
-    let signalled = loop {
+    let ended = loop {
         if session.guard.is_finished() {
             // Unmounted from outside (umount, fusermount -u).
-            break false;
+            break End::Unmounted;
         }
         if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
-            break true;
+            break End::Signal;
+        }
+        if unmount::mounted_type(&mountpoint).ok().flatten().as_deref() != Some("fuse.citronfs") {
+            // Detached from outside (umount -l) with files still open: the
+            // session would go on until they close. Unmounting means stop
+            // serving, so those files get ENOTCONN and blocked lock calls
+            // EIO, as with a signal.
+            break End::Detached;
         }
     };
-    if !signalled {
+    if ended == End::Detached {
+        log::info!("{} was detached (lazy unmount); ending the session", mountpoint.display());
+        client.shutdown();
+        std::mem::forget(session);
+        drop(embedded);
+        return Ok(());
+    }
+    if ended == End::Unmounted {
         log::info!("{} was unmounted", mountpoint.display());
         drop(client);
         let result = session.join();

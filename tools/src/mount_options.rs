@@ -111,10 +111,8 @@ fn expand_one(entry: &str, mount: &clap::Command) -> Result<Vec<OsString>> {
     if FOR_MOUNT8.contains(&name) || name.starts_with("x-") || name.starts_with("X-") || name == "comment" {
         return Ok(Vec::new());
     }
-    if value.is_none() {
-        if <VfsFlag as clap::ValueEnum>::from_str(name, false).is_ok() {
-            return Ok(vec!["--vfs-flag".into(), name.into()]);
-        }
+    if value.is_none() && <VfsFlag as clap::ValueEnum>::from_str(name, false).is_ok() {
+        return Ok(vec!["--vfs-flag".into(), name.into()]);
     }
     let long = name.replace('_', "-");
     let arg = mount

@@ -12,6 +12,7 @@
 //!   keep a detached file system whose connection ends when the daemon
 //!   exits (their calls then fail with ENOTCONN instead of hanging).
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -49,12 +50,44 @@ pub fn unmount(dir: &Path) -> nix::Result<Unmounted> {
 /// last mount there, the one a path lookup sees).
 pub fn mounted_type(dir: &Path) -> std::io::Result<Option<String>> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let target = dir.to_string_lossy();
-    // Field 5 is the mount point (spaces escaped as \040); the type follows
-    // the " - " separator.
+    let target = dir.as_os_str().as_bytes();
+    // Field 5 is the mount point (octal escapes for space, tab, newline and
+    // backslash); the type follows the " - " separator.
     Ok(mountinfo
         .lines()
-        .filter(|l| l.split(' ').nth(4).is_some_and(|m| m.replace("\\040", " ") == target))
+        .filter(|l| l.split(' ').nth(4).is_some_and(|m| unescape(m) == target))
         .filter_map(|l| l.split(" - ").nth(1)?.split(' ').next().map(str::to_string))
-        .last())
+        .next_back())
+}
+
+/// A path as the kernel writes it in mountinfo (`\ooo` octal escapes).
+fn unescape(field: &str) -> Vec<u8> {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d[0] <= b'3' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(super::unescape("/mnt/a\\040b\\134c\\011d"), b"/mnt/a b\\c\td");
+        assert_eq!(super::unescape("/plain"), b"/plain");
+    }
 }

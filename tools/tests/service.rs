@@ -36,7 +36,7 @@ fn mounted_at(dir: &Path) -> Option<String> {
         .lines()
         .filter(|l| l.split(' ').nth(4) == Some(target))
         .map(|l| l.split(" - ").nth(1).unwrap_or_default().to_string())
-        .last()
+        .next_back()
 }
 
 /// Pids of the processes whose command line mentions `needle`.
@@ -486,6 +486,22 @@ fn after_sigkill_the_next_start_removes_the_orphaned_regions() {
 /// mount point is not left behind.
 #[test]
 fn sigterm_with_a_blocked_setlkw_waiter() {
+    mount_ends_with_a_blocked_setlkw_waiter(|daemon, _| signal(daemon, libc::SIGTERM));
+}
+
+/// The same with a lazy unmount (`umount -l`) from outside: the daemon stops
+/// serving too, instead of waiting for the open files to close.
+#[test]
+fn lazy_unmount_with_a_blocked_setlkw_waiter() {
+    mount_ends_with_a_blocked_setlkw_waiter(|_, dir| {
+        let out = Command::new("umount").arg("-l").arg(dir).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+    });
+}
+
+/// A mount daemon with a process of its mount blocked in F_SETLKW on a lock
+/// held through another mount, ended by `end(daemon pid, mount point)`.
+fn mount_ends_with_a_blocked_setlkw_waiter(end: impl FnOnce(i32, &Path)) {
     let cluster = TestCluster::start(1, 64 << 20, 1 << 20);
     let meta = cluster.meta.local_addr().to_string();
     let holder = cluster.mount();
@@ -531,7 +547,7 @@ fn sigterm_with_a_blocked_setlkw_waiter() {
         let out = Command::new(EXE).arg("locks").arg(holder.path("f")).output().unwrap();
         String::from_utf8_lossy(&out.stdout).contains("waiting")
     });
-    signal(daemon.id() as i32, libc::SIGTERM);
+    end(daemon.id() as i32, dir.path());
     let status = wait_exit(&mut daemon);
     assert!(status.success(), "{status}");
     let deadline = Instant::now() + HANG;
