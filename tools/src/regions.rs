@@ -13,8 +13,6 @@ use citron_lock::rdma::shm_owner::{self, FabricInfo, Owner};
 use clap::Args;
 use serde::Serialize;
 
-use crate::size::ByteSize;
-
 #[derive(Args, Debug)]
 pub struct RegionsArgs {
     /// Print JSON instead of a table.
@@ -70,6 +68,22 @@ impl From<&FabricInfo> for HostRegion {
     }
 }
 
+/// `bytes` in binary units with one decimal (`1.5GiB`).
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes}B")
+    } else {
+        format!("{value:.1}{}", UNITS[unit])
+    }
+}
+
 /// The shm fabrics of this host and who owns them.
 pub fn host_regions() -> Result<Vec<HostRegion>> {
     let fabrics = shm_owner::list_fabrics().context("cannot list /dev/shm")?;
@@ -97,13 +111,13 @@ pub fn print_regions(out: &mut dyn Write, regions: &[HostRegion], json: bool) ->
             r.pid.map_or_else(|| "-".to_string(), |p| p.to_string()),
             r.command.as_deref().unwrap_or("-"),
             r.regions.len(),
-            ByteSize(r.bytes).to_string(),
-            ByteSize(r.resident).to_string(),
+            human(r.bytes),
+            human(r.resident),
         )?;
     }
     let resident: u64 = regions.iter().map(|r| r.resident).sum();
     let orphans = regions.iter().filter(|r| r.state == "orphaned").count();
-    writeln!(out, "{} fabrics, {} resident, {orphans} orphaned", regions.len(), ByteSize(resident))?;
+    writeln!(out, "{} fabrics, {} resident, {orphans} orphaned", regions.len(), human(resident))?;
     Ok(())
 }
 
@@ -111,7 +125,7 @@ pub fn run(args: RegionsArgs) -> Result<()> {
     if args.remove_orphans {
         let removed = shm_owner::remove_orphans().context("cannot sweep /dev/shm")?;
         for f in &removed {
-            eprintln!("removed orphaned fabric {} ({})", f.name, ByteSize(f.resident()));
+            eprintln!("removed orphaned fabric {} ({})", f.name, human(f.resident()));
         }
     }
     let regions = host_regions()?;
