@@ -125,6 +125,11 @@ pub enum MetaRequest {
     Heartbeat {
         client: ClientId,
     },
+    /// The client goes away (its mount ends): fence it now rather than
+    /// when its lease runs out.
+    ClientLeaves {
+        client: ClientId,
+    },
     /// A data server offers `capacity` bytes of region `region` on its NIC.
     RegisterDataServer {
         nic: SocketAddr,
@@ -132,6 +137,11 @@ pub enum MetaRequest {
         ib: Option<SocketAddr>,
         region: u32,
         capacity: u64,
+    },
+    /// A data server goes away (SIGTERM): its memory and the file data in
+    /// it are gone.
+    DataServerLeaves {
+        id: DataServerId,
     },
     Lookup {
         caller: Caller,

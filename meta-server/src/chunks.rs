@@ -47,6 +47,12 @@ impl ChunkAllocator {
         self.servers.push(Server { id, region, next_fresh: 0, total, recycled: Vec::new() });
     }
 
+    /// Takes a server that went away out of allocation; its chunks, in use
+    /// or quarantined, are never handed out again.
+    pub fn remove_server(&mut self, id: DataServerId) {
+        self.servers.retain(|s| s.id != id);
+    }
+
     fn release_quarantine(&mut self, now: Instant) {
         while let Some(&(t, loc)) = self.quarantine.front() {
             if now.duration_since(t) < self.quarantine_for {

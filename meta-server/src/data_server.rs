@@ -22,6 +22,7 @@ pub struct DataServer {
     /// The same memory registered with an RNIC, for `ib` clients.
     _ib: Option<IbHost>,
     id: DataServerId,
+    rpc: RpcClient<MetaRequest, MetaResponse>,
 }
 
 impl DataServer {
@@ -93,7 +94,7 @@ impl DataServer {
             other => return Err(FsError::Io(format!("unexpected answer {other:?}"))),
         };
         log::info!("data server {} serving {capacity} bytes on {advertised}", id.0);
-        Ok(Self { nic, _shm: shm_host, _ib: ib_host, id })
+        Ok(Self { nic, _shm: shm_host, _ib: ib_host, id, rpc })
     }
 
     pub fn id(&self) -> DataServerId {
@@ -107,5 +108,20 @@ impl DataServer {
     /// Cuts every connection, as a crash would.
     pub fn shutdown(&mut self) {
         self.nic.shutdown();
+    }
+
+    /// Goes away in order (SIGTERM): tells the meta-server, which stops
+    /// allocating here and answers EIO for the files whose data this
+    /// server's memory held (their names stay), then stops serving. The
+    /// shm fabric goes when the server is dropped.
+    pub fn leave(&mut self) -> Result<(), FsError> {
+        let told = match self.rpc.call(&MetaRequest::DataServerLeaves { id: self.id }) {
+            Ok(MetaResponse::Done) => Ok(()),
+            Ok(MetaResponse::Failed(e)) => Err(e),
+            Ok(other) => Err(FsError::Io(format!("unexpected answer {other:?}"))),
+            Err(e) => Err(e.into()),
+        };
+        self.shutdown();
+        told
     }
 }

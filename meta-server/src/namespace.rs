@@ -23,8 +23,8 @@ use citronfs_core::locks::record::{block_header, pack_addr, BLOCK_BYTES, SLOTS_P
 use citronfs_core::locks::LockArea;
 use citronfs_core::proto::{AttrSlot, FileLayout, RenameMode, XattrMode};
 use citronfs_core::types::{
-    Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DirEntry, FileKind, FsStats, Ino, SetAttr, Timestamp,
-    MAX_FILE_SIZE, NAME_MAX, SYMLINK_MAX, XATTR_SIZE_MAX,
+    Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino, SetAttr,
+    Timestamp, MAX_FILE_SIZE, NAME_MAX, SYMLINK_MAX, XATTR_SIZE_MAX,
 };
 use citronfs_core::FsError;
 
@@ -146,6 +146,8 @@ pub struct Namespace {
     attr_lock: Option<AlockLocal>,
     /// Where files' Citron trees live when they grow.
     trees: Option<TreeHosting>,
+    /// Data servers that went away with the file data in their memory.
+    lost_servers: std::collections::HashSet<DataServerId>,
 }
 
 /// The Citron tree host of the meta-server (DESIGN.md §4 "Tree growth"):
@@ -217,6 +219,7 @@ impl Namespace {
             attr_lock: locking.attr_host.local().ok(),
             attr_host: locking.attr_host,
             trees: locking.trees.filter(|_| locking.choice.range == RangeAlgorithm::Citron),
+            lost_servers: std::collections::HashSet::new(),
         };
         let now = Timestamp::now();
         let root = Inode {
@@ -640,8 +643,33 @@ impl Namespace {
         }
     }
 
+    /// Data server `id` is gone with its memory: no chunk is allocated on
+    /// it any more, and the layout of every file with a chunk there answers
+    /// EIO; their epochs change, so clients holding a layout refetch it.
+    /// Returns how many files lost data.
+    pub fn lose_data_server(&mut self, id: DataServerId) -> usize {
+        self.lost_servers.insert(id);
+        self.chunks.remove_server(id);
+        let mut files = 0;
+        for inode in self.inodes.values_mut() {
+            let Content::File(f) = &mut inode.content else { continue };
+            if f.chunks.values().any(|l| l.server == id) {
+                f.epoch += 1;
+                self.slots.word(f.slot.epoch()).store(f.epoch, SeqCst);
+                files += 1;
+            }
+        }
+        files
+    }
+
     pub fn layout(&self, ino: Ino) -> Result<FileLayout, FsError> {
         let f = self.file(ino)?;
+        if let Some(lost) = f.chunks.values().find(|l| self.lost_servers.contains(&l.server)) {
+            return Err(FsError::Io(format!(
+                "the data of inode {} was on data server {}, which is gone",
+                ino.0, lost.server.0
+            )));
+        }
         Ok(FileLayout {
             ino,
             slot: f.slot,

@@ -164,6 +164,10 @@ struct DataServerLink {
     info: DataServerInfo,
     /// The meta-server's own endpoint to it, for zeroing recycled memory.
     endpoint: Mutex<Endpoint>,
+    /// Its region (probed for liveness).
+    region: RegionId,
+    /// Since when its probes have failed (`None`: it answers).
+    failing_since: Mutex<Option<Instant>>,
 }
 
 pub struct MetaService {
@@ -174,8 +178,12 @@ pub struct MetaService {
     shm: Option<String>,
     ib: Option<SocketAddr>,
     data_servers: Mutex<Vec<Arc<DataServerLink>>>,
+    /// Ids of data servers ever registered (a server that left keeps its id).
+    next_data_server: AtomicU64,
     clients: Mutex<HashMap<ClientId, ClientLease>>,
     next_client: AtomicU64,
+    /// Wakes the lease reaper at once (a client left).
+    reaper_wake: Mutex<std::sync::mpsc::Sender<()>>,
     waits_for: WaitsFor,
     lock_params: ClusterLockParams,
     lock_host: LockHostInfo,
@@ -184,6 +192,8 @@ pub struct MetaService {
 /// A registered client and when it last renewed its lease.
 struct ClientLease {
     renewed: Instant,
+    /// The client said it leaves: fenced at the reaper's next turn.
+    leaving: bool,
     hostname: String,
     pid: u32,
 }
@@ -234,14 +244,70 @@ impl MetaService {
         let node = Node::join_tcp(nic, TcpOptions::default())?;
         let endpoint = node.endpoint()?;
         let mut links = self.data_servers.lock();
-        let id = DataServerId(links.len() as u32 + 1);
+        let id = DataServerId(self.next_data_server.fetch_add(1, Ordering::Relaxed) as u32);
         self.ns.lock().chunks.add_server(id, RegionId(region), capacity);
         links.push(Arc::new(DataServerLink {
             info: DataServerInfo { id, nic, shm, ib },
             endpoint: Mutex::new(endpoint),
+            region: RegionId(region),
+            failing_since: Mutex::new(None),
         }));
         log::info!("data server {} at {nic}: {capacity} bytes", id.0);
         Ok(MetaResponse::DataServerRegistered(id))
+    }
+
+    /// Data server `id` is gone (it left, or stopped answering), and the
+    /// file data in its memory with it. New chunks go to the others; files
+    /// that had chunks there keep their names and attributes, and opening
+    /// them or doing I/O answers EIO (their epochs change, so clients with
+    /// a layout refetch it and learn); truncating or removing them works.
+    fn lose_data_server(&self, id: DataServerId, why: &str) {
+        let gone = {
+            let mut links = self.data_servers.lock();
+            let before = links.len();
+            links.retain(|l| l.info.id != id);
+            links.len() < before
+        };
+        if gone {
+            let files = self.ns.lock().lose_data_server(id);
+            log::warn!("data server {} is gone ({why}): {files} files lost data on it", id.0);
+        }
+    }
+
+    /// Probes every data server: one read through the meta-server's
+    /// endpoint, or through a fresh connection after a failure (a server
+    /// that died refuses it at once). A server that has not answered for a
+    /// whole lease is lost ([`MetaService::lose_data_server`]): the lease is
+    /// the bound a busy machine gets before anyone is declared dead, as for
+    /// clients. Clients reaching it over tcp see errors before that; clients
+    /// on its shm fabric learn from the epochs.
+    fn probe_data_servers(&self) {
+        let links = self.data_servers.lock().clone();
+        for link in links {
+            let word = RemoteAddr::new(link.region, 0);
+            let answered = {
+                let mut ep = link.endpoint.lock();
+                ep.read_u64(word).is_ok() || {
+                    let wait = (self.lease / 4).max(Duration::from_millis(100));
+                    let options = TcpOptions { connect_timeout: wait, reply_timeout: wait };
+                    let fresh = Node::join_tcp(link.info.nic, options).and_then(|n| n.endpoint());
+                    match fresh {
+                        Ok(fresh) if fresh.read_u64(word).is_ok() => {
+                            *ep = fresh;
+                            true
+                        }
+                        _ => false,
+                    }
+                }
+            };
+            let mut since = link.failing_since.lock();
+            if answered {
+                *since = None;
+            } else if since.get_or_insert_with(Instant::now).elapsed() >= self.lease {
+                drop(since);
+                self.lose_data_server(link.info.id, "it stopped answering for a lease");
+            }
+        }
     }
 
     /// Runs an allocation; when the data servers are full but freed chunks
@@ -269,20 +335,24 @@ impl MetaService {
     /// meta-server's own endpoint on its lock memory.
     fn expire_clients(&self, ep: &Endpoint, timing: &LockTiming) {
         let now = Instant::now();
-        let expired: Vec<ClientId> = {
+        let expired: Vec<(ClientId, bool)> = {
             let mut clients = self.clients.lock();
-            let dead: Vec<ClientId> = clients
+            let dead: Vec<(ClientId, bool)> = clients
                 .iter()
-                .filter(|(_, l)| now.duration_since(l.renewed) > self.lease)
-                .map(|(c, _)| *c)
+                .filter(|(_, l)| l.leaving || now.duration_since(l.renewed) > self.lease)
+                .map(|(c, l)| (*c, l.leaving))
                 .collect();
-            for c in &dead {
+            for (c, _) in &dead {
                 clients.remove(c);
             }
             dead
         };
-        for c in expired {
-            log::warn!("client {} missed its lease; releasing its locks and opens", c.0);
+        for (c, left) in expired {
+            if left {
+                log::info!("client {} left; releasing its locks and opens", c.0);
+            } else {
+                log::warn!("client {} missed its lease; releasing its locks and opens", c.0);
+            }
             let tables = self.ns.lock().lock_tables();
             let growth = |ino| NamespaceGrowth { service: self, ino };
             match lock_cleanup::release_client(ep, timing, &tables, self.waits_for, c, &growth) {
@@ -305,9 +375,10 @@ impl MetaService {
                     // Claimed lock slots carry 24 bits of the claimer.
                     return Err(FsError::Invalid("client ids are exhausted; restart the meta-server".into()));
                 }
-                self.clients
-                    .lock()
-                    .insert(client, ClientLease { renewed: Instant::now(), hostname: hostname.clone(), pid });
+                self.clients.lock().insert(
+                    client,
+                    ClientLease { renewed: Instant::now(), leaving: false, hostname: hostname.clone(), pid },
+                );
                 log::info!("client {} registered: {hostname} pid {pid}", client.0);
                 A::Registered(ClusterInfo {
                     client,
@@ -334,8 +405,20 @@ impl MetaService {
                 }
                 A::Done
             }
+            R::ClientLeaves { client } => {
+                if let Some(l) = self.clients.lock().get_mut(&client) {
+                    l.leaving = true;
+                    log::info!("client {} leaves", client.0);
+                }
+                let _ = self.reaper_wake.lock().send(());
+                A::Done
+            }
             R::RegisterDataServer { nic, shm, ib, region, capacity } => {
                 self.register_data_server(nic, shm, ib, region, capacity)?
+            }
+            R::DataServerLeaves { id } => {
+                self.lose_data_server(id, "it left");
+                A::Done
             }
             R::Lookup { parent, name, .. } => A::Attr(self.ns.lock().lookup(parent, &name)?),
             R::GetAttr { ino } => A::Attr(self.ns.lock().attr(ino)?),
@@ -466,7 +549,9 @@ pub struct MetaServer {
     _shm: Option<ShmHost>,
     _ib: Option<IbHost>,
     stop: Arc<AtomicBool>,
+    reaper_wake: std::sync::mpsc::Sender<()>,
     reaper: Option<JoinHandle<()>>,
+    prober: Option<JoinHandle<()>>,
 }
 
 impl MetaServer {
@@ -592,6 +677,7 @@ impl MetaServer {
         // flight when a truncate freed them finishes long before, and every
         // later I/O sees the epoch change first.
         let chunks = ChunkAllocator::new(config.chunk_size, config.lease);
+        let (reaper_wake, reaper_woken) = std::sync::mpsc::channel();
         let service = Arc::new(MetaService {
             // The lookup-then-open window an orphan's grace covers is
             // microseconds; a second is ample.
@@ -614,8 +700,10 @@ impl MetaServer {
             shm: config.shm.clone(),
             ib: ib.as_ref().map(IbHost::local_addr),
             data_servers: Mutex::new(Vec::new()),
+            next_data_server: AtomicU64::new(1),
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
+            reaper_wake: Mutex::new(reaper_wake.clone()),
             waits_for,
             lock_params: config.lock_params,
             lock_host: lock_host.info().clone(),
@@ -623,6 +711,25 @@ impl MetaServer {
         let rpc = RpcServer::spawn(config.listen, service.clone(), "meta").map_err(io)?;
         let stop = Arc::new(AtomicBool::new(false));
         let lock_params = config.lock_params;
+        let prober = {
+            let stop = stop.clone();
+            let service = service.clone();
+            let tick = (config.lease / 4).max(Duration::from_millis(20));
+            std::thread::Builder::new()
+                .name("meta-data-probe".into())
+                .spawn(move || {
+                    let mut last = Instant::now();
+                    while !stop.load(Ordering::Relaxed) {
+                        // Short naps, so shutdown does not wait a tick.
+                        std::thread::sleep(Duration::from_millis(20).min(tick));
+                        if last.elapsed() >= tick {
+                            last = Instant::now();
+                            service.probe_data_servers();
+                        }
+                    }
+                })
+                .map_err(io)?
+        };
         let reaper = {
             let stop = stop.clone();
             let service = service.clone();
@@ -640,7 +747,11 @@ impl MetaServer {
                     let rtt = ep.measure_rtt(waits_for.base, 16).unwrap_or(Duration::from_micros(10));
                     let timing = LockTiming::new(rtt, lock_params);
                     while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(tick);
+                        // A tick, or sooner: a client left, or shutdown.
+                        let _ = reaper_woken.recv_timeout(tick);
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
                         service.expire_clients(&ep, &timing);
                     }
                 })
@@ -653,7 +764,9 @@ impl MetaServer {
             _shm: shm,
             _ib: ib,
             stop,
+            reaper_wake,
             reaper: Some(reaper),
+            prober: Some(prober),
             _lock_host: lock_host,
             _range_server: range_server,
             trees,
@@ -712,6 +825,7 @@ impl MetaServer {
     /// Cuts every connection and stops serving, as a crash would.
     pub fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let _ = self.reaper_wake.send(());
         self.rpc.shutdown();
         if let Some((_, server, _)) = self.trees.as_mut() {
             server.shutdown();
@@ -719,6 +833,9 @@ impl MetaServer {
         self.nic.shutdown();
         if let Some(r) = self.reaper.take() {
             let _ = r.join();
+        }
+        if let Some(p) = self.prober.take() {
+            let _ = p.join();
         }
     }
 }

@@ -735,7 +735,30 @@ pub use fuser::BackgroundSession;
 /// Mounts `fs` at `mountpoint` and serves it on `MountOptions::threads`
 /// workers until it is unmounted; returns the background session.
 pub fn spawn_mount(fs: CitronFuse, mountpoint: &Path) -> std::io::Result<fuser::BackgroundSession> {
-    let config = session_config("citronfs", fs.options.threads);
+    spawn_mount_with(fs, mountpoint, "citronfs", &[])
+}
+
+/// As [`spawn_mount`], with `source` as the mount's source (what
+/// `/proc/mounts` and `findmnt` show; mount(8) matches fstab lines by it)
+/// and `extra` mount options (`ro`, `nosuid`, `nodev`, ...) that replace
+/// the defaults they contradict.
+pub fn spawn_mount_with(
+    fs: CitronFuse,
+    mountpoint: &Path,
+    source: &str,
+    extra: &[fuser::MountOption],
+) -> std::io::Result<fuser::BackgroundSession> {
+    use fuser::MountOption as O;
+    let mut config = session_config("citronfs", fs.options.threads);
+    let contradicted = |o: &O| match o {
+        O::FSName(_) => true,
+        O::Dev => extra.contains(&O::NoDev),
+        O::Suid => extra.contains(&O::NoSuid),
+        _ => false,
+    };
+    config.mount_options.retain(|o| !contradicted(o));
+    config.mount_options.push(O::FSName(source.into()));
+    config.mount_options.extend(extra.iter().cloned());
     fuser::spawn_mount(fs, mountpoint, &config)
 }
 
@@ -748,6 +771,10 @@ pub fn session_config(fsname: &str, threads: usize) -> fuser::Config {
     config.mount_options = vec![
         fuser::MountOption::FSName(fsname.into()),
         fuser::MountOption::Subtype(fsname.into()),
+        // fuser gives the subtype only to fusermount; mounted directly (as
+        // root) the kernel needs it as an option, or the type is plain
+        // "fuse" and mount(8), findmnt and fstab lines cannot tell us apart.
+        fuser::MountOption::CUSTOM(format!("subtype={fsname}")),
         fuser::MountOption::DefaultPermissions,
         fuser::MountOption::Dev,
         fuser::MountOption::Suid,

@@ -1,15 +1,22 @@
 //! The `citronfs` command.
 
 mod bench;
+mod daemon;
+mod install_units;
 mod locks_cmd;
 mod mount_cmd;
+mod mount_options;
 mod plot;
 mod region_host;
+mod regions;
 mod report;
 mod servers;
 mod size;
+mod unmount;
 
-use clap::{Parser, Subcommand};
+use std::ffi::OsString;
+
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// CitronFS: a distributed in-DRAM file system with decentralised byte-range locks.
 #[derive(Parser, Debug)]
@@ -31,6 +38,10 @@ enum Command {
     RegionHost(region_host::RegionHostArgs),
     /// The cluster-wide lock holders and waiters of one file (like lslocks).
     Locks(locks_cmd::LocksArgs),
+    /// The shm regions servers on this host publish, and who owns them.
+    Regions(regions::RegionsArgs),
+    /// Install the systemd units and the mount(8) helper.
+    InstallUnits(install_units::InstallArgs),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -39,22 +50,80 @@ enum Command {
     BenchLocksWorker,
 }
 
+/// The command line as clap should see it: the mount helper's arguments
+/// (`mount.fuse.citronfs SPEC DIR -o ...`) as a `citronfs mount` command,
+/// and `-o` lists of `citronfs mount` expanded into flags. `None`: nothing
+/// to do (the helper's fake mode).
+fn command_line() -> anyhow::Result<Option<Vec<OsString>>> {
+    let mut argv: Vec<OsString> = std::env::args_os().collect();
+    if argv.first().is_some_and(|a| mount_options::called_as_helper(a)) {
+        match mount_options::helper_command_line(&argv[1..])? {
+            Some(line) => argv = line,
+            None => return Ok(None),
+        }
+    }
+    if argv.get(1).is_some_and(|a| a == "mount") {
+        let cli = Cli::command();
+        let mount = cli.find_subcommand("mount").expect("the mount subcommand");
+        let rest = mount_options::expand(argv.split_off(2), mount)?;
+        argv.extend(rest);
+    }
+    Ok(Some(argv))
+}
+
 fn main() -> std::process::ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,fuser=error")).init();
-    let cli = Cli::parse();
+    daemon::init_logging();
+    let argv = match command_line() {
+        Ok(Some(argv)) => argv,
+        Ok(None) => return std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("citronfs: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(argv);
+    // Every server or mount start first removes the shm regions of this
+    // host that no live process owns (a crashed server's or mount's).
+    if matches!(
+        cli.command,
+        Command::Mount(_) | Command::MetaServer(_) | Command::DataServer(_) | Command::RegionHost(_)
+    ) {
+        if let Err(e) = citron_lock::rdma::shm_owner::remove_orphans() {
+            log::warn!("cannot sweep orphaned shm regions: {e}");
+        }
+    }
+    // The detached mount's word to the waiting parent.
+    let mut readiness = None;
     let result = match cli.command {
-        Command::Mount(a) => mount_cmd::run(a),
+        Command::Mount(a) => {
+            if !a.foreground {
+                match daemon::detach() {
+                    Ok(r) => readiness = Some(r),
+                    Err(e) => {
+                        eprintln!("citronfs: {e:#}");
+                        return std::process::ExitCode::FAILURE;
+                    }
+                }
+            }
+            mount_cmd::run(a, &mut readiness)
+        }
         Command::MetaServer(a) => servers::run_meta(a),
         Command::DataServer(a) => servers::run_data(a),
         Command::RegionHost(a) => region_host::run(a),
         Command::Locks(a) => locks_cmd::run(a),
+        Command::Regions(a) => regions::run(a),
+        Command::InstallUnits(a) => install_units::run(a),
         Command::Bench(b) => bench::run(b),
         Command::BenchLocksWorker => bench::locks::worker(),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("citronfs: {e:#}");
+            match readiness.take() {
+                Some(r) => r.failed(&format!("{e:#}")),
+                None if daemon::is_detached() => log::error!("{e:#}"),
+                None => eprintln!("citronfs: {e:#}"),
+            }
             std::process::ExitCode::FAILURE
         }
     }

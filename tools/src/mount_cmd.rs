@@ -1,6 +1,11 @@
 //! `citronfs mount`: mount the cluster at a directory. Without `--meta` it
 //! starts an embedded meta-server and data server in the same process, so one
 //! command gives a working file system that other mounts can join.
+//!
+//! Without `--foreground` the command detaches once the file system is
+//! mounted ([`crate::daemon`]); `-o` takes mount(8)-style options
+//! ([`crate::mount_options`]). The daemon ends on unmount, SIGINT, SIGTERM
+//! or SIGHUP, never leaving a stale mount point ([`crate::unmount`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,8 +19,11 @@ use citronfs_meta_server::{DataServer, MetaServer};
 use citronfs_mount::{CitronFuse, MountOptions};
 use clap::Args;
 
+use crate::daemon::Readiness;
+use crate::mount_options::{self, VfsFlag};
 use crate::servers::{LockArgs, MetaServerArgs};
 use crate::size::ByteSize;
+use crate::unmount;
 
 #[derive(Args, Debug)]
 pub struct MountArgs {
@@ -53,6 +61,22 @@ pub struct MountArgs {
     /// Embedded mode: the cluster's lock settings.
     #[command(flatten)]
     locks: LockArgs,
+    /// Stay in the foreground (default: detach once the file system is
+    /// mounted, exit status 0 meaning it is, and log to syslog).
+    #[arg(long)]
+    pub foreground: bool,
+    /// Options as mount(8) and fstab give them: any flag of this command
+    /// without its dashes (attr-ttl=1, transport=tcp), VFS flags (ro,
+    /// nosuid, nodev, noexec, noatime, ...), and options for mount(8) or
+    /// systemd, which are ignored (_netdev, nofail, x-*).
+    #[arg(short = 'o', long = "options", value_name = "OPTIONS")]
+    options: Option<String>,
+    /// The mount's source as /proc/mounts shows it (the fstab spec).
+    #[arg(long, hide = true)]
+    source: Option<String>,
+    /// A VFS flag of the mount (from -o).
+    #[arg(long = "vfs-flag", hide = true)]
+    vfs_flags: Vec<VfsFlag>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -75,7 +99,22 @@ fn seconds(s: f64, what: &str) -> Result<Duration> {
         .with_context(|| format!("--{what} must be a non-negative number of seconds"))
 }
 
-pub fn run(args: MountArgs) -> Result<()> {
+/// Why the serving loop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// The kernel ended the session (umount).
+    Unmounted,
+    /// The mount point was detached with the file system still in use.
+    Detached,
+    /// SIGINT, SIGTERM or SIGHUP.
+    Signal,
+}
+
+/// Mounts and serves until unmounted or signalled. With `readiness` (the
+/// detached daemon), the waiting parent is told once the file system is
+/// mounted; on an error before that, the caller reports it there.
+pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
+    debug_assert!(args.options.is_none(), "-o is expanded before parsing");
     let attr_ttl = seconds(args.attr_ttl, "attr-ttl")?;
     let timeout = seconds(args.timeout, "timeout")?;
     let mountpoint = std::fs::canonicalize(&args.mountpoint)
@@ -135,29 +174,101 @@ pub fn run(args: MountArgs) -> Result<()> {
     let client = FsClient::connect(ClientConfig { meta, timeout, transport, ib_device })
         .with_context(|| format!("cannot join the cluster at {meta}"))?;
     let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads: args.threads });
-    let session = citronfs_mount::spawn_mount(fs, &mountpoint)
-        .with_context(|| format!("cannot mount at {}", mountpoint.display()))?;
-    println!("citronfs mounted at {} (meta-server {meta})", mountpoint.display());
-    if embedded.is_some() {
-        println!("other mounts can join with: citronfs mount DIR --meta {meta}");
-    }
-
+    let client = fs.client();
+    let source = args.source.clone().unwrap_or_else(|| {
+        if embedded.is_some() {
+            "citronfs".into()
+        } else {
+            meta.to_string()
+        }
+    });
+    let session = citronfs_mount::spawn_mount_with(
+        fs,
+        &mountpoint,
+        &source,
+        &mount_options::vfs_mount_options(&args.vfs_flags),
+    )
+    .with_context(|| format!("cannot mount at {}", mountpoint.display()))?;
+    // Signals from here on end the mount cleanly.
     let (tx, rx) = mpsc::channel();
     ctrlc::set_handler(move || {
         let _ = tx.send(());
     })
     .context("cannot install the signal handler")?;
-    let unmounted_outside = loop {
+    let mut message = format!("citronfs mounted at {} (meta-server {meta})\n", mountpoint.display());
+    if embedded.is_some() {
+        message += &format!("other mounts can join with: citronfs mount DIR --meta {meta}\n");
+    }
+    match readiness.take() {
+        Some(r) => {
+            log::info!("{}", message.trim_end());
+            r.ready(&message);
+        }
+        None => {
+            print!("{message}");
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+        }
+    }
+
+    let ended = loop {
         if session.guard.is_finished() {
             // Unmounted from outside (umount, fusermount -u).
-            break true;
+            break End::Unmounted;
         }
         if rx.recv_timeout(Duration::from_millis(100)).is_ok() {
-            println!("unmounting {}", mountpoint.display());
-            break false;
+            break End::Signal;
+        }
+        if unmount::mounted_type(&mountpoint).ok().flatten().as_deref() != Some("fuse.citronfs") {
+            // Detached from outside (umount -l) with files still open: the
+            // session would go on until they close. Unmounting means stop
+            // serving, so those files get ENOTCONN and blocked lock calls
+            // EIO, as with a signal.
+            break End::Detached;
         }
     };
-    let result = if unmounted_outside { session.join() } else { session.umount_and_join() };
-    drop(embedded);
-    result.with_context(|| format!("session at {} ended with an error", mountpoint.display()))
+    if ended == End::Detached {
+        log::info!("{} was detached (lazy unmount); ending the session", mountpoint.display());
+        client.shutdown();
+        std::mem::forget(session);
+        drop(embedded);
+        return Ok(());
+    }
+    if ended == End::Unmounted {
+        log::info!("{} was unmounted", mountpoint.display());
+        drop(client);
+        let result = session.join();
+        if result.is_err()
+            && unmount::mounted_type(&mountpoint).ok().flatten().as_deref() == Some("fuse.citronfs")
+        {
+            // The session failed with the file system still mounted: never
+            // leave it behind dead.
+            let _ = unmount::unmount(&mountpoint);
+        }
+        drop(embedded);
+        return result.with_context(|| format!("session at {} ended with an error", mountpoint.display()));
+    }
+    log::info!("unmounting {}", mountpoint.display());
+    println!("unmounting {}", mountpoint.display());
+    // Blocked lock calls get an error now, and the cluster forgets our
+    // locks (waking whoever waits for them) instead of waiting a lease.
+    client.shutdown();
+    let left =
+        unmount::unmount(&mountpoint).with_context(|| format!("cannot unmount {}", mountpoint.display()))?;
+    match left {
+        unmount::Unmounted::Clean | unmount::Unmounted::Gone => {
+            drop(client);
+            let result = session.join();
+            drop(embedded);
+            result.with_context(|| format!("session at {} ended with an error", mountpoint.display()))
+        }
+        unmount::Unmounted::Detached => {
+            // The session serves the detached file system's open files
+            // until we exit, which ends the connection. Dropping the
+            // session would try to unmount the path again, where something
+            // else may be mounted by now.
+            std::mem::forget(session);
+            drop(embedded);
+            Ok(())
+        }
+    }
 }

@@ -1,5 +1,11 @@
 //! `citronfs meta-server` and `citronfs data-server`: run one server role in
-//! the foreground until interrupted.
+//! the foreground until SIGINT, SIGTERM or SIGHUP.
+//!
+//! They are systemd `Type=notify` services (units in `dist/systemd/`): once
+//! the server serves (its RPC port and NIC accept, a data server is
+//! registered with the meta-server) it sends `READY=1` to `$NOTIFY_SOCKET`,
+//! and `STOPPING=1` when a signal ends it. On SIGTERM a data server tells
+//! the meta-server it leaves before it stops serving.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -114,7 +120,21 @@ pub struct DataServerArgs {
     ib: Option<IbDevice>,
 }
 
-/// Blocks until SIGINT or SIGTERM.
+/// Tells the service manager (if `$NOTIFY_SOCKET` names one) that the
+/// service is ready, with `status` as its status line.
+pub fn notify_ready(status: &str) {
+    use sd_notify::NotifyState;
+    if let Err(e) = sd_notify::notify(false, &[NotifyState::Ready, NotifyState::Status(status)]) {
+        log::warn!("cannot notify the service manager: {e}");
+    }
+}
+
+/// Tells the service manager that the service is stopping.
+pub fn notify_stopping() {
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+}
+
+/// Blocks until SIGINT, SIGTERM or SIGHUP.
 pub fn wait_for_signal() -> Result<()> {
     let (tx, rx) = std::sync::mpsc::channel();
     ctrlc::set_handler(move || {
@@ -128,14 +148,17 @@ pub fn wait_for_signal() -> Result<()> {
 pub fn run_meta(args: MetaServerArgs) -> Result<()> {
     let server =
         MetaServer::start(args.config()).with_context(|| format!("cannot start on {}", args.listen))?;
-    println!("meta-server listening on {} (nic {})", server.local_addr(), server.nic_addr());
+    let status = format!("meta-server listening on {} (nic {})", server.local_addr(), server.nic_addr());
+    println!("{status}");
+    notify_ready(&status);
     wait_for_signal()?;
+    notify_stopping();
     drop(server);
     Ok(())
 }
 
 pub fn run_data(args: DataServerArgs) -> Result<()> {
-    let server = DataServer::start_with_ib(
+    let mut server = DataServer::start_with_ib(
         args.listen,
         args.meta,
         args.capacity.0,
@@ -143,8 +166,16 @@ pub fn run_data(args: DataServerArgs) -> Result<()> {
         args.ib.as_ref(),
     )
     .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
-    println!("data server {} exporting {} on {}", server.id().0, args.capacity, server.nic_addr());
+    let status =
+        format!("data server {} exporting {} on {}", server.id().0, args.capacity, server.nic_addr());
+    println!("{status}");
+    notify_ready(&status);
     wait_for_signal()?;
+    notify_stopping();
+    if let Err(e) = server.leave() {
+        // It stops all the same; the meta-server finds out when its probes fail.
+        eprintln!("citronfs: cannot tell the meta-server that this data server leaves: {e}");
+    }
     drop(server);
     Ok(())
 }

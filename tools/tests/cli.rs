@@ -345,7 +345,12 @@ fn mount_refuses_bad_mount_points_and_unreachable_clusters() {
 #[test]
 fn mount_serves_until_sigint_and_leaves_no_stale_mount() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(EXE).arg("mount").arg(dir.path()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = Command::new(EXE)
+        .args(["mount", "--foreground"])
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     assert!(first.contains("mounted at"), "{first}");

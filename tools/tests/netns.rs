@@ -18,7 +18,7 @@ fn a_mount_in_another_network_namespace_shares_the_file_system_over_tcp() {
     let local = cluster.mount();
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = remote.command(EXE);
-    cmd.args(["mount", "--transport", "tcp", "--timeout", "5", "--meta"])
+    cmd.args(["mount", "--foreground", "--transport", "tcp", "--timeout", "5", "--meta"])
         .arg(cluster.meta.local_addr().to_string())
         .arg(dir.path());
     let far = ProcessMount::start(cmd, dir, "mounted at");

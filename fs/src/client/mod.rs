@@ -811,10 +811,34 @@ fn heartbeat_loop(shared: &Shared) {
     }
 }
 
+impl FsClient {
+    /// Leaves the cluster ahead of the client's drop (a mount going away):
+    /// lock requests still blocked are answered with an error (EIO), and the
+    /// meta-server is told this client leaves, so it removes the client's
+    /// lock records and opens now (waking whoever waits for them) instead
+    /// of a lease later. Calls after this fail. Idempotent.
+    pub fn shutdown(&self) {
+        if let Some(w) = &self.waiters {
+            w.shutdown();
+        }
+        if self.shared.stop.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if !self.shared.fenced() {
+            let client = ClientId(self.shared.client.load(Ordering::Relaxed));
+            match answer(self.shared.rpc.call(&MetaRequest::ClientLeaves { client })) {
+                Ok(_) => log::info!("client {} left the cluster", client.0),
+                Err(e) => log::warn!("cannot tell the meta-server that client {} leaves: {e}", client.0),
+            }
+        }
+        self.shared.fenced.store(true, Ordering::Relaxed);
+    }
+}
+
 impl Drop for FsClient {
     fn drop(&mut self) {
+        self.shutdown();
         self.waiters.take();
-        self.shared.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.heartbeat.take() {
             let _ = h.join();
         }

@@ -68,7 +68,7 @@ pub struct Waiters {
     mailbox: ClientAddr,
     handoff: Sender<Pending>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    thread: parking_lot::Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Waiters {
@@ -83,7 +83,7 @@ impl Waiters {
                 .name("citronfs-lock-waiter".into())
                 .spawn(move || WaiterThread { ep, context, incoming, pending: Vec::new(), stop }.run())?
         };
-        Ok(Self { mailbox, handoff, stop, thread: Some(thread) })
+        Ok(Self { mailbox, handoff, stop, thread: parking_lot::Mutex::new(Some(thread)) })
     }
 
     /// Where waiting records of this client are woken.
@@ -100,12 +100,21 @@ impl Waiters {
     }
 }
 
-impl Drop for Waiters {
-    fn drop(&mut self) {
+impl Waiters {
+    /// Stops the thread: every request still waiting is answered with an
+    /// error (EIO at the mount), and later ones at once. Returns when the
+    /// answers are given.
+    pub fn shutdown(&self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        if let Some(t) = self.thread.lock().take() {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Waiters {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 
@@ -168,7 +177,8 @@ impl WaiterThread {
             }
             self.pending = kept;
         }
-        for p in self.pending.drain(..) {
+        let queued: Vec<Pending> = self.incoming.try_iter().collect();
+        for p in self.pending.drain(..).chain(queued) {
             (p.done)(Err(FsError::Io("the mount is shutting down".into())));
         }
     }

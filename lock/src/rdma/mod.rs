@@ -38,6 +38,7 @@ pub mod ib;
 mod mailbox;
 pub mod memory;
 pub mod shm;
+pub mod shm_owner;
 pub mod tcp;
 pub mod verb;
 

@@ -13,6 +13,10 @@
 //!
 //! Two-sided messages are Unix datagrams, one per message, so a send is one
 //! system call and needs no connection.
+//!
+//! The host holds a lock on the directory for as long as the fabric lives;
+//! a fabric whose lock nobody holds is an orphan that the next citronfs
+//! start removes ([`super::shm_owner`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -31,13 +35,14 @@ use super::codec;
 use super::error::{TransportError, VerbError};
 use super::mailbox::{Envelope, MailboxRouter, Message, MAX_MESSAGE};
 use super::memory::{RegionMemory, RegionTable};
+use super::shm_owner::{self, OwnerLock};
 
 const CONTROL_LEN: u64 = 4096;
 const NEXT_NODE_WORD: RemoteAddr = RemoteAddr::new(RegionId(u32::MAX), 0);
 
 /// The directory of the fabric called `name`.
 pub fn fabric_dir(name: &str) -> PathBuf {
-    PathBuf::from("/dev/shm").join(format!("citronfs-{name}"))
+    PathBuf::from(shm_owner::SHM_ROOT).join(format!("{}{name}", shm_owner::FABRIC_PREFIX))
 }
 
 fn shm_err(what: impl std::fmt::Display, path: &Path, e: std::io::Error) -> TransportError {
@@ -59,19 +64,23 @@ fn check_atomics() -> Result<(), TransportError> {
 pub struct ShmHost {
     dir: PathBuf,
     regions: Arc<RegionTable>,
+    /// The fabric is alive while this is held (released by the kernel if
+    /// the process dies).
+    _owner: OwnerLock,
 }
 
 impl ShmHost {
-    /// Creates the fabric `name`, replacing a stale one of the same name.
+    /// Creates the fabric `name`. First removes every fabric of this host
+    /// that no live process owns (a crashed host's, this name's included);
+    /// a live fabric of the same name is an error.
     pub fn create(name: &str) -> Result<Self, TransportError> {
         check_atomics()?;
         let dir = fabric_dir(name);
-        if dir.exists() {
-            log::warn!("replacing stale shm fabric {}", dir.display());
-            fs::remove_dir_all(&dir).map_err(|e| shm_err("cannot remove", &dir, e))?;
+        if let Err(e) = shm_owner::remove_orphans() {
+            log::warn!("cannot sweep orphaned shm fabrics: {e}");
         }
-        fs::create_dir_all(&dir).map_err(|e| shm_err("cannot create", &dir, e))?;
-        let host = Self { dir, regions: Arc::new(RegionTable::new()) };
+        let owner = shm_owner::create_owned(&dir).map_err(|e| shm_err("cannot create", &dir, e))?;
+        let host = Self { dir, regions: Arc::new(RegionTable::new()), _owner: owner };
         let control = host.dir.join("control");
         create_sized(&control, CONTROL_LEN)?;
         let ctl = RegionMemory::from_file(NEXT_NODE_WORD.region, &open_rw(&control)?)
@@ -165,6 +174,12 @@ impl ShmNode {
     pub fn join(name: &str, router: Arc<MailboxRouter>) -> Result<Self, TransportError> {
         check_atomics()?;
         let dir = fabric_dir(name);
+        // Never map the memory of a host that is gone.
+        match shm_owner::owner_is_alive(&dir) {
+            Ok(true) => {}
+            Ok(false) => return Err(TransportError::Shm(format!("shm fabric {name} has no live host"))),
+            Err(e) => return Err(shm_err("cannot open", &dir, e)),
+        }
         let control = dir.join("control");
         let ctl = RegionMemory::from_file(NEXT_NODE_WORD.region, &open_rw(&control)?)
             .map_err(|e| shm_err("cannot map", &control, e))?;
