@@ -11,6 +11,7 @@ pub mod citron_stress;
 pub mod lock_stress;
 pub mod posix_stress;
 pub mod probe;
+pub mod probe_ops;
 pub mod range_stress;
 
 use std::process::{Child, Command, Stdio};
