@@ -6,7 +6,9 @@
 //! memory, uncached); attribute and entry caching default to zero for strict
 //! coherence between mounts. The session is multi-threaded.
 
+mod access;
 mod caller;
+mod setid;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -16,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use citronfs_core::client::{FsClient, LockCall};
+use citronfs_core::client::{FsClient, LockCall, WriteMode};
 use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, OFFSET_MAX};
 use citronfs_core::proto::{RenameMode, XattrMode};
 use citronfs_core::types::{Attr, Caller, FileKind, Ino, SetAttr, Timestamp};
@@ -196,6 +198,40 @@ impl CitronFuse {
         FileHandle(fh)
     }
 
+    /// An `open(O_CREAT)` that found the file another mount created after
+    /// our kernel's lookup: the kernel took it for a create and skips an
+    /// open's permission check and `O_TRUNC`, so they are done here (see
+    /// [`access`]). The meta-server has counted the open; a refusal gives
+    /// it back.
+    fn open_existing_for_create(&self, req: &Request, attr: Attr, flags: i32) -> Result<Attr, FsError> {
+        let ino = attr.ino;
+        let creds = access::Credentials::of(req.pid(), req.uid(), req.gid());
+        let checked = if !creds.may_open(&attr, flags) {
+            Err(FsError::Access)
+        } else if flags & libc::O_TRUNC != 0 {
+            // A truncating open by a process without CAP_FSETID clears
+            // set-ID bits, as `handle_truncate` would have.
+            let killed = match creds.has(access::Capability::Fsetid) {
+                true => Ok(()),
+                false => {
+                    let mut groups = creds.groups.clone();
+                    groups.push(req.gid());
+                    self.client.kill_suidgid(ino, groups).map(drop)
+                }
+            };
+            let truncate = SetAttr { size: Some(0), ..SetAttr::default() };
+            killed.and_then(|()| self.client.setattr(caller(req), ino, truncate))
+        } else {
+            Ok(attr)
+        };
+        if checked.is_err() {
+            if let Err(e) = self.client.release(ino) {
+                log::warn!("giving back the refused open of inode {}: {e}", ino.0);
+            }
+        }
+        checked
+    }
+
     /// Whether `fh` opened for append; EIO if it belongs to a registration
     /// the meta-server has fenced.
     fn check_handle(&self, fh: FileHandle) -> Result<bool, Errno> {
@@ -371,7 +407,18 @@ impl Filesystem for CitronFuse {
             mtime: mtime.map(time),
             ctime: ctime.map(Timestamp::from),
         };
-        match self.client.setattr(caller(req), Ino(ino.0), set) {
+        let (who, ino) = (caller(req), Ino(ino.0));
+        let sgid = setid::SgidCheck::before(size, uid, gid, || self.client.getattr(ino).ok());
+        let r = self.client.setattr(who, ino, set).and_then(|a| {
+            let creds = || access::Credentials::of(req.pid(), req.uid(), req.gid());
+            match sgid.after(&a, req.gid(), creds) {
+                Some(perm) => {
+                    self.client.setattr(who, ino, SetAttr { perm: Some(perm), ..SetAttr::default() })
+                }
+                None => Ok(a),
+            }
+        });
+        match r {
             Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -473,12 +520,12 @@ impl Filesystem for CitronFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -487,7 +534,13 @@ impl Filesystem for CitronFuse {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
-        match self.client.write(Ino(ino.0), offset, data, append) {
+        // The kernel sets this on every direct write by a process without
+        // CAP_FSETID and clears nothing itself (see `setid`).
+        let groups = || setid::groups_of(req.pid(), req.uid(), req.gid());
+        let unprivileged = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let how =
+            WriteMode { append, unprivileged: unprivileged.then_some(&groups as &dyn Fn() -> Vec<u32>) };
+        match self.client.write_as(Ino(ino.0), offset, data, how) {
             Ok(_) => reply.written(data.len() as u32),
             Err(e) => reply.error(errno(&e)),
         }
@@ -638,10 +691,18 @@ impl Filesystem for CitronFuse {
         reply: ReplyCreate,
     ) {
         let perm = (mode & !umask & 0o7777) as u16;
-        let r = self
-            .client
-            .create_open(caller(req), Ino(parent.0), name(n), perm)
-            .map(|a| (self.track_open(a.ino, flags), a));
+        let (who, parent, n) = (caller(req), Ino(parent.0), name(n));
+        let opened = if flags & libc::O_EXCL != 0 {
+            self.client.create_open(who, parent, n, perm)
+        } else {
+            // Without O_EXCL, a name another mount created since our kernel
+            // looked it up is opened, not refused.
+            self.client.open_or_create(who, parent, n, perm).and_then(|o| match o.created {
+                true => Ok(o.attr),
+                false => self.open_existing_for_create(req, o.attr, flags),
+            })
+        };
+        let r = opened.map(|a| (self.track_open(a.ino, flags), a));
         match r {
             Ok((fh, a)) => reply.created(
                 &self.options.attr_ttl,
