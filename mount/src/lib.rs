@@ -8,6 +8,7 @@
 
 mod access;
 mod caller;
+mod coherence;
 mod setid;
 
 use std::collections::HashMap;
@@ -155,6 +156,8 @@ pub struct CitronFuse {
     posix_owners: Mutex<HashMap<u64, std::collections::HashSet<u64>>>,
     /// Open `/proc/<tid>/syscall` files of callers.
     syscalls: caller::SyscallFiles,
+    /// Page-cache coherence of shared mappings through locks.
+    coherence: coherence::Coherence,
 }
 
 impl CitronFuse {
@@ -166,6 +169,7 @@ impl CitronFuse {
             next_fh: AtomicU64::new(1),
             posix_owners: Mutex::new(HashMap::new()),
             syscalls: caller::SyscallFiles::default(),
+            coherence: coherence::Coherence::start().expect("start the coherence threads"),
         }
     }
 
@@ -195,6 +199,7 @@ impl CitronFuse {
         self.open_files
             .lock()
             .insert(fh, OpenFile { ino, append: flags & libc::O_APPEND != 0, registration });
+        self.coherence.opened(ino);
         FileHandle(fh)
     }
 
@@ -335,6 +340,32 @@ impl CitronFuse {
     }
 }
 
+/// Runs a lock call and answers it; a blocking one (`F_SETLKW`, blocking
+/// `flock`) is answered by the waiter thread, never waited for here. With
+/// `coherent`, a granted lock's range of the page cache is dropped on a
+/// coherence thread before the answer.
+fn lock(
+    client: &FsClient,
+    call: LockCall,
+    sleep: bool,
+    tid: u32,
+    coherent: Option<coherence::Invalidator>,
+    reply: ReplyEmpty,
+) {
+    let answer = move |r: Result<(), FsError>| match coherent {
+        Some(inval) if r.is_ok() && call.mode.is_some() => inval.clone().run(Box::new(move || {
+            inval.invalidate(call.ino, call.range);
+            done(reply, r)
+        })),
+        _ => done(reply, r),
+    };
+    if sleep && call.mode.is_some() {
+        client.setlkw(&call, Box::new(move || caller::interrupted(tid)), Box::new(answer));
+    } else {
+        answer(client.setlk(&call))
+    }
+}
+
 fn done(reply: ReplyEmpty, r: Result<(), FsError>) {
     match r {
         Ok(()) => reply.ok(),
@@ -359,6 +390,11 @@ impl Filesystem for CitronFuse {
         let _ = config.set_max_write(1 << 20);
         // Without these the kernel keeps fcntl and flock locks node-local
         // and the file system would silently not be distributed.
+        // Shared writable mappings of files opened with direct I/O (kernel
+        // >= 6.6); kept coherent across mounts through locks (`coherence`).
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+            log::warn!("the kernel does not offer {missing:?}: shared writable mappings fail with ENODEV");
+        }
         config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS).map_err(
             |missing| {
                 std::io::Error::other(format!(
@@ -509,11 +545,16 @@ impl Filesystem for CitronFuse {
         offset: u64,
         size: u32,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         if let Err(e) = self.check_handle(fh) {
             return reply.error(e);
+        }
+        if lock_owner.is_none() {
+            // Direct reads carry the caller's lock owner; page-cache reads
+            // (a fault of a mapping) do not.
+            self.coherence.cached(Ino(ino.0));
         }
         data(reply, self.client.read(Ino(ino.0), offset, size))
     }
@@ -534,6 +575,9 @@ impl Filesystem for CitronFuse {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
+        if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            self.coherence.cached(Ino(ino.0)); // written back from a mapping
+        }
         // The kernel sets this on every direct write by a process without
         // CAP_FSETID and clears nothing itself (see `setid`).
         let groups = || setid::groups_of(req.pid(), req.uid(), req.gid());
@@ -566,6 +610,7 @@ impl Filesystem for CitronFuse {
         self.posix_owners.lock().remove(&fh.0);
         match open {
             Some(f) => {
+                self.coherence.released(f.ino);
                 // The last close of an open file: its OFD and flock locks go.
                 let unlocked = self.client.release_handle_locks(f.ino, fh.0);
                 if let Err(e) = &unlocked {
@@ -758,17 +803,18 @@ impl Filesystem for CitronFuse {
             Ok(c) => c,
             Err(e) => return reply.error(e),
         };
-        if sleep && call.mode.is_some() {
-            // Never wait on a FUSE worker: the waiter thread answers.
-            let tid = req.pid();
-            self.client.setlkw(
-                &call,
-                Box::new(move || caller::interrupted(tid)),
-                Box::new(move |r| done(reply, r)),
-            );
-        } else {
-            done(reply, self.client.setlk(&call))
+        let tid = req.pid();
+        if !self.coherence.is_cached(call.ino) {
+            return lock(&self.client, call, sleep, tid, None, reply);
         }
+        // This mount caches pages of the file (a mapping): write back and
+        // drop the range before the change and again after a grant, on a
+        // coherence thread (see `coherence`).
+        let (client, inval) = (self.client.clone(), self.coherence.invalidator().clone());
+        self.coherence.invalidator().run(Box::new(move || {
+            inval.invalidate(call.ino, call.range);
+            lock(&client, call, sleep, tid, Some(inval), reply)
+        }));
     }
 
     fn fallocate(
@@ -797,7 +843,10 @@ pub use fuser::BackgroundSession;
 /// workers until it is unmounted; returns the background session.
 pub fn spawn_mount(fs: CitronFuse, mountpoint: &Path) -> std::io::Result<fuser::BackgroundSession> {
     let config = session_config("citronfs", fs.options.threads);
-    fuser::spawn_mount(fs, mountpoint, &config)
+    let notifier = fs.coherence.invalidator().clone();
+    let session = fuser::Session::new(fs, mountpoint, &config)?;
+    notifier.set_notifier(session.notifier());
+    session.spawn()
 }
 
 /// How every citronfs session is mounted and served (mount options, access,

@@ -13,6 +13,7 @@
 //! mmap FD LEN             -> map N     (MAP_SHARED, read and write)
 //! mwrite N OFFSET TEXT    -> ok        (store through the mapping)
 //! mread N OFFSET LEN      -> data TEXT (load through the mapping)
+//! mincr N OFFSET          -> ok K      (a decimal counter in the mapping, plus one)
 //! msync N                 -> ok        (MS_SYNC)
 //! munmap N                -> ok
 //! lease FD r|w|u          -> ok        (F_SETLEASE; its break signal, SIGIO, is counted)
@@ -163,6 +164,20 @@ pub fn run(words: &[&str]) -> Option<Result<String, String>> {
                 // SAFETY: as for mwrite, a range inside a live mapping.
                 unsafe { std::ptr::copy_nonoverlapping((addr + off) as *const u8, buf.as_mut_ptr(), n) };
                 format!("data {}", String::from_utf8_lossy(&buf))
+            }
+            "mincr" => {
+                let (addr, len) = mapping(num(1)?)?;
+                let off = num(2)? as usize;
+                if off + 20 > len {
+                    return Err("past the mapping".into());
+                }
+                // SAFETY: 20 bytes inside a live mapping (checked above).
+                let counter = unsafe { std::slice::from_raw_parts_mut((addr + off) as *mut u8, 20) };
+                let text = String::from_utf8_lossy(counter);
+                let n: u64 =
+                    text.trim_matches(|c: char| c == '\0' || c.is_whitespace()).parse().unwrap_or(0) + 1;
+                counter.copy_from_slice(format!("{n:020}").as_bytes());
+                format!("ok {n}")
             }
             "msync" => {
                 let (addr, len) = mapping(num(1)?)?;
