@@ -125,7 +125,7 @@ fn o_excl_from_two_mounts_at_once_has_exactly_one_winner_and_mkdir_one_too() {
         (ta.join().unwrap(), tb.join().unwrap())
     });
     for (i, (x, y)) in ra.iter().zip(&rb).enumerate() {
-        let mut both = [x.clone(), y.clone()];
+        let mut both = [*x, *y];
         both.sort();
         assert_eq!(both, [Ok(()), Err(Some(libc::EEXIST))], "mkdir round {i}");
     }

@@ -409,7 +409,9 @@ mod tests {
         };
         let (w, rd, un) = (Some(LockMode::Write), Some(LockMode::Read), None);
         let (p, q, o) = (1, 2, 3);
-        let steps: &[(&[(u64, Option<LockMode>, u64, u64)], (u64, u64, u64))] = &[
+        // (owner, mode, first, last) requests, then F_GETLK's (owner, start, len).
+        type Step<'a> = (&'a [(u64, Option<LockMode>, u64, u64)], (u64, u64, u64));
+        let steps: &[Step] = &[
             (&[(p, w, 10, 14), (p, rd, 1, 5)], (p, 1, 5)),
             (&[(q, rd, 50, 54)], (p, 1, 5)),
             (&[(q, w, 0, 0)], (p, 1, 5)),
