@@ -98,6 +98,20 @@ fn a_lock_makes_the_mapping_coherent_with_the_other_mount() {
     assert_eq!(q.ask(&format!("flock {qf} sh")), "ok");
     assert_eq!(q.ask(&format!("mread {qm} {PAGE} 5")), "data flock");
     assert_eq!(q.ask(&format!("flock {qf} un")), "ok");
+    // Without a lock, a new mmap reads afresh (the kernel drops the cached
+    // pages at every mmap of a direct-I/O file)...
+    assert_eq!(q.ask(&format!("munmap {qm}")), "ok");
+    assert_eq!(p.ask(&format!("write {pf} 0 again")), "ok");
+    let qm = q.ask(&format!("mmap {qf} {}", 2 * PAGE));
+    let qm = qm.strip_prefix("map ").unwrap().to_string();
+    assert_eq!(q.ask(&format!("mread {qm} 0 5")), "data again");
+    // ... and so does a new open after the last close (the mount forgets
+    // the file at its last release; the kernel drops its pages at open).
+    assert_eq!(q.ask(&format!("munmap {qm}")), "ok");
+    assert_eq!(q.ask(&format!("close {qf}")), "ok");
+    assert_eq!(p.ask(&format!("write {pf} 0 once-")), "ok");
+    let (mut r, _, rm) = mapped(&b.path("f"), 2 * PAGE);
+    assert_eq!(r.ask(&format!("mread {rm} 0 5")), "data once-");
 }
 
 /// The oracle for coherence under load: a counter in a mapping, incremented

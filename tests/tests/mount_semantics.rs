@@ -349,3 +349,41 @@ fn leases_are_local_to_one_mount_as_documented() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// The set-ID check rides on the slot read every write makes: a write by
+/// a process without CAP_FSETID to a file without set-ID bits costs the
+/// verbs and round trips of any write, and never asks for the writer's
+/// groups (no `/proc` read, no RPC); one to a set-user-ID file clears it.
+#[test]
+fn an_unprivileged_write_costs_what_any_write_costs() {
+    use citronfs_core::client::{ClientConfig, FsClient, WriteMode};
+    use citronfs_core::types::{Caller, Ino, SetAttr};
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let client = FsClient::connect(ClientConfig::new(c.meta.local_addr())).unwrap();
+    let ino = client.create_open(Caller::ROOT, Ino::ROOT, b"f", 0o666).unwrap().ino;
+    // Warm up (layout, lock handles) and give the file its size, so the
+    // measured writes neither fetch nor grow anything.
+    client.write(ino, 0, b"warm-up!", false).unwrap();
+    client.write(ino, 0, b"again", false).unwrap();
+    let never = || -> Vec<u32> { panic!("the writer's groups were asked for a file without set-ID bits") };
+    let unprivileged = WriteMode { append: false, unprivileged: Some(&never) };
+    let before = client.verb_counts();
+    client.write(ino, 0, b"plain", false).unwrap();
+    let plain = client.verb_counts() - before;
+    let before = client.verb_counts();
+    client.write_as(ino, 0, b"other", unprivileged).unwrap();
+    let other = client.verb_counts() - before;
+    assert_eq!((other.by_kind, other.round_trips), (plain.by_kind, plain.round_trips));
+    // A set-user-ID file: the bit goes, the groups are asked for once.
+    let suid = SetAttr { perm: Some(0o4777), ..SetAttr::default() };
+    client.setattr(Caller::ROOT, ino, suid).unwrap();
+    let asked = std::cell::Cell::new(0);
+    let groups = || {
+        asked.set(asked.get() + 1);
+        vec![NOBODY]
+    };
+    client.write_as(ino, 0, b"x", WriteMode { append: false, unprivileged: Some(&groups) }).unwrap();
+    assert_eq!(client.getattr(ino).unwrap().perm, 0o777);
+    assert_eq!(asked.get(), 1);
+    client.write_as(ino, 0, b"y", WriteMode { append: false, unprivileged: Some(&never) }).unwrap();
+}
