@@ -88,11 +88,12 @@ impl Credentials {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use citronfs_core::types::{FileKind, Ino, Timestamp};
 
-    fn file(uid: u32, gid: u32, perm: u16) -> Attr {
+    /// A regular file's attributes, for tests.
+    pub(crate) fn file(uid: u32, gid: u32, perm: u16) -> Attr {
         let t = Timestamp::default();
         Attr {
             ino: Ino(2),

@@ -77,7 +77,16 @@ impl Invalidator {
     /// Failures are logged: the lock call goes on (the pages may be gone
     /// already, or the mount going away).
     pub fn invalidate(&self, ino: Ino, range: ByteRange) {
-        let Some(notifier) = self.notifier.get() else { return };
+        let Some(notifier) = self.notifier.get() else {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                log::error!(
+                    "no FUSE notifier: this session was not made by citronfs_mount::new_session, so shared \
+                     mappings are not kept coherent across mounts"
+                )
+            });
+            return;
+        };
         let len = if range.last >= OFFSET_MAX { 0 } else { range.last - range.start + 1 };
         let (Ok(offset), Ok(len)) = (i64::try_from(range.start), i64::try_from(len)) else {
             return;
@@ -148,7 +157,10 @@ impl Coherence {
 
     /// The kernel read pages of `ino` into its cache (a fault).
     pub fn cached(&self, ino: Ino) {
-        self.inodes.lock().entry(ino).or_default().cached = true;
+        // Pages are read through an open file, so the inode is here.
+        if let Some(u) = self.inodes.lock().get_mut(&ino) {
+            u.cached = true;
+        }
     }
 
     /// Whether lock calls on `ino` must keep the page cache coherent.

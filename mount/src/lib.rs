@@ -843,10 +843,23 @@ pub use fuser::BackgroundSession;
 /// workers until it is unmounted; returns the background session.
 pub fn spawn_mount(fs: CitronFuse, mountpoint: &Path) -> std::io::Result<fuser::BackgroundSession> {
     let config = session_config("citronfs", fs.options.threads);
-    let notifier = fs.coherence.invalidator().clone();
-    let session = fuser::Session::new(fs, mountpoint, &config)?;
-    notifier.set_notifier(session.notifier());
-    session.spawn()
+    new_session(fs, mountpoint, &config)?.spawn()
+}
+
+/// Mounts `fs` at `mountpoint` as a session not yet served (`run` or
+/// `spawn` it), with the file system given the session's notifier: the
+/// coherence of shared mappings across mounts invalidates the kernel's
+/// pages through it (see [`coherence`]). Every citronfs session is made
+/// here.
+pub fn new_session(
+    fs: CitronFuse,
+    mountpoint: &Path,
+    config: &fuser::Config,
+) -> std::io::Result<fuser::Session<CitronFuse>> {
+    let invalidator = fs.coherence.invalidator().clone();
+    let session = fuser::Session::new(fs, mountpoint, config)?;
+    invalidator.set_notifier(session.notifier());
+    Ok(session)
 }
 
 /// How every citronfs session is mounted and served (mount options, access,

@@ -87,24 +87,9 @@ impl SgidCheck {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use citronfs_core::types::{Ino, Timestamp};
 
     fn file(gid: u32, perm: u16) -> Attr {
-        let t = Timestamp::default();
-        Attr {
-            ino: Ino(2),
-            kind: FileKind::File,
-            perm,
-            uid: 0,
-            gid,
-            size: 0,
-            nlink: 1,
-            rdev: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            crtime: t,
-        }
+        crate::access::tests::file(0, gid, perm)
     }
 
     fn nobody(groups: &[u32]) -> Credentials {
