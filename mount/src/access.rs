@@ -58,6 +58,14 @@ impl Credentials {
         Self { uid, gid, groups, effective }
     }
 
+    /// The groups a set-group-ID bit is judged against: the filesystem
+    /// gid and the supplementary groups.
+    pub fn all_groups(&self) -> Vec<u32> {
+        let mut groups = self.groups.clone();
+        groups.push(self.gid);
+        groups
+    }
+
     pub fn has(&self, cap: Capability) -> bool {
         self.effective & (1 << cap as u32) != 0
     }

@@ -4,7 +4,9 @@
 //! exactly one place ([`errno`]). Files are opened with direct I/O so every
 //! read and write reaches the daemon (and from there the data servers'
 //! memory, uncached); attribute and entry caching default to zero for strict
-//! coherence between mounts. The session is multi-threaded.
+//! coherence between mounts. Shared mappings are the one use of the page
+//! cache, kept coherent across mounts through locks ([`coherence`]). The
+//! session is multi-threaded.
 
 mod access;
 mod caller;
@@ -218,11 +220,7 @@ impl CitronFuse {
             // set-ID bits, as `handle_truncate` would have.
             let killed = match creds.has(access::Capability::Fsetid) {
                 true => Ok(()),
-                false => {
-                    let mut groups = creds.groups.clone();
-                    groups.push(req.gid());
-                    self.client.kill_suidgid(ino, groups).map(drop)
-                }
+                false => self.client.kill_suidgid(ino, creds.all_groups()).map(drop),
             };
             let truncate = SetAttr { size: Some(0), ..SetAttr::default() };
             killed.and_then(|()| self.client.setattr(caller(req), ino, truncate))
@@ -388,13 +386,13 @@ impl Filesystem for CitronFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Bigger writes: fewer round trips per MiB.
         let _ = config.set_max_write(1 << 20);
-        // Without these the kernel keeps fcntl and flock locks node-local
-        // and the file system would silently not be distributed.
         // Shared writable mappings of files opened with direct I/O (kernel
         // >= 6.6); kept coherent across mounts through locks (`coherence`).
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
             log::warn!("the kernel does not offer {missing:?}: shared writable mappings fail with ENODEV");
         }
+        // Without these the kernel keeps fcntl and flock locks node-local
+        // and the file system would silently not be distributed.
         config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS).map_err(
             |missing| {
                 std::io::Error::other(format!(

@@ -26,9 +26,7 @@ use crate::access::{Capability, Credentials};
 /// The groups a set-group-ID bit is judged against: the caller's
 /// filesystem gid and its supplementary groups (from `/proc/<tid>`).
 pub fn groups_of(tid: u32, uid: u32, gid: u32) -> Vec<u32> {
-    let mut groups = Credentials::of(tid, uid, gid).groups;
-    groups.push(gid);
-    groups
+    Credentials::of(tid, uid, gid).all_groups()
 }
 
 /// A set-group-ID bit that only membership of the group protects.
