@@ -28,15 +28,23 @@ use crate::types::{
 /// | 8 | mtime, ns since the epoch | clients: fetch-and-store after a write |
 /// | 16 | layout epoch | meta-server: +1 whenever chunks are freed |
 /// | 24 | allocation generation | meta-server: +1 whenever chunks are allocated |
+/// | 32 | permission bits (mode & 0o7777) in bits 0..16, group id in bits 32..64 | meta-server: a copy of the inode's, at every change |
+///
+/// The permission word lets a write see set-user/group-ID bits it must
+/// clear (a writer without `CAP_FSETID`) in the slot read it makes anyway,
+/// so an ordinary write pays nothing for the check; the group decides
+/// whether a set-group-ID bit without group-execute goes
+/// ([`crate::types::perm_without_setid`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttrSlot(pub RemoteAddr);
 
 impl AttrSlot {
-    pub const BYTES: u64 = 32;
+    pub const BYTES: u64 = 40;
     pub const SIZE: u64 = 0;
     pub const MTIME: u64 = 8;
     pub const EPOCH: u64 = 16;
     pub const ALLOCS: u64 = 24;
+    pub const PERM: u64 = 32;
 
     pub fn size(self) -> RemoteAddr {
         self.0 + Self::SIZE
@@ -49,6 +57,9 @@ impl AttrSlot {
     }
     pub fn allocs(self) -> RemoteAddr {
         self.0 + Self::ALLOCS
+    }
+    pub fn perm(self) -> RemoteAddr {
+        self.0 + Self::PERM
     }
 }
 
@@ -166,12 +177,17 @@ pub enum MetaRequest {
         rdev: u32,
     },
     /// Creates a regular file and opens it, in one round trip (`creat`).
+    /// With `exclusive` (O_EXCL) an existing name is [`FsError::Exists`];
+    /// without, an existing regular file is opened instead and the answer
+    /// is [`MetaResponse::OpenedExisting`] (O_CREAT is idempotent: two
+    /// mounts that both found the name missing open one file).
     CreateOpen {
         caller: Caller,
         client: ClientId,
         parent: Ino,
         name: Vec<u8>,
         perm: u16,
+        exclusive: bool,
     },
     Symlink {
         caller: Caller,
@@ -238,6 +254,14 @@ pub enum MetaRequest {
     GrowLockTable {
         ino: Ino,
         last: Option<RemoteAddr>,
+    },
+    /// Clears set-user/group-ID bits as a write or truncate by a process
+    /// without `CAP_FSETID` does ([`crate::types::perm_without_setid`]);
+    /// `groups` are the writer's (filesystem gid and supplementary
+    /// groups). Answers the attributes.
+    KillSuidGid {
+        ino: Ino,
+        groups: Vec<u32>,
     },
     /// The registered clients.
     Clients,
@@ -309,6 +333,8 @@ pub enum MetaResponse {
     Target(Vec<u8>),
     Layout(FileLayout),
     Opened(Attr, FileLayout),
+    /// A non-exclusive `CreateOpen` found a regular file and opened it.
+    OpenedExisting(Attr, FileLayout),
     Chunks(Vec<(ChunkIndex, ChunkLoc)>),
     Stats(FsStats),
     LockTable(RemoteAddr),

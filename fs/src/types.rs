@@ -124,6 +124,24 @@ pub struct SetAttr {
     pub ctime: Option<Timestamp>,
 }
 
+/// The permission bits after a write, truncate or chown by a process
+/// without `CAP_FSETID`, as Linux's local file systems leave them
+/// (`should_remove_suid`, `setattr_should_drop_sgid`): set-user-ID always
+/// goes; set-group-ID goes when group-execute is set, and otherwise (the
+/// old mandatory-locking mark) when the writer is not a member of the
+/// file's group. `writer_in_group` is asked only in that last case.
+pub fn perm_without_setid(perm: u16, writer_in_group: impl FnOnce() -> bool) -> u16 {
+    let mut p = perm & !S_ISUID;
+    if p & S_ISGID != 0 && (p & S_IXGRP != 0 || !writer_in_group()) {
+        p &= !S_ISGID;
+    }
+    p
+}
+
+pub const S_ISUID: u16 = 0o4000;
+pub const S_ISGID: u16 = 0o2000;
+pub const S_IXGRP: u16 = 0o0010;
+
 /// Who asks: the caller's credentials, for permission checks and ownership.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Caller {

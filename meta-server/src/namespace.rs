@@ -23,8 +23,8 @@ use citronfs_core::locks::record::{block_header, pack_addr, BLOCK_BYTES, SLOTS_P
 use citronfs_core::locks::LockArea;
 use citronfs_core::proto::{AttrSlot, FileLayout, RenameMode, XattrMode};
 use citronfs_core::types::{
-    Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino, SetAttr,
-    Timestamp, MAX_FILE_SIZE, NAME_MAX, SYMLINK_MAX, XATTR_SIZE_MAX,
+    perm_without_setid, Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind,
+    FsStats, Ino, SetAttr, Timestamp, MAX_FILE_SIZE, NAME_MAX, SYMLINK_MAX, XATTR_SIZE_MAX,
 };
 use citronfs_core::FsError;
 
@@ -391,6 +391,7 @@ impl Namespace {
             crtime: now,
         };
         self.inodes.insert(ino, Inode { attr, content, xattrs: BTreeMap::new() });
+        self.mirror_perm(ino);
         self.link_entry(parent, name, ino)?;
         self.touch_dir(parent, if kind == FileKind::Dir { 1 } else { 0 });
         self.attr(ino)
@@ -981,6 +982,10 @@ impl Namespace {
             inode.attr.mtime = m;
         }
         inode.attr.ctime = set.ctime.unwrap_or(now);
+        if set.perm.is_some() || set.gid.is_some() {
+            self.mirror_perm(ino);
+        }
+        let inode = self.inode_mut(ino)?;
         if let Content::File(f) = &inode.content {
             // A regular file's mtime lives in its slot (see `attr`): an
             // explicit one (utimens) goes there; 0 means "use the inode's".
@@ -990,6 +995,30 @@ impl Namespace {
             }
         }
         Ok((self.attr(ino)?, zero))
+    }
+
+    /// A write or truncate by a process without `CAP_FSETID` and with
+    /// `groups`: set-ID bits go as [`perm_without_setid`] says; the ctime
+    /// moves only if a bit went.
+    pub fn kill_suidgid(&mut self, ino: Ino, groups: &[u32]) -> Result<Attr, FsError> {
+        let inode = self.inode_mut(ino)?;
+        let gid = inode.attr.gid;
+        let perm = perm_without_setid(inode.attr.perm, || groups.contains(&gid));
+        if perm != inode.attr.perm {
+            inode.attr.perm = perm;
+            inode.attr.ctime = Timestamp::now();
+            self.mirror_perm(ino);
+        }
+        self.attr(ino)
+    }
+
+    /// Copies a regular file's permission bits and group into its
+    /// attribute slot, where writes read them (see [`AttrSlot`]).
+    fn mirror_perm(&self, ino: Ino) {
+        if let Some(Inode { attr, content: Content::File(f), .. }) = self.inodes.get(&ino) {
+            let word = u64::from(attr.perm) | u64::from(attr.gid) << 32;
+            self.slots.word(f.slot.perm()).store(word, SeqCst);
+        }
     }
 
     pub fn fallocate(

@@ -464,12 +464,28 @@ impl MetaService {
                 self.ns.lock().attr(ino)?;
                 A::Done
             }
-            R::CreateOpen { caller, client, parent, name, perm } => {
+            R::CreateOpen { caller, client, parent, name, perm, exclusive } => {
                 let new = NewInode { kind: FileKind::File, perm, rdev: 0, symlink_target: None };
                 let mut ns = self.ns.lock();
-                let attr = ns.create(caller, parent, &name, new)?;
-                let layout = ns.open(client, attr.ino)?;
-                A::Opened(attr, layout)
+                match ns.create(caller, parent, &name, new) {
+                    Ok(attr) => {
+                        let layout = ns.open(client, attr.ino)?;
+                        A::Opened(attr, layout)
+                    }
+                    // O_CREAT without O_EXCL opens what is there (under the
+                    // same namespace lock, so the file cannot go between).
+                    Err(FsError::Exists) if !exclusive => {
+                        let attr = ns.lookup(parent, &name)?;
+                        match attr.kind {
+                            FileKind::File => {}
+                            FileKind::Dir => return Err(FsError::IsDir),
+                            _ => return Err(FsError::Exists),
+                        }
+                        let layout = ns.open(client, attr.ino)?;
+                        A::OpenedExisting(attr, layout)
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             R::Open { client, ino } => A::Layout(self.ns.lock().open(client, ino)?),
             R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
@@ -477,6 +493,7 @@ impl MetaService {
                 self.ns.lock().release(client, ino)?;
                 A::Done
             }
+            R::KillSuidGid { ino, groups } => A::Attr(self.ns.lock().kill_suidgid(ino, &groups)?),
             R::GrowLockTable { ino, last } => A::LockTable(self.ns.lock().grow_lock_table(ino, last)?),
             R::Clients => A::Clients(
                 self.clients

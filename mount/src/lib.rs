@@ -4,9 +4,14 @@
 //! exactly one place ([`errno`]). Files are opened with direct I/O so every
 //! read and write reaches the daemon (and from there the data servers'
 //! memory, uncached); attribute and entry caching default to zero for strict
-//! coherence between mounts. The session is multi-threaded.
+//! coherence between mounts. Shared mappings are the one use of the page
+//! cache, kept coherent across mounts through locks ([`coherence`]). The
+//! session is multi-threaded.
 
+mod access;
 mod caller;
+mod coherence;
+mod setid;
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -16,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use citronfs_core::client::{FsClient, LockCall};
+use citronfs_core::client::{FsClient, LockCall, WriteMode};
 use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, OFFSET_MAX};
 use citronfs_core::proto::{RenameMode, XattrMode};
 use citronfs_core::types::{Attr, Caller, FileKind, Ino, SetAttr, Timestamp};
@@ -153,6 +158,8 @@ pub struct CitronFuse {
     posix_owners: Mutex<HashMap<u64, std::collections::HashSet<u64>>>,
     /// Open `/proc/<tid>/syscall` files of callers.
     syscalls: caller::SyscallFiles,
+    /// Page-cache coherence of shared mappings through locks.
+    coherence: coherence::Coherence,
 }
 
 impl CitronFuse {
@@ -164,6 +171,7 @@ impl CitronFuse {
             next_fh: AtomicU64::new(1),
             posix_owners: Mutex::new(HashMap::new()),
             syscalls: caller::SyscallFiles::default(),
+            coherence: coherence::Coherence::start().expect("start the coherence threads"),
         }
     }
 
@@ -193,7 +201,38 @@ impl CitronFuse {
         self.open_files
             .lock()
             .insert(fh, OpenFile { ino, append: flags & libc::O_APPEND != 0, registration });
+        self.coherence.opened(ino);
         FileHandle(fh)
+    }
+
+    /// An `open(O_CREAT)` that found the file another mount created after
+    /// our kernel's lookup: the kernel took it for a create and skips an
+    /// open's permission check and `O_TRUNC`, so they are done here (see
+    /// [`access`]). The meta-server has counted the open; a refusal gives
+    /// it back.
+    fn open_existing_for_create(&self, req: &Request, attr: Attr, flags: i32) -> Result<Attr, FsError> {
+        let ino = attr.ino;
+        let creds = access::Credentials::of(req.pid(), req.uid(), req.gid());
+        let checked = if !creds.may_open(&attr, flags) {
+            Err(FsError::Access)
+        } else if flags & libc::O_TRUNC != 0 {
+            // A truncating open by a process without CAP_FSETID clears
+            // set-ID bits, as `handle_truncate` would have.
+            let killed = match creds.has(access::Capability::Fsetid) {
+                true => Ok(()),
+                false => self.client.kill_suidgid(ino, creds.all_groups()).map(drop),
+            };
+            let truncate = SetAttr { size: Some(0), ..SetAttr::default() };
+            killed.and_then(|()| self.client.setattr(caller(req), ino, truncate))
+        } else {
+            Ok(attr)
+        };
+        if checked.is_err() {
+            if let Err(e) = self.client.release(ino) {
+                log::warn!("giving back the refused open of inode {}: {e}", ino.0);
+            }
+        }
+        checked
     }
 
     /// Whether `fh` opened for append; EIO if it belongs to a registration
@@ -299,6 +338,32 @@ impl CitronFuse {
     }
 }
 
+/// Runs a lock call and answers it; a blocking one (`F_SETLKW`, blocking
+/// `flock`) is answered by the waiter thread, never waited for here. With
+/// `coherent`, a granted lock's range of the page cache is dropped on a
+/// coherence thread before the answer.
+fn lock(
+    client: &FsClient,
+    call: LockCall,
+    sleep: bool,
+    tid: u32,
+    coherent: Option<coherence::Invalidator>,
+    reply: ReplyEmpty,
+) {
+    let answer = move |r: Result<(), FsError>| match coherent {
+        Some(inval) if r.is_ok() && call.mode.is_some() => inval.clone().run(Box::new(move || {
+            inval.invalidate(call.ino, call.range);
+            done(reply, r)
+        })),
+        _ => done(reply, r),
+    };
+    if sleep && call.mode.is_some() {
+        client.setlkw(&call, Box::new(move || caller::interrupted(tid)), Box::new(answer));
+    } else {
+        answer(client.setlk(&call))
+    }
+}
+
 fn done(reply: ReplyEmpty, r: Result<(), FsError>) {
     match r {
         Ok(()) => reply.ok(),
@@ -321,6 +386,11 @@ impl Filesystem for CitronFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Bigger writes: fewer round trips per MiB.
         let _ = config.set_max_write(1 << 20);
+        // Shared writable mappings of files opened with direct I/O (kernel
+        // >= 6.6); kept coherent across mounts through locks (`coherence`).
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+            log::warn!("the kernel does not offer {missing:?}: shared writable mappings fail with ENODEV");
+        }
         // Without these the kernel keeps fcntl and flock locks node-local
         // and the file system would silently not be distributed.
         config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS).map_err(
@@ -371,7 +441,18 @@ impl Filesystem for CitronFuse {
             mtime: mtime.map(time),
             ctime: ctime.map(Timestamp::from),
         };
-        match self.client.setattr(caller(req), Ino(ino.0), set) {
+        let (who, ino) = (caller(req), Ino(ino.0));
+        let sgid = setid::SgidCheck::before(size, uid, gid, || self.client.getattr(ino).ok());
+        let r = self.client.setattr(who, ino, set).and_then(|a| {
+            let creds = || access::Credentials::of(req.pid(), req.uid(), req.gid());
+            match sgid.after(&a, req.gid(), creds) {
+                Some(perm) => {
+                    self.client.setattr(who, ino, SetAttr { perm: Some(perm), ..SetAttr::default() })
+                }
+                None => Ok(a),
+            }
+        });
+        match r {
             Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
             Err(e) => reply.error(errno(&e)),
         }
@@ -462,23 +543,28 @@ impl Filesystem for CitronFuse {
         offset: u64,
         size: u32,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         if let Err(e) = self.check_handle(fh) {
             return reply.error(e);
+        }
+        if lock_owner.is_none() {
+            // Direct reads carry the caller's lock owner; page-cache reads
+            // (a fault of a mapping) do not.
+            self.coherence.cached(Ino(ino.0));
         }
         data(reply, self.client.read(Ino(ino.0), offset, size))
     }
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -487,7 +573,16 @@ impl Filesystem for CitronFuse {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
-        match self.client.write(Ino(ino.0), offset, data, append) {
+        if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            self.coherence.cached(Ino(ino.0)); // written back from a mapping
+        }
+        // The kernel sets this on every direct write by a process without
+        // CAP_FSETID and clears nothing itself (see `setid`).
+        let groups = || setid::groups_of(req.pid(), req.uid(), req.gid());
+        let unprivileged = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let how =
+            WriteMode { append, unprivileged: unprivileged.then_some(&groups as &dyn Fn() -> Vec<u32>) };
+        match self.client.write_as(Ino(ino.0), offset, data, how) {
             Ok(_) => reply.written(data.len() as u32),
             Err(e) => reply.error(errno(&e)),
         }
@@ -513,6 +608,7 @@ impl Filesystem for CitronFuse {
         self.posix_owners.lock().remove(&fh.0);
         match open {
             Some(f) => {
+                self.coherence.released(f.ino);
                 // The last close of an open file: its OFD and flock locks go.
                 let unlocked = self.client.release_handle_locks(f.ino, fh.0);
                 if let Err(e) = &unlocked {
@@ -638,10 +734,18 @@ impl Filesystem for CitronFuse {
         reply: ReplyCreate,
     ) {
         let perm = (mode & !umask & 0o7777) as u16;
-        let r = self
-            .client
-            .create_open(caller(req), Ino(parent.0), name(n), perm)
-            .map(|a| (self.track_open(a.ino, flags), a));
+        let (who, parent, n) = (caller(req), Ino(parent.0), name(n));
+        let opened = if flags & libc::O_EXCL != 0 {
+            self.client.create_open(who, parent, n, perm)
+        } else {
+            // Without O_EXCL, a name another mount created since our kernel
+            // looked it up is opened, not refused.
+            self.client.open_or_create(who, parent, n, perm).and_then(|o| match o.created {
+                true => Ok(o.attr),
+                false => self.open_existing_for_create(req, o.attr, flags),
+            })
+        };
+        let r = opened.map(|a| (self.track_open(a.ino, flags), a));
         match r {
             Ok((fh, a)) => reply.created(
                 &self.options.attr_ttl,
@@ -697,17 +801,18 @@ impl Filesystem for CitronFuse {
             Ok(c) => c,
             Err(e) => return reply.error(e),
         };
-        if sleep && call.mode.is_some() {
-            // Never wait on a FUSE worker: the waiter thread answers.
-            let tid = req.pid();
-            self.client.setlkw(
-                &call,
-                Box::new(move || caller::interrupted(tid)),
-                Box::new(move |r| done(reply, r)),
-            );
-        } else {
-            done(reply, self.client.setlk(&call))
+        let tid = req.pid();
+        if !self.coherence.is_cached(call.ino) {
+            return lock(&self.client, call, sleep, tid, None, reply);
         }
+        // This mount caches pages of the file (a mapping): write back and
+        // drop the range before the change and again after a grant, on a
+        // coherence thread (see `coherence`).
+        let (client, inval) = (self.client.clone(), self.coherence.invalidator().clone());
+        self.coherence.invalidator().run(Box::new(move || {
+            inval.invalidate(call.ino, call.range);
+            lock(&client, call, sleep, tid, Some(inval), reply)
+        }));
     }
 
     fn fallocate(
@@ -759,7 +864,23 @@ pub fn spawn_mount_with(
     config.mount_options.retain(|o| !contradicted(o));
     config.mount_options.push(O::FSName(source.into()));
     config.mount_options.extend(extra.iter().cloned());
-    fuser::spawn_mount(fs, mountpoint, &config)
+    new_session(fs, mountpoint, &config)?.spawn()
+}
+
+/// Mounts `fs` at `mountpoint` as a session not yet served (`run` or
+/// `spawn` it), with the file system given the session's notifier: the
+/// coherence of shared mappings across mounts invalidates the kernel's
+/// pages through it (see [`coherence`]). Every citronfs session is made
+/// here.
+pub fn new_session(
+    fs: CitronFuse,
+    mountpoint: &Path,
+    config: &fuser::Config,
+) -> std::io::Result<fuser::Session<CitronFuse>> {
+    let invalidator = fs.coherence.invalidator().clone();
+    let session = fuser::Session::new(fs, mountpoint, config)?;
+    invalidator.set_notifier(session.notifier());
+    Ok(session)
 }
 
 /// How every citronfs session is mounted and served (mount options, access,

@@ -11,6 +11,7 @@ pub mod citron_stress;
 pub mod lock_stress;
 pub mod posix_stress;
 pub mod probe;
+pub mod probe_ops;
 pub mod range_stress;
 
 use std::process::{Child, Command, Stdio};
@@ -202,11 +203,21 @@ impl TestMount {
 
     /// As [`TestMount::new`], choosing how the client reaches server memory.
     pub fn with_transport(meta: std::net::SocketAddr, transport: citronfs_core::client::Transport) -> Self {
+        Self::with_options(meta, transport, citronfs_mount::MountOptions::default())
+    }
+
+    /// As [`TestMount::with_transport`], with mount options (e.g. few FUSE
+    /// worker threads).
+    pub fn with_options(
+        meta: std::net::SocketAddr,
+        transport: citronfs_core::client::Transport,
+        options: citronfs_mount::MountOptions,
+    ) -> Self {
         let mut config = citronfs_core::client::ClientConfig::new(meta);
         config.transport = transport;
         config.timeout = std::time::Duration::from_secs(3);
         let client = citronfs_core::client::FsClient::connect(config).expect("join the cluster");
-        let fs = citronfs_mount::CitronFuse::new(client, citronfs_mount::MountOptions::default());
+        let fs = citronfs_mount::CitronFuse::new(client, options);
         let dir = tempfile::tempdir().expect("temp dir");
         let session = citronfs_mount::spawn_mount(fs, dir.path())
             .expect("mount (needs root, /dev/fuse and fusermount3 from Debian's fuse3)");

@@ -26,7 +26,21 @@ use crate::error::FsError;
 use crate::locks::guard::RangeHold;
 use crate::locks::{ByteRange, LockArea};
 use crate::proto::AttrSlot;
-use crate::types::{Attr, Caller, Ino, SetAttr, Timestamp, MAX_FILE_SIZE};
+use crate::types::{
+    perm_without_setid, Attr, Caller, Ino, SetAttr, Timestamp, MAX_FILE_SIZE, S_ISGID, S_ISUID,
+};
+
+/// How a write was asked for.
+#[derive(Clone, Copy, Default)]
+pub struct WriteMode<'a> {
+    /// At the end of the file, whatever the offset (`O_APPEND`).
+    pub append: bool,
+    /// The writer lacks `CAP_FSETID` (`FUSE_WRITE_KILL_SUIDGID`): set-ID
+    /// bits go before the data is written. Gives the writer's groups
+    /// (filesystem gid and supplementary groups), asked for only when the
+    /// file has a set-ID bit.
+    pub unprivileged: Option<&'a dyn Fn() -> Vec<u32>>,
+}
 
 /// An inode mutex held for one operation.
 struct InodeHold {
@@ -86,8 +100,8 @@ impl FsClient {
         let area = self.lock_area(ino)?;
         self.with_endpoints(|eps| {
             self.with_inode_lock(eps, area, Mode::Shared, |eps| {
-                let (layout, size) = self.current_layout(eps, ino)?;
-                let end = offset.saturating_add(len.into()).min(size);
+                let (layout, slot) = self.current_layout(eps, ino)?;
+                let end = offset.saturating_add(len.into()).min(slot.size);
                 if offset >= end {
                     return Ok(Vec::new());
                 }
@@ -109,11 +123,29 @@ impl FsClient {
     /// Writes `data` at `offset` (or at the end of the file with `append`)
     /// and returns the offset written at.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8], append: bool) -> Result<u64, FsError> {
+        self.write_as(ino, offset, data, WriteMode { append, unprivileged: None })
+    }
+
+    /// [`FsClient::write`] as the kernel asked for it: a writer without
+    /// `CAP_FSETID` first clears set-user/group-ID bits, as a local file
+    /// system's write does. The permission bits come with the slot read
+    /// every write makes, so this costs an RPC only when there is a bit
+    /// to clear.
+    pub fn write_as(&self, ino: Ino, offset: u64, data: &[u8], how: WriteMode) -> Result<u64, FsError> {
+        let WriteMode { append, unprivileged } = how;
         let area = self.lock_area(ino)?;
         let mode = if append { Mode::Exclusive } else { Mode::Shared };
         self.with_endpoints(|eps| {
             self.with_inode_lock(eps, area, mode, |eps| {
-                let (layout, size) = self.current_layout(eps, ino)?;
+                let (layout, slot) = self.current_layout(eps, ino)?;
+                if let Some(groups_of) = unprivileged.filter(|_| slot.perm & (S_ISUID | S_ISGID) != 0) {
+                    let groups = std::cell::OnceCell::new();
+                    let in_group = || groups.get_or_init(groups_of).contains(&slot.gid);
+                    if perm_without_setid(slot.perm, in_group) != slot.perm {
+                        self.kill_suidgid(ino, groups.get_or_init(groups_of).clone())?;
+                    }
+                }
+                let size = slot.size;
                 let offset = if append { size } else { offset };
                 let end = offset
                     .checked_add(data.len() as u64)
@@ -196,6 +228,13 @@ impl FsClient {
         let released = alock.release(&eps.meta);
         updated?;
         Ok(released?)
+    }
+
+    /// Clears set-user/group-ID bits as a write or truncate by a process
+    /// without `CAP_FSETID` and with `groups` (its filesystem gid and
+    /// supplementary groups) does ([`perm_without_setid`]).
+    pub fn kill_suidgid(&self, ino: Ino, groups: Vec<u32>) -> Result<Attr, FsError> {
+        self.call_attr(&crate::proto::MetaRequest::KillSuidGid { ino, groups })
     }
 
     /// `setattr`; a size change (truncate) holds the inode mutex exclusive.

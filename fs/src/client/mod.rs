@@ -18,6 +18,7 @@
 mod io;
 mod locks;
 
+pub use io::WriteMode;
 pub use locks::LockCall;
 
 use std::collections::{HashMap, HashSet};
@@ -41,6 +42,15 @@ use crate::proto::{
 use crate::types::{
     Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino,
 };
+
+/// A regular file that [`FsClient::open_or_create`] opened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opened {
+    pub attr: Attr,
+    /// Whether it was created; `false`: the name existed and the existing
+    /// file was opened.
+    pub created: bool,
+}
 
 /// How a client reaches server memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,6 +145,16 @@ struct CachedLayout {
     locks: Option<LockArea>,
     /// The first block of the lock-record table, once it exists.
     lock_table: Option<citron_lock::rdma::RemoteAddr>,
+}
+
+/// A regular file's attribute slot as one read saw it (see [`AttrSlot`]).
+#[derive(Clone, Copy, Debug)]
+struct SlotWords {
+    size: u64,
+    epoch: u64,
+    allocs: u64,
+    perm: u16,
+    gid: u32,
 }
 
 struct Shared {
@@ -476,16 +496,46 @@ impl FsClient {
         }
     }
 
-    /// Creates a regular file and opens it for I/O, in one round trip.
+    /// Creates a regular file and opens it for I/O, in one round trip;
+    /// [`FsError::Exists`] if the name exists (`O_CREAT | O_EXCL`).
     pub fn create_open(&self, caller: Caller, parent: Ino, name: &[u8], perm: u16) -> Result<Attr, FsError> {
+        let opened = self.create_or_open(caller, parent, name, perm, true)?;
+        debug_assert!(opened.created);
+        Ok(opened.attr)
+    }
+
+    /// `O_CREAT` without `O_EXCL`: creates a regular file, or opens the
+    /// regular file of that name if there is one, in one round trip
+    /// (counted by the meta-server until [`FsClient::release`]). Whoever
+    /// opens an existing file checks the caller's access to it itself.
+    pub fn open_or_create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+    ) -> Result<Opened, FsError> {
+        self.create_or_open(caller, parent, name, perm, false)
+    }
+
+    fn create_or_open(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        exclusive: bool,
+    ) -> Result<Opened, FsError> {
         let client = self.client_id();
-        match self.call(&MetaRequest::CreateOpen { caller, client, parent, name: name.to_vec(), perm })? {
-            MetaResponse::Opened(attr, layout) => {
-                self.install_layout(layout);
-                Ok(attr)
-            }
-            other => Err(unexpected(other)),
-        }
+        let request =
+            MetaRequest::CreateOpen { caller, client, parent, name: name.to_vec(), perm, exclusive };
+        let (attr, layout, created) = match self.call(&request)? {
+            MetaResponse::Opened(attr, layout) => (attr, layout, true),
+            MetaResponse::OpenedExisting(attr, layout) => (attr, layout, false),
+            other => return Err(unexpected(other)),
+        };
+        self.install_layout(layout);
+        Ok(Opened { attr, created })
     }
 
     pub fn release(&self, ino: Ino) -> Result<(), FsError> {
@@ -590,33 +640,44 @@ impl FsClient {
         result
     }
 
-    /// Reads the slot: (size, epoch, allocation generation). One verb.
-    fn read_slot(eps: &Endpoints, slot: AttrSlot) -> Result<(u64, u64, u64), FsError> {
+    /// Reads the slot. One verb.
+    fn read_slot(eps: &Endpoints, slot: AttrSlot) -> Result<SlotWords, FsError> {
         let mut b = [0u8; AttrSlot::BYTES as usize];
         eps.meta.read(slot.0, &mut b)?;
-        let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
-        Ok((word(0), word(2), word(3)))
+        let word =
+            |off: u64| u64::from_le_bytes(b[off as usize..off as usize + 8].try_into().expect("8 bytes"));
+        Ok(SlotWords {
+            size: word(AttrSlot::SIZE),
+            epoch: word(AttrSlot::EPOCH),
+            allocs: word(AttrSlot::ALLOCS),
+            perm: word(AttrSlot::PERM) as u16,
+            gid: (word(AttrSlot::PERM) >> 32) as u32,
+        })
     }
 
     /// The cached layout, refetched if chunks were freed (epoch) or
     /// allocated by anyone (allocation generation) since it was taken; and
-    /// the size.
-    fn current_layout(&self, eps: &Endpoints, ino: Ino) -> Result<(Arc<RwLock<CachedLayout>>, u64), FsError> {
+    /// the slot as read.
+    fn current_layout(
+        &self,
+        eps: &Endpoints,
+        ino: Ino,
+    ) -> Result<(Arc<RwLock<CachedLayout>>, SlotWords), FsError> {
         let layout = self.layout(ino)?;
         let (slot, epoch, allocs) = {
             let l = layout.read();
             (l.slot, l.epoch, l.allocs)
         };
-        let (size, now_epoch, now_allocs) = Self::read_slot(eps, slot)?;
-        if now_epoch != epoch || now_allocs != allocs {
-            return Ok((self.refresh_layout(ino)?, size));
+        let now = Self::read_slot(eps, slot)?;
+        if now.epoch != epoch || now.allocs != allocs {
+            return Ok((self.refresh_layout(ino)?, now));
         }
-        Ok((layout, size))
+        Ok((layout, now))
     }
 
     /// The size of a regular file as its slot says (one verb).
     pub fn file_size(&self, ino: Ino) -> Result<u64, FsError> {
-        self.with_endpoints(|eps| Ok(self.current_layout(eps, ino)?.1))
+        self.with_endpoints(|eps| Ok(self.current_layout(eps, ino)?.1.size))
     }
 
     /// Runs one batch per data server; `verbs` are tagged with their server.

@@ -15,6 +15,10 @@
 //!   flock upgrade or downgrade has dropped the old lock.
 //! * Unlocking removes the owner's locks from the range, splitting any that
 //!   reach beyond it; unlocking what is not locked succeeds.
+//! * `F_GETLK` reports the first conflicting lock of the file's lock list,
+//!   which Linux keeps grouped by owner, owners in the order they came to
+//!   hold locks there, each owner's locks in start order
+//!   ([`first_conflict`], [`ListSeq`]).
 //!
 //! Stability (DESIGN.md §4): a requester holds a range lock over its
 //! request widened by one byte each side ([`ByteRange::widened`]), so every
@@ -23,7 +27,7 @@
 //! widen its range lock to cover that record before changing it:
 //! [`Plan::Widen`].
 
-use super::record::{Generation, LockRecord, RecordState};
+use super::record::{Generation, ListSeq, LockRecord, RecordState};
 use super::types::{ByteRange, LockFlavor, LockMode, OwnerKey};
 
 /// A slot of a file's table: its index across the block chain.
@@ -118,7 +122,47 @@ pub fn plan(req: &Request, records: &[Located], guard: ByteRange) -> Plan {
             return Plan::Conflict { blocker, drop_own };
         }
     }
-    Plan::Apply(changes(req, &own))
+    Plan::Apply(changes(req, &own, list_position(req, records)))
+}
+
+/// Where `req.owner`'s locks stand in the file's lock list: where its held
+/// locks are (the earliest, should two of its records disagree after a
+/// race between its own threads), or, if it holds none, after every owner
+/// in the table.
+fn list_position(req: &Request, records: &[Located]) -> ListSeq {
+    let held = || records.iter().filter(|l| l.record.state == RecordState::Held);
+    held()
+        .filter(|l| l.record.is_own(req.owner, req.flavor))
+        .map(|l| l.record.listed)
+        .min()
+        .unwrap_or_else(|| ListSeq(held().map(|l| l.record.listed.0).max().unwrap_or(0) + 1))
+}
+
+/// The lock `F_GETLK` reports for `mode` on `range` by `owner` of `flavor`:
+/// of the held locks that block it, the first in the file's lock list as
+/// Linux keeps it — owners by [`ListSeq`], each owner's locks by start.
+/// Owners that became holders concurrently (one place) are ordered by
+/// their keys, so every mount reports the same one.
+pub fn first_conflict(
+    records: &[Located],
+    owner: OwnerKey,
+    flavor: LockFlavor,
+    mode: LockMode,
+    range: ByteRange,
+) -> Option<LockRecord> {
+    let place = |who: OwnerKey, domain: LockFlavor| {
+        records
+            .iter()
+            .filter(|l| l.record.state == RecordState::Held && l.record.is_own(who, domain))
+            .map(|l| l.record.listed)
+            .min()
+            .unwrap_or_default()
+    };
+    records
+        .iter()
+        .map(|l| l.record)
+        .filter(|r| r.blocks(owner, flavor, mode, range))
+        .min_by_key(|r| (place(r.owner, r.flavor), r.owner.client, r.owner.owner, r.range.start))
 }
 
 /// The owner's records after the request, as (range, mode) pieces in order.
@@ -146,7 +190,7 @@ fn pieces_after(req: &Request, own: &[&Located]) -> Vec<(ByteRange, LockMode)> {
     merged
 }
 
-fn changes(req: &Request, own: &[&Located]) -> Changes {
+fn changes(req: &Request, own: &[&Located], listed: ListSeq) -> Changes {
     let after = pieces_after(req, own);
     let mut c = Changes::default();
     // Bytes that lost a lock or went from write to read.
@@ -172,6 +216,7 @@ fn changes(req: &Request, own: &[&Located]) -> Changes {
         pid: like.map_or(req.pid, |r| r.pid),
         fh: like.map_or(req.fh, |r| r.fh),
         mailbox: None,
+        listed,
     };
     let mut reusable: Vec<&Located> = Vec::new();
     let mut fresh: Vec<(ByteRange, LockMode)> = Vec::new();
@@ -341,6 +386,56 @@ mod tests {
         assert_eq!(t.records()[0].record.owner, key(2));
         // flock and POSIX locks do not conflict.
         t.request(&req(3, Some(LockMode::Write), ByteRange::whole_file())).unwrap();
+    }
+
+    /// The owners' steps of the tmpfs run in `mount_semantics.rs`
+    /// (`getlk_reports_the_lock_linux_reports`), with what Linux reported
+    /// after each: the owner that came to hold locks first is reported
+    /// first, an owner that dropped all its locks goes to the back, and
+    /// within an owner the lowest start wins.
+    #[test]
+    fn getlk_reports_the_first_conflict_in_linux_list_order() {
+        let mut t = Table::default();
+        let getlk = |t: &Table| {
+            let r = first_conflict(
+                &t.records(),
+                key(9),
+                LockFlavor::Posix,
+                LockMode::Write,
+                ByteRange::whole_file(),
+            )
+            .expect("a conflict");
+            (r.owner.owner.0, r.range.start, r.range.last - r.range.start + 1)
+        };
+        let (w, rd, un) = (Some(LockMode::Write), Some(LockMode::Read), None);
+        let (p, q, o) = (1, 2, 3);
+        // (owner, mode, first, last) requests, then F_GETLK's (owner, start, len).
+        type Step<'a> = (&'a [(u64, Option<LockMode>, u64, u64)], (u64, u64, u64));
+        let steps: &[Step] = &[
+            (&[(p, w, 10, 14), (p, rd, 1, 5)], (p, 1, 5)),
+            (&[(q, rd, 50, 54)], (p, 1, 5)),
+            (&[(q, w, 0, 0)], (p, 1, 5)),
+            (&[(p, un, 0, OFFSET_MAX)], (q, 0, 1)),
+            (&[(p, w, 60, 60)], (q, 0, 1)),
+            (&[(q, un, 50, 54)], (q, 0, 1)),
+            (&[(q, un, 0, OFFSET_MAX), (q, w, 90, 90)], (p, 60, 1)),
+            (&[(o, rd, 95, 95), (p, un, 0, OFFSET_MAX), (p, w, 70, 70)], (q, 90, 1)),
+            (&[(q, w, 91, 91), (q, un, 90, 90)], (q, 91, 1)),
+        ];
+        for (i, (ops, want)) in steps.iter().enumerate() {
+            for &(owner, mode, first, last) in *ops {
+                t.request(&req(owner, mode, r(first, last))).unwrap();
+            }
+            assert_eq!(getlk(&t), *want, "after step {i}");
+        }
+        // Every record of one owner carries one place.
+        for a in t.records() {
+            for b in t.records() {
+                if a.record.owner == b.record.owner {
+                    assert_eq!(a.record.listed, b.record.listed);
+                }
+            }
+        }
     }
 
     #[test]

@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 
 use super::area::LockArea;
 use super::guard::{LockTiming, RangeHold};
-use super::plan::{plan, Changes, Located, Plan, Request, SlotIndex};
-use super::record::{Generation, LockRecord, RecordState};
+use super::plan::{first_conflict, plan, Changes, Located, Plan, Request, SlotIndex};
+use super::record::{Generation, ListSeq, LockRecord, RecordState};
 use super::table::{self, Snapshot, TableGrowth};
 use super::types::{ByteRange, LockFlavor, LockMode, OwnerKey};
 use super::waits_for::{Published, Waiting, WaitsFor};
@@ -184,6 +184,7 @@ impl FileLocks<'_> {
                             pid: req.pid,
                             fh: req.fh,
                             mailbox: Some(spec.mailbox),
+                            listed: ListSeq::default(),
                         };
                         let (slot, gen) = self.claim(&mut snapshot, &[])?;
                         table::write_verbs(&snapshot, slot, gen, &record, &mut verbs)?;
@@ -292,8 +293,9 @@ impl FileLocks<'_> {
         }
     }
 
-    /// The first held lock that blocks `mode` on `range` for `owner`
-    /// (`F_GETLK`), under a range lock over `range`.
+    /// The held lock that blocks `mode` on `range` for `owner` that Linux
+    /// would report (`F_GETLK`: the first in the file's lock list, see
+    /// [`first_conflict`]), under a range lock over `range`.
     pub fn get(
         &self,
         owner: OwnerKey,
@@ -302,9 +304,8 @@ impl FileLocks<'_> {
         range: ByteRange,
     ) -> Result<Option<LockRecord>, FsError> {
         let hold = RangeHold::acquire(self.ep, &self.area, self.timing, range)?;
-        let found = table::read(self.ep, self.table).map(|s| {
-            s.records().into_iter().map(|l| l.record).find(|r| r.blocks(owner, flavor, mode, range))
-        });
+        let found = table::read(self.ep, self.table)
+            .map(|s| first_conflict(&s.records(), owner, flavor, mode, range));
         hold.release(self.ep)?;
         found
     }

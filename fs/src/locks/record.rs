@@ -29,7 +29,7 @@
 //! | 3 | 0..64 | first byte |
 //! | 4 | 0..64 | last byte (inclusive; `OFFSET_MAX` = to end of file) |
 //! | 5 | 0..64 | the file handle the lock was taken through (flock and OFD release) |
-//! | 6 | 0..32 / 32..64 | a waiter's mailbox: node / mailbox id |
+//! | 6 | 0..32 / 32..64 | a waiter's mailbox: node / mailbox id ([`HAS_MAILBOX`]); a held lock's [`ListSeq`] |
 //! | 7 | 0..64 | checksum of words 0..7 |
 //!
 //! # Why a checksum
@@ -106,6 +106,19 @@ pub fn header_state(header: u64) -> u64 {
     header & STATE_MASK
 }
 
+/// Where the owner of a held lock stands in the file's lock list, which
+/// decides the lock `F_GETLK` reports ([`super::plan::first_conflict`]).
+///
+/// Linux keeps an inode's POSIX and OFD locks in one list grouped by owner:
+/// an owner's group goes to the end of the list when it takes a lock while
+/// holding none there, and stays where it is for as long as the owner
+/// holds any; within the group, locks are in start order. `F_GETLK`
+/// reports the first conflicting lock in the list. A record carries its
+/// owner's place as a number: every record of one owner the same, a new
+/// owner one more than any in the table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ListSeq(pub u64);
+
 /// Whether a lock record holds the range or waits for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RecordState {
@@ -126,6 +139,9 @@ pub struct LockRecord {
     pub fh: u64,
     /// Where to wake a waiter.
     pub mailbox: Option<ClientAddr>,
+    /// A held lock's owner's place in the file's lock list (0 for a
+    /// waiting record: its word holds the mailbox).
+    pub listed: ListSeq,
 }
 
 impl LockRecord {
@@ -185,7 +201,10 @@ pub fn encode(record: &LockRecord, gen: Generation) -> [u64; SLOT_WORDS] {
     w[3] = record.range.start;
     w[4] = record.range.last;
     w[5] = record.fh;
-    w[6] = record.mailbox.map_or(0, |m| u64::from(m.node.0) | (u64::from(m.mailbox.0) << 32));
+    w[6] = match record.mailbox {
+        Some(m) => u64::from(m.node.0) | (u64::from(m.mailbox.0) << 32),
+        None => record.listed.0,
+    };
     w[7] = checksum(&w);
     w
 }
@@ -228,6 +247,7 @@ pub fn decode(w: &[u64; SLOT_WORDS]) -> SlotView {
         fh: w[5],
         mailbox: (w[0] & HAS_MAILBOX != 0)
             .then(|| ClientAddr { node: NodeId(w[6] as u32), mailbox: MailboxId((w[6] >> 32) as u32) }),
+        listed: ListSeq(if w[0] & HAS_MAILBOX != 0 { 0 } else { w[6] }),
     };
     SlotView::Record(record, gen)
 }
@@ -269,6 +289,7 @@ mod tests {
             pid: 4242,
             fh: 99,
             mailbox: Some(ClientAddr { node: NodeId(3), mailbox: MailboxId(17) }),
+            listed: ListSeq(0),
         }
     }
 
@@ -276,7 +297,13 @@ mod tests {
     fn a_record_survives_encoding() {
         let r = record();
         assert_eq!(decode(&encode(&r, Generation(5))), SlotView::Record(r, Generation(5)));
-        let held = LockRecord { state: RecordState::Held, mailbox: None, mode: LockMode::Read, ..r };
+        let held = LockRecord {
+            state: RecordState::Held,
+            mailbox: None,
+            mode: LockMode::Read,
+            listed: ListSeq(77),
+            ..r
+        };
         assert_eq!(
             decode(&encode(&held, Generation(u32::MAX))),
             SlotView::Record(held, Generation(u32::MAX))
@@ -320,6 +347,7 @@ mod tests {
                 owner: OwnerKey { client: ClientId(8), owner: LockOwner(owner) },
                 range: ByteRange::new(start, start + len - 1).unwrap(),
                 mailbox: None,
+                listed: ListSeq(owner % 1000),
                 ..record()
             };
             let new = encode(&new_record, Generation(42));

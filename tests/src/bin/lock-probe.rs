@@ -17,24 +17,16 @@
 //! catch-usr1             -> ok    (a SIGUSR1 handler without SA_RESTART)
 //! pid                    -> pid N
 //! ```
+//!
+//! and the commands of [`citronfs_tests::probe_ops`] (credentials, modes,
+//! shared mappings, leases).
 
 use std::ffi::CString;
 use std::io::{BufRead, Write};
 
-extern "C" fn on_usr1(_: libc::c_int) {}
+use citronfs_tests::probe_ops::errno_name;
 
-fn errno_name(e: i32) -> String {
-    match e {
-        libc::EAGAIN => "EAGAIN".into(),
-        libc::EDEADLK => "EDEADLK".into(),
-        libc::EINTR => "EINTR".into(),
-        libc::EBADF => "EBADF".into(),
-        libc::EINVAL => "EINVAL".into(),
-        libc::ENOLCK => "ENOLCK".into(),
-        libc::EIO => "EIO".into(),
-        other => format!("errno{other}"),
-    }
-}
+extern "C" fn on_usr1(_: libc::c_int) {}
 
 fn last_err() -> String {
     format!("err {}", errno_name(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)))
@@ -166,7 +158,9 @@ fn run(words: &[&str]) -> Result<String, String> {
             Ok("ok".into())
         }
         "pid" => Ok(format!("pid {}", std::process::id())),
-        other => Err(format!("unknown command {other:?}")),
+        other => {
+            citronfs_tests::probe_ops::run(words).unwrap_or_else(|| Err(format!("unknown command {other:?}")))
+        }
     }
 }
 
