@@ -118,26 +118,22 @@ impl FsClient {
 
     /// The file's lock area and its table's first block; creates the table
     /// when `create` (a lock is about to be taken), else `None` when there
-    /// is no table (so nothing is locked).
+    /// is no table (so nothing is locked). The file must be open here: the
+    /// kernel sends lock calls only for open files, and its lock memory is
+    /// lent by the open ([`super::opens`]).
     fn lock_table(
         &self,
         ep: &Endpoint,
         ino: Ino,
         create: bool,
     ) -> Result<Option<(LockArea, RemoteAddr)>, FsError> {
-        let layout = self.layout(ino)?;
+        let entry = self.shared.opens.get(ino).ok_or_else(|| super::opens::not_open(ino))?;
         let (area, cached) = {
-            let l = layout.read();
-            (l.locks, l.lock_table)
-        };
-        let area = match area {
-            Some(a) => a,
-            // A layout fetched without an open carries no lock area: the
-            // file is open here (the kernel sends locks only for open
-            // files), so fetch it again.
-            None => self.refresh_layout(ino)?.read().locks.ok_or_else(|| {
+            let e = entry.lock();
+            let area = super::opens::area_of(&e, ino, self.registration())?.ok_or_else(|| {
                 FsError::Io(format!("inode {} has no lock memory though it is open", ino.0))
-            })?,
+            })?;
+            (area, e.table)
         };
         if let Some(t) = cached {
             return Ok(Some((area, t)));
@@ -148,8 +144,9 @@ impl FsClient {
             None if create => RpcGrowth { shared: &self.shared, ino }.grow(None)?,
             None => return Ok(None),
         };
-        if let Some(l) = self.layouts.read().get(&ino) {
-            l.write().lock_table = Some(first);
+        let mut e = entry.lock();
+        if e.area == Some(area) && !e.closed {
+            e.table = Some(first);
         }
         Ok(Some((area, first)))
     }
@@ -272,8 +269,13 @@ impl FsClient {
     }
 
     /// Every lock record of `ino` (held and waiting), read without a range
-    /// lock: a snapshot for `citronfs locks`.
+    /// lock: a snapshot for `citronfs locks`. A file not open here is opened
+    /// for the call (its lock memory exists only while it is open).
     pub fn lock_records(&self, ino: Ino) -> Result<Vec<LockRecord>, FsError> {
+        self.while_open(ino, |_| self.lock_records_open(ino))
+    }
+
+    fn lock_records_open(&self, ino: Ino) -> Result<Vec<LockRecord>, FsError> {
         self.with_endpoints(|eps| {
             let Some((_, table)) = self.lock_table(&eps.meta, ino, false)? else { return Ok(Vec::new()) };
             // A torn slot is being changed right now; read again a few
