@@ -449,6 +449,23 @@ impl Namespace {
         self.sweep_orphans_past(self.orphan_grace);
     }
 
+    /// Bytes of extents held by orphans (each counted once).
+    fn orphan_bytes(&self) -> u64 {
+        let mut seen = std::collections::HashSet::new();
+        self.orphans
+            .iter()
+            .filter(|(ino, _)| seen.insert(*ino))
+            .filter_map(|(ino, _)| match self.inodes.get(ino) {
+                Some(Inode { attr, content: Content::File(f), .. })
+                    if attr.nlink == 0 && f.opens.is_empty() =>
+                {
+                    Some(f.allocated)
+                }
+                _ => None,
+            })
+            .sum()
+    }
+
     /// Frees every orphan that is still unlinked and unopened, grace or not:
     /// the data servers are full and their space is wanted now. (An open
     /// that raced the unlink of one of them answers ENOENT, as it would had

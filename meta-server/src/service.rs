@@ -104,6 +104,10 @@ pub const LOCK_REGION: RegionId = RegionId(2);
 /// Default cap of a file's Citron tree: 2^22 units (16 GiB of 4 KiB
 /// granules), a depth-8 tree of 700 KB of lock memory.
 pub const DEFAULT_MAX_TREE_UNITS: u64 = 1 << 22;
+/// Default lock memory: about 270 bytes per file open in the cluster at
+/// once (a hosted Citron tree and a lock area) and 2 KiB per file with
+/// fcntl/flock locks, so some 600,000 open files; touched only as it is used.
+pub const DEFAULT_LOCK_BYTES: u64 = 256 << 20;
 /// Default most regular files: 4 Mi attribute slots (128 MiB of the
 /// meta-server's memory, touched only as files are created).
 pub const DEFAULT_MAX_FILES: u64 = 4 << 20;
@@ -154,7 +158,7 @@ impl MetaServerConfig {
             nic_listen: SocketAddr::new(listen.ip(), 0),
             chunk_size: 1 << 20,
             slot_bytes: DEFAULT_MAX_FILES * AttrSlot::BYTES,
-            lock_bytes: 64 << 20,
+            lock_bytes: DEFAULT_LOCK_BYTES,
             lock_choice: LockChoice::default(),
             max_waiting_owners: 256,
             lock_params: ClusterLockParams::default(),
@@ -533,7 +537,11 @@ impl MetaService {
                 self.ns.lock().fallocate_size(ino, offset, len, keep_size)?;
                 A::Done
             }
-            R::StatFs => A::Stats(self.ns.lock().stats()),
+            R::StatFs => {
+                let mut ns = self.ns.lock();
+                ns.sweep_orphans();
+                A::Stats(ns.stats())
+            }
             R::Status => A::Status(Box::new(self.status())),
             R::SetXattr { ino, name, value, mode, .. } => {
                 self.ns.lock().set_xattr(ino, &name, &value, mode)?;

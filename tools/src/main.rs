@@ -8,6 +8,7 @@ mod region_host;
 mod report;
 mod servers;
 mod size;
+mod status_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -31,6 +32,8 @@ enum Command {
     RegionHost(region_host::RegionHostArgs),
     /// The cluster-wide lock holders and waiters of one file (like lslocks).
     Locks(locks_cmd::LocksArgs),
+    /// Space, files, lock memory, clients and leases of a cluster.
+    Status(status_cmd::StatusArgs),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -48,6 +51,7 @@ fn main() -> std::process::ExitCode {
         Command::DataServer(a) => servers::run_data(a),
         Command::RegionHost(a) => region_host::run(a),
         Command::Locks(a) => locks_cmd::run(a),
+        Command::Status(a) => status_cmd::run(a),
         Command::Bench(b) => bench::run(b),
         Command::BenchLocksWorker => bench::locks::worker(),
     };

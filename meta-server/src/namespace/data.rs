@@ -254,11 +254,13 @@ impl Namespace {
         Ok(())
     }
 
+    /// `statfs`: an orphan's extents count as free, since an allocation
+    /// that needs them frees the orphan at once.
     pub fn stats(&self) -> FsStats {
         FsStats {
             chunk_size: self.geometry.chunk_size(),
             total_bytes: self.extents.total_bytes(),
-            free_bytes: self.extents.free_bytes(),
+            free_bytes: self.extents.free_bytes() + self.orphan_bytes(),
             inodes: self.inodes.len() as u64,
             max_inodes: self.inodes.len() as u64 - self.slots.in_use() + self.slots.capacity(),
         }
