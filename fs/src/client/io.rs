@@ -27,6 +27,7 @@ use citron_lock::lock_host::open_lock;
 use citron_lock::rdma::Verb;
 use citron_lock::rwlock::{Algorithm, Mode, RwLockClient};
 
+use super::opens::Pinned;
 use super::{Endpoints, FsClient, Written};
 use crate::error::FsError;
 use crate::locks::guard::RangeHold;
@@ -40,12 +41,11 @@ struct InodeHold {
 }
 
 impl FsClient {
-    /// The file's lock area, lent by this client's open of it (`None` only
-    /// if the meta-server gave it none); an error if it is not open here.
-    pub(super) fn lock_area(&self, ino: Ino) -> Result<Option<LockArea>, FsError> {
-        let entry = self.shared.opens.get(ino).ok_or_else(|| super::opens::not_open(ino))?;
-        let e = entry.lock();
-        super::opens::area_of(&e, ino, self.registration())
+    /// The file's lock addresses, lent by this client's open of it and
+    /// pinned for one call (its `area` is `None` only if the meta-server
+    /// gave it none); an error if the file is not open here.
+    pub(super) fn pin(&self, ino: Ino) -> Result<Pinned, FsError> {
+        self.shared.opens.pin(ino, self.registration())
     }
 
     /// Takes the inode mutex of `area` in `mode`.
@@ -92,7 +92,8 @@ impl FsClient {
     /// Reads up to `len` bytes at `offset`; short at end of file; holes read
     /// as zeros.
     pub fn read(&self, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
-        let area = self.lock_area(ino)?;
+        let pin = self.pin(ino)?;
+        let area = pin.area;
         self.with_endpoints(|eps| {
             self.with_inode_lock(eps, area, Mode::Shared, |eps| {
                 let (layout, size) = self.current_layout(eps, ino)?;
@@ -118,7 +119,8 @@ impl FsClient {
     /// Writes `data` at `offset` (or at the end of the file with `append`)
     /// and returns the offset written at.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8], append: bool) -> Result<u64, FsError> {
-        let area = self.lock_area(ino)?;
+        let pin = self.pin(ino)?;
+        let area = pin.area;
         let mode = if append { Mode::Exclusive } else { Mode::Shared };
         match self.write_under(ino, area, mode, offset, data, append)? {
             Some(at) => Ok(at),
@@ -240,26 +242,26 @@ impl FsClient {
         if set.size.is_none() {
             return self.call_attr(&request);
         }
-        self.while_open(ino, |area| {
+        self.while_open(ino, |pin| {
             self.with_endpoints(|eps| {
-                self.with_inode_lock(eps, area, Mode::Exclusive, |_| self.call_attr(&request))
+                self.with_inode_lock(eps, pin.area, Mode::Exclusive, |_| self.call_attr(&request))
             })
         })
     }
 
-    /// Runs `f` with the file's lock area, opening the file for the call if
-    /// it is not open here (its lock memory exists only while it is open
-    /// somewhere).
+    /// Runs `f` with the file's lock addresses pinned, opening the file for
+    /// the call if it is not open here (its lock memory exists only while it
+    /// is open somewhere).
     pub(super) fn while_open<R>(
         &self,
         ino: Ino,
-        f: impl FnOnce(Option<LockArea>) -> Result<R, FsError>,
+        f: impl FnOnce(&Pinned) -> Result<R, FsError>,
     ) -> Result<R, FsError> {
-        if let Ok(area) = self.lock_area(ino) {
-            return f(area);
+        if let Ok(pin) = self.pin(ino) {
+            return f(&pin);
         }
         self.open(ino)?;
-        let result = self.lock_area(ino).and_then(f);
+        let result = self.pin(ino).and_then(|pin| f(&pin));
         let released = self.release(ino);
         let r = result?;
         released?;
@@ -270,7 +272,8 @@ impl FsClient {
     /// `keep_size`, grows the size to cover it; under the inode mutex
     /// exclusive.
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<(), FsError> {
-        let area = self.lock_area(ino)?;
+        let pin = self.pin(ino)?;
+        let area = pin.area;
         self.with_endpoints(|eps| {
             self.with_inode_lock(eps, area, Mode::Exclusive, |_| {
                 self.call_done(&crate::proto::MetaRequest::Fallocate { ino, offset, len, keep_size })

@@ -49,6 +49,10 @@ use crate::types::{
     Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino,
 };
 
+/// How long a last release waits for the calls that use the file's lock
+/// memory (they are bounded by the locks' own give-up times).
+const RELEASE_WAIT: Duration = Duration::from_secs(60);
+
 /// How a client reaches server memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
@@ -482,7 +486,7 @@ impl FsClient {
     fn count_open(&self, e: &mut opens::OpenFile, registration: u64, l: &FileLayout) {
         if e.registration != registration {
             // Opens of an older registration died with it.
-            *e = opens::OpenFile::default();
+            e.reset(false);
         }
         e.registration = registration;
         e.count += 1;
@@ -512,10 +516,16 @@ impl FsClient {
             drop(e);
             return self.call_done(&MetaRequest::Release { client: self.client_id(), ino });
         }
+        // Calls still using the addresses end first (a lock request of a
+        // process the kernel abandoned may be running on another worker),
+        // then the waits they may have handed to the waiter thread go.
+        if !entry.wait_unpinned(&mut e, RELEASE_WAIT) {
+            log::error!("inode {}: calls still use its lock memory after {RELEASE_WAIT:?}", ino.0);
+        }
         if let Some(w) = self.waiters.as_ref() {
             w.cancel_file(ino);
         }
-        *e = opens::OpenFile { closed: true, ..opens::OpenFile::default() };
+        e.reset(true);
         self.shared.opens.forget(ino, &entry);
         self.layouts.write().remove(&ino);
         // Still holding the entry: an open of the file by another thread

@@ -9,21 +9,25 @@
 //! last release of the file reaches the meta-server:
 //! * they live here, with the count of this client's opens of the file and
 //!   the registration they were made under; a read, write, truncate or lock
-//!   call looks them up here, and one on a file not open here is refused;
-//! * the last release forgets them, cancels the file's blocked lock
-//!   requests (the waiter thread holds a table address) and drops the cached
-//!   layout, all before it sends `Release` — holding the entry, so an open
-//!   of the same file on another thread waits until the meta-server has
-//!   seen the release;
+//!   call pins the entry for as long as it uses them ([`Pinned`]), and one
+//!   on a file not open here is refused;
+//! * the last release waits until no call has the entry pinned (FUSE sends
+//!   a release after the handle's I/O, but a lock request of a process the
+//!   kernel abandoned may still be running on another worker), forgets the
+//!   addresses, cancels the file's blocked lock requests (the waiter thread
+//!   holds a table address) and drops the cached layout, all before it sends
+//!   `Release` — holding the entry, so an open of the same file on another
+//!   thread waits until the meta-server has seen the release;
 //! * after a lost lease the meta-server forgot this client's opens: entries
 //!   of an older registration answer EIO and are dropped when the client
 //!   registers again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use citron_lock::rdma::RemoteAddr;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::error::FsError;
 use crate::locks::LockArea;
@@ -41,13 +45,77 @@ pub(super) struct OpenFile {
     pub area: Option<LockArea>,
     /// The first block of its lock-record table, once seen.
     pub table: Option<RemoteAddr>,
+    /// Calls using the addresses now ([`Pinned`]).
+    pub users: u32,
     /// Set when the last open went: the entry is out of the map, and a
     /// thread that was waiting for it takes a fresh one.
     pub closed: bool,
 }
 
-pub(super) type OpenEntry = Arc<Mutex<OpenFile>>;
+impl OpenFile {
+    /// Forgets the opens and the addresses (calls that still have them
+    /// pinned keep their count).
+    pub fn reset(&mut self, closed: bool) {
+        *self = OpenFile { users: self.users, closed, ..OpenFile::default() };
+    }
+}
 
+/// One file's entry: its state, and a condition the last release waits on
+/// for the calls that use its addresses to end.
+#[derive(Debug, Default)]
+pub(super) struct Entry {
+    state: Mutex<OpenFile>,
+    unpinned: Condvar,
+}
+
+impl Entry {
+    pub fn lock(&self) -> MutexGuard<'_, OpenFile> {
+        self.state.lock()
+    }
+
+    /// Waits (up to `limit`) until no call has the entry pinned; `false` if
+    /// some still do.
+    pub fn wait_unpinned(&self, e: &mut MutexGuard<'_, OpenFile>, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while e.users > 0 {
+            if self.unpinned.wait_until(e, deadline).timed_out() {
+                return e.users == 0;
+            }
+        }
+        true
+    }
+}
+
+pub(super) type OpenEntry = Arc<Entry>;
+
+/// The lock addresses of an open file, held for one call: the file's last
+/// release waits until they are dropped.
+pub(super) struct Pinned {
+    entry: OpenEntry,
+    pub area: Option<LockArea>,
+    pub table: Option<RemoteAddr>,
+}
+
+impl Pinned {
+    /// Remembers the first block of the file's table, if the entry still
+    /// lends the same area.
+    pub fn set_table(&self, table: RemoteAddr) {
+        let mut e = self.entry.lock();
+        if e.area == self.area && !e.closed {
+            e.table = Some(table);
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let mut e = self.entry.lock();
+        e.users -= 1;
+        if e.users == 0 {
+            self.entry.unpinned.notify_all();
+        }
+    }
+}
 /// The open files of a client.
 #[derive(Default)]
 pub(super) struct OpenFiles {
@@ -78,6 +146,19 @@ impl OpenFiles {
         self.map.lock().get(&ino).cloned()
     }
 
+    /// The lock addresses of `ino`, pinned for one call; an error if the
+    /// file is not open here, or was opened by an older registration.
+    pub fn pin(&self, ino: Ino, registration: u64) -> Result<Pinned, FsError> {
+        let entry = self.get(ino).ok_or_else(|| not_open(ino))?;
+        let (area, table) = {
+            let mut e = entry.lock();
+            let area = area_of(&e, ino, registration)?;
+            e.users += 1;
+            (area, e.table)
+        };
+        Ok(Pinned { entry, area, table })
+    }
+
     /// Removes `entry` from the map if it is still the one for `ino`.
     pub fn forget(&self, ino: Ino, entry: &OpenEntry) {
         let mut map = self.map.lock();
@@ -93,7 +174,7 @@ impl OpenFiles {
         for (ino, entry) in entries {
             let mut e = entry.lock();
             if e.registration < current && !e.closed {
-                *e = OpenFile { closed: true, ..OpenFile::default() };
+                e.reset(true);
                 self.forget(ino, &entry);
             }
         }
@@ -107,7 +188,7 @@ impl OpenFiles {
 
 /// The lock area of an open entry, checked against the client's current
 /// registration.
-pub(super) fn area_of(e: &OpenFile, ino: Ino, registration: u64) -> Result<Option<LockArea>, FsError> {
+fn area_of(e: &OpenFile, ino: Ino, registration: u64) -> Result<Option<LockArea>, FsError> {
     if e.closed || e.count == 0 {
         return Err(not_open(ino));
     }
