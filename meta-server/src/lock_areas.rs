@@ -155,7 +155,7 @@ impl LockAreas {
             }
             Err(FsError::NoLocks) => {
                 self.refused += 1;
-                if self.last_warning.map_or(true, |t| t.elapsed() >= FULL_WARNING_EVERY) {
+                if self.last_warning.is_none_or(|t| t.elapsed() >= FULL_WARNING_EVERY) {
                     self.last_warning = Some(Instant::now());
                     log::warn!(
                         "lock memory is full: {} files are open cluster-wide ({} bytes of lock memory in \

@@ -106,7 +106,7 @@ impl Slots {
                 self.next - AttrSlot::BYTES
             }
             None => {
-                if self.last_warning.map_or(true, |t| t.elapsed() >= std::time::Duration::from_secs(10)) {
+                if self.last_warning.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(10)) {
                     self.last_warning = Some(std::time::Instant::now());
                     log::warn!(
                         "no attribute slot left: {} regular files exist, the most the meta-server was \

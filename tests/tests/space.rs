@@ -249,7 +249,11 @@ fn a_chunk_that_grows_moves_under_concurrent_readers_without_tearing() {
                 let mut reads = 0;
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
                     let got = r.read(ino, 0, (STEP * STEPS) as u32).unwrap();
-                    assert!(got.len() as u64 % STEP == 0, "a write is seen whole: {} bytes", got.len());
+                    assert!(
+                        (got.len() as u64).is_multiple_of(STEP),
+                        "a write is seen whole: {} bytes",
+                        got.len()
+                    );
                     assert_eq!(got[..], all[..got.len()], "read {reads} of {} bytes", got.len());
                     reads += 1;
                 }

@@ -73,7 +73,7 @@ pub trait WaiterContext: Send + Sync + 'static {
 
 /// What the client hands its waiter thread.
 enum Handoff {
-    Wait(Pending),
+    Wait(Box<Pending>),
     /// Withdraw every request on this file, then answer on the channel.
     Cancel(Ino, Sender<()>),
 }
@@ -112,7 +112,7 @@ impl Waiters {
 
     /// Hands a registered request to the thread.
     pub fn wait(&self, pending: Pending) {
-        if let Err(e) = self.handoff.send(Handoff::Wait(pending)) {
+        if let Err(e) = self.handoff.send(Handoff::Wait(Box::new(pending))) {
             // The thread is gone (shutting down): answer now.
             if let Handoff::Wait(p) = e.0 {
                 (p.done)(Err(FsError::Io("the lock waiter has stopped".into())));
@@ -160,7 +160,7 @@ impl WaiterThread {
             let mut cancels = Vec::new();
             select! {
                 recv(self.incoming) -> h => match h {
-                    Ok(Handoff::Wait(p)) => fresh.push(p),
+                    Ok(Handoff::Wait(p)) => fresh.push(*p),
                     Ok(Handoff::Cancel(ino, ack)) => cancels.push((ino, ack)),
                     Err(_) => break,
                 },
@@ -176,7 +176,7 @@ impl WaiterThread {
             // Take whatever else is queued without waiting.
             for h in self.incoming.try_iter() {
                 match h {
-                    Handoff::Wait(p) => fresh.push(p),
+                    Handoff::Wait(p) => fresh.push(*p),
                     Handoff::Cancel(ino, ack) => cancels.push((ino, ack)),
                 }
             }
