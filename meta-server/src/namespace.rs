@@ -657,7 +657,8 @@ impl Namespace {
     }
 
     /// Runs `f` holding `ino`'s attribute ALock (if the file has lock
-    /// memory; a file never opened has no client that could race), so the
+    /// memory; a file without any is open on no client, so none could
+    /// race), so the
     /// meta-server's changes to the size and mtime words and clients'
     /// one-sided ones exclude each other (DESIGN.md §4).
     ///
