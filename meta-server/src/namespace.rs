@@ -354,7 +354,11 @@ impl Namespace {
                 Content::Dir(Dir { parent, by_name: HashMap::new(), by_cookie: BTreeMap::new() })
             }
             FileKind::File => Content::File(RegularFile {
-                slot: self.slots.allocate()?,
+                slot: match self.slots.allocate() {
+                    // Unlinked files in their grace hold slots: they go now.
+                    Err(FsError::NoSpace) if self.free_orphans_now() => self.slots.allocate()?,
+                    slot => slot?,
+                },
                 chunks: BTreeMap::new(),
                 allocated: 0,
                 epoch: 0,

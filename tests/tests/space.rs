@@ -326,3 +326,36 @@ fn data_server_memory_is_touched_only_as_written_and_given_back_when_freed() {
     assert_eq!(&back[10..], b"tail");
     assert_eq!(a.read(ino, 0, 4096).unwrap(), vec![0u8; 4096], "a hole reads zero");
 }
+
+/// The meta-server's table of regular files (attribute slots, `--max-files`)
+/// is the one fixed table that grows with files: when it is full, creating a
+/// file answers ENOSPC (and the meta-server logs the flag to raise), and a
+/// deleted file's slot is reused at once.
+#[test]
+fn the_most_files_is_a_flag_and_a_deleted_files_slot_is_reused_at_once() {
+    // 128 slots: one page of the meta-server's slot region.
+    let c = cluster(16 * MIB, 128);
+    let a = client(&c);
+    let made: Vec<Ino> = (0..128)
+        .map(|i| {
+            a.create(
+                ME,
+                Ino::ROOT,
+                format!("f{i}").as_bytes(),
+                citronfs_core::types::FileKind::File,
+                0o644,
+                0,
+            )
+        })
+        .map(|r| r.unwrap().ino)
+        .collect();
+    let full = a.create(ME, Ino::ROOT, b"one-more", citronfs_core::types::FileKind::File, 0o644, 0);
+    assert_eq!(full.unwrap_err(), citronfs_core::FsError::NoSpace);
+    // Directories take no slot.
+    a.create(ME, Ino::ROOT, b"dir", citronfs_core::types::FileKind::Dir, 0o755, 0).unwrap();
+    let st = a.statfs().unwrap();
+    assert_eq!(st.max_inodes - st.inodes, 0, "no regular file can be made: {st:?}");
+    a.unlink(ME, Ino::ROOT, b"f7").unwrap();
+    let again = a.create(ME, Ino::ROOT, b"one-more", citronfs_core::types::FileKind::File, 0o644, 0).unwrap();
+    assert!(!made.contains(&again.ino));
+}
