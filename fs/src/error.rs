@@ -47,6 +47,10 @@ pub enum FsError {
     /// No room left for another lock record.
     #[error("no locks available")]
     NoLocks,
+    /// The cluster's lock memory holds as many open files as it can
+    /// (`--lock-memory`): an open must wait for another file to close.
+    #[error("too many files open in the cluster")]
+    TooManyOpenFiles,
     /// A server could not be reached or answered garbage.
     #[error("i/o error: {0}")]
     Io(String),

@@ -3,6 +3,7 @@
 //!
 //! * [`types`]: inode numbers, attributes, chunk locations — the vocabulary.
 //! * [`proto`]: requests to the meta-server and its answers (serde + bincode).
+//! * [`status`]: the cluster as `citronfs status` shows it.
 //! * [`layout`]: the arithmetic of splitting byte ranges over chunks.
 //! * [`locks`]: byte-range locks (fcntl, flock) across mounts, over one-sided
 //!   verbs on lock-server memory.
@@ -14,6 +15,7 @@ pub mod error;
 pub mod layout;
 pub mod locks;
 pub mod proto;
+pub mod status;
 pub mod types;
 
 pub use error::FsError;

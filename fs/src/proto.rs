@@ -26,7 +26,7 @@ use crate::types::{
 /// |---|---|---|
 /// | 0 | size in bytes | clients: CAS up to a write's end; meta-server: truncate |
 /// | 8 | mtime, ns since the epoch | clients: fetch-and-store after a write |
-/// | 16 | layout epoch | meta-server: +1 whenever chunks are freed |
+/// | 16 | layout epoch | meta-server: +1 whenever extents are freed (truncate, a chunk that moves) |
 /// | 24 | allocation generation | meta-server: +1 whenever chunks are allocated |
 /// | 32 | permission bits (mode & 0o7777) in bits 0..16, group id in bits 32..64 | meta-server: a copy of the inode's, at every change |
 ///
@@ -87,10 +87,13 @@ pub struct FileLayout {
     /// client whose cached list is older refetches it before it reads a
     /// hole (another client may have written there since).
     pub allocs: u64,
-    /// The allocated chunks, sorted by index (holes are absent).
+    /// The allocated chunks, sorted by index (holes are absent), each an
+    /// extent that may hold only the chunk's first bytes.
     pub chunks: Vec<(ChunkIndex, ChunkLoc)>,
-    /// The file's lock memory (range locks, inode mutex, lock records);
-    /// allocated at its first open, so present in every open's answer.
+    /// The file's lock memory (range locks, inode mutex, lock records):
+    /// only in the answer of an open, and valid until the client's last
+    /// release of the file (the meta-server reuses it once the file is
+    /// closed everywhere).
     pub locks: Option<LockArea>,
 }
 
@@ -265,10 +268,19 @@ pub enum MetaRequest {
     },
     /// The registered clients.
     Clients,
-    /// Allocates the missing chunks among `chunks` (a write into holes).
+    /// Gives each chunk of `chunks` that has none an extent holding bytes
+    /// `[0, end)` of it (`(chunk, end)`: a write into holes), and answers
+    /// every one of them as it is (an existing extent may be smaller).
     AllocChunks {
         ino: Ino,
-        chunks: Vec<ChunkIndex>,
+        chunks: Vec<(ChunkIndex, u64)>,
+    },
+    /// As `AllocChunks`, and moves a chunk whose extent is smaller than
+    /// `end` to a bigger one. The caller holds the file's inode mutex
+    /// exclusive: no I/O may use the old extent.
+    GrowExtents {
+        ino: Ino,
+        chunks: Vec<(ChunkIndex, u64)>,
     },
     /// Allocates the chunks backing `[offset, offset + len)` and grows the
     /// size to cover it unless `keep_size`.
@@ -279,6 +291,8 @@ pub enum MetaRequest {
         keep_size: bool,
     },
     StatFs,
+    /// What `citronfs status` shows.
+    Status,
     SetXattr {
         caller: Caller,
         ino: Ino,
@@ -337,6 +351,7 @@ pub enum MetaResponse {
     OpenedExisting(Attr, FileLayout),
     Chunks(Vec<(ChunkIndex, ChunkLoc)>),
     Stats(FsStats),
+    Status(Box<crate::status::ClusterStatus>),
     LockTable(RemoteAddr),
     Clients(Vec<ClientInfo>),
     Xattr(Vec<u8>),

@@ -25,12 +25,15 @@ pub struct DataServerId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ChunkIndex(pub u64);
 
-/// Where one chunk of file data lives: a data server and an address in its
-/// memory.
+/// Where one chunk of file data lives: an extent of a data server's memory
+/// that holds the chunk's first `capacity` bytes (DESIGN.md §5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkLoc {
     pub server: DataServerId,
     pub addr: RemoteAddr,
+    /// Bytes of the chunk the extent holds, from the chunk's start: a power
+    /// of two, at most the chunk size. The chunk's bytes past it read zero.
+    pub capacity: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -106,6 +109,9 @@ pub struct Attr {
     pub size: u64,
     pub nlink: u32,
     pub rdev: u32,
+    /// Bytes of data-server memory the file's extents take (`st_blocks` is
+    /// this in 512-byte units).
+    pub allocated: u64,
     pub atime: Timestamp,
     pub mtime: Timestamp,
     pub ctime: Timestamp,
@@ -169,9 +175,12 @@ pub struct DirEntry {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FsStats {
     pub chunk_size: u64,
-    pub total_chunks: u64,
-    pub free_chunks: u64,
+    /// Bytes of data-server memory for file data, and how many are free.
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    /// Inodes in use, and the most there can be (attribute slots).
     pub inodes: u64,
+    pub max_inodes: u64,
 }
 
 /// Longest name in a directory, as ext4 and POSIX's usual NAME_MAX.

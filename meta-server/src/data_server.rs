@@ -1,6 +1,13 @@
 //! The data server: DRAM for file chunks, one region served by a software NIC
 //! and registered with the meta-server. After registration its CPU does no
 //! per-I/O work: clients read and write chunk memory with one-sided verbs.
+//!
+//! Capacity is like tmpfs's: the region is anonymous memory or a sparse shm
+//! file, so the host gives it pages only as they are written, and by default
+//! it may grow to half of the host's RAM ([`default_capacity`]). A region
+//! published as shm lives in `/dev/shm`, a tmpfs of its own size: a write
+//! past that file system's free space would kill the writer with SIGBUS, so
+//! a capacity beyond it is refused.
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
@@ -50,6 +57,14 @@ impl DataServer {
         if capacity < 1 << 20 {
             return Err(FsError::Invalid(format!("capacity {capacity} is below 1 MiB")));
         }
+        if let (Some(_), Some(free)) = (shm, shm_free_bytes()) {
+            if capacity > free {
+                return Err(FsError::Invalid(format!(
+                    "capacity {capacity} exceeds the {free} bytes free in /dev/shm, where the data server \
+                     publishes its memory: lower --capacity or enlarge /dev/shm"
+                )));
+            }
+        }
         let len = capacity.next_multiple_of(1 << 20);
         let (shm_host, regions) = match shm {
             Some(name) => {
@@ -97,6 +112,15 @@ impl DataServer {
         Ok(Self { nic, _shm: shm_host, _ib: ib_host, id, rpc })
     }
 
+    /// The region's bytes the host has given pages to (what writes have
+    /// touched), for a region published as shm; `None` otherwise.
+    pub fn resident_bytes(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let shm = self._shm.as_ref()?;
+        let meta = std::fs::metadata(shm.dir().join(format!("region-{}", DATA_REGION.0))).ok()?;
+        Some(meta.blocks() * 512)
+    }
+
     pub fn id(&self) -> DataServerId {
         self.id
     }
@@ -124,4 +148,37 @@ impl DataServer {
         self.shutdown();
         told
     }
+}
+
+/// Bytes free in `/dev/shm` (where shm regions live), if it can be asked.
+pub fn shm_free_bytes() -> Option<u64> {
+    let path = std::ffi::CString::new("/dev/shm").expect("no NUL");
+    // SAFETY: an all-zero statvfs is a valid value to be overwritten.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `st` is a valid out-pointer.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// The host's RAM in bytes.
+pub fn host_ram_bytes() -> u64 {
+    // SAFETY: sysconf has no memory preconditions.
+    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages.max(0) as u64).saturating_mul(page.max(0) as u64)
+}
+
+/// The capacity a data server takes when none is given, as tmpfs does: half
+/// of the host's RAM (touched only as files are written), and for a region
+/// published as shm no more than `/dev/shm` has free (less `reserve`, the
+/// room other shm regions of the process need), in whole MiB.
+pub fn default_capacity(shm: bool, reserve: u64) -> u64 {
+    let mut capacity = host_ram_bytes() / 2;
+    if shm {
+        if let Some(free) = shm_free_bytes() {
+            capacity = capacity.min(free.saturating_sub(reserve));
+        }
+    }
+    (capacity & !((1 << 20) - 1)).max(1 << 20)
 }

@@ -1,13 +1,18 @@
 //! The servers of CitronFS (DESIGN.md §2, §5, §6): the meta-server
-//! (namespace, chunk allocation, attribute slots, client leases) and the data
-//! server (DRAM for file chunks, served by a software NIC; its CPU does no
-//! per-I/O work).
+//! (namespace, extent allocation, lock memory, attribute slots, client
+//! leases) and the data server (DRAM for file data, served by a software
+//! NIC; its CPU does no per-I/O work). Memory lent to clients comes back
+//! through one reclamation point ([`reclaim`]).
 
-pub mod chunks;
+pub mod buddy;
+pub mod data_link;
 pub mod data_server;
+pub mod extents;
+pub mod lock_areas;
 pub mod lock_cleanup;
 pub mod lock_memory;
 pub mod namespace;
+pub mod reclaim;
 pub mod service;
 
 pub use data_server::DataServer;

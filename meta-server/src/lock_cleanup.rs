@@ -6,7 +6,10 @@
 //! same range locks and with the same verbs as any client — so the table
 //! rules hold. If the dead client also died holding range-lock nodes,
 //! Citron's lazy lease recovery (§3.10) lets the cleanup through after
-//! T_lease.
+//! T_lease. The fence itself begins at the reclamation point
+//! ([`crate::reclaim::Reclamation::fence`]), and the files visited are pinned
+//! (an open of [`META_CLIENT`]) so that their lock memory, which follows use
+//! ([`crate::lock_areas`]), stays while the cleanup works on it.
 
 use citron_lock::rdma::Endpoint;
 use citronfs_core::locks::table::{self, TableGrowth};

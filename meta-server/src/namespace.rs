@@ -6,30 +6,35 @@
 //! Permissions are enforced by the kernel (`default_permissions` on every
 //! mount): the namespace checks what only it can know — names, types,
 //! emptiness, loops, limits.
+//!
+//! Its two other parts: [`opens`], the opens of regular files and the lock
+//! memory that follows them ([`crate::lock_areas`]), and [`data`], the
+//! extents that hold a file's bytes ([`crate::extents`]).
+
+mod data;
+mod opens;
+
+pub use data::{ExtentPlan, ExtentStep, ZeroRange};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 use citron_lock::alock::{AlockHost, AlockLocal};
-use citron_lock::citron::host::{InstanceId, LockMemoryHost, TreeHost, TreeHostError};
-use citron_lock::citron::tree::TreeShape;
-use citron_lock::dslr::DSLR_BYTES;
-use citron_lock::range_lock::{RangeAlgorithm, RangeLockSite};
+use citron_lock::citron::host::LockMemoryHost;
 use citron_lock::rdma::{RegionMemory, RemoteAddr};
 use citronfs_core::layout::ChunkGeometry;
-use citronfs_core::locks::area::LockChoice;
-use citronfs_core::locks::record::{block_header, pack_addr, BLOCK_BYTES, SLOTS_PER_BLOCK};
 use citronfs_core::locks::LockArea;
-use citronfs_core::proto::{AttrSlot, FileLayout, RenameMode, XattrMode};
+use citronfs_core::proto::{AttrSlot, RenameMode, XattrMode};
 use citronfs_core::types::{
-    perm_without_setid, Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind,
-    FsStats, Ino, SetAttr, Timestamp, MAX_FILE_SIZE, NAME_MAX, SYMLINK_MAX, XATTR_SIZE_MAX,
+    perm_without_setid, Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, Ino,
+    SetAttr, Timestamp, NAME_MAX, SYMLINK_MAX, XATTR_SIZE_MAX,
 };
 use citronfs_core::FsError;
 
-use crate::chunks::ChunkAllocator;
-use crate::lock_memory::LockMemory;
+use crate::extents::ExtentAllocator;
+use crate::lock_areas::{FileLockMemory, LockAreas};
+use crate::reclaim::{Cause, Reclamation};
 
 /// Cookies 1 and 2 are "." and ".." in listings; entries start after them.
 const FIRST_COOKIE: u64 = 3;
@@ -43,17 +48,13 @@ struct Dir {
 struct RegularFile {
     slot: AttrSlot,
     chunks: BTreeMap<ChunkIndex, ChunkLoc>,
+    /// Bytes of the extents in `chunks`.
+    allocated: u64,
     epoch: u64,
     /// Opens by client; the data lives while any remains, even at nlink 0.
     opens: HashMap<ClientId, u32>,
-    /// Lock memory, from the first open on.
+    /// Lock memory, while the file is open somewhere or holds lock records.
     locks: Option<FileLockMemory>,
-}
-
-/// A file's lock area and the blocks of its lock-record table.
-struct FileLockMemory {
-    area: LockArea,
-    blocks: Vec<RemoteAddr>,
 }
 
 enum Content {
@@ -78,29 +79,25 @@ pub struct NewInode {
     pub symlink_target: Option<Vec<u8>>,
 }
 
-/// Chunks handed out by `alloc_chunks`, and recycled memory to zero before
-/// the client may use them.
-pub struct Allocation {
-    pub chunks: Vec<(ChunkIndex, ChunkLoc)>,
-    pub zero: Vec<ZeroRange>,
-}
-
-/// Memory a chunk must have zeroed before the operation's answer is given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ZeroRange {
-    pub loc: ChunkLoc,
-    pub offset_in_chunk: u64,
-    pub len: u64,
-}
-
-/// Attribute slots in the meta-server's region.
+/// Attribute slots in the meta-server's region: one per regular file, so
+/// the region's size is the most regular files there can be.
 struct Slots {
     memory: Arc<RegionMemory>,
     next: u64,
     free: Vec<u64>,
+    /// When the meta-server last said it is out of slots.
+    last_warning: Option<std::time::Instant>,
 }
 
 impl Slots {
+    fn capacity(&self) -> u64 {
+        self.memory.len() / AttrSlot::BYTES
+    }
+
+    fn in_use(&self) -> u64 {
+        self.next / AttrSlot::BYTES - self.free.len() as u64
+    }
+
     fn allocate(&mut self) -> Result<AttrSlot, FsError> {
         let off = match self.free.pop() {
             Some(off) => off,
@@ -108,7 +105,17 @@ impl Slots {
                 self.next += AttrSlot::BYTES;
                 self.next - AttrSlot::BYTES
             }
-            None => return Err(FsError::NoSpace),
+            None => {
+                if self.last_warning.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(10)) {
+                    self.last_warning = Some(std::time::Instant::now());
+                    log::warn!(
+                        "no attribute slot left: {} regular files exist, the most the meta-server was \
+                         started for; creating files answers ENOSPC. Raise --max-files",
+                        self.capacity()
+                    );
+                }
+                return Err(FsError::NoSpace);
+            }
         };
         let slot = AttrSlot(RemoteAddr::new(self.memory.id(), off));
         for w in 0..AttrSlot::BYTES / 8 {
@@ -133,26 +140,24 @@ pub struct Namespace {
     next_ino: u64,
     next_cookie: u64,
     slots: Slots,
-    pub chunks: ChunkAllocator,
+    pub extents: ExtentAllocator,
     geometry: ChunkGeometry,
-    lock_memory: LockMemory,
-    /// How files are locked (range and inode-mutex algorithms, granule).
-    lock_choice: LockChoice,
-    /// The RPC range lock server, when files use it.
-    range_server: Option<std::net::SocketAddr>,
+    /// Files' lock memory (areas, trees, record tables).
+    locks: LockAreas,
+    /// Where extents and lock memory are given back ([`crate::reclaim`]).
+    reclaim: Arc<Reclamation>,
     /// The meta-server's side of every file's attribute ALock.
     attr_host: AlockHost,
     /// This namespace's handle on it (taken out while in use).
     attr_lock: Option<AlockLocal>,
-    /// Where files' Citron trees live when they grow.
-    trees: Option<TreeHosting>,
     /// Data servers that went away with the file data in their memory.
     lost_servers: std::collections::HashSet<DataServerId>,
 }
 
 /// The Citron tree host of the meta-server (DESIGN.md §4 "Tree growth"):
-/// every file's tree is an instance of it, created at the file's first open
-/// and destroyed with the inode; it runs the instances' scale-ups.
+/// every file's tree is an instance of it, created when the file is opened
+/// and has no lock memory, destroyed when the file is idle again; it runs
+/// the instances' scale-ups.
 #[derive(Clone)]
 pub struct TreeHosting {
     pub host: Arc<LockMemoryHost>,
@@ -164,15 +169,9 @@ pub struct TreeHosting {
 
 /// How the namespace gives files their lock memory.
 pub struct FileLocking {
-    pub memory: LockMemory,
-    pub choice: LockChoice,
-    /// The RPC range lock server, when `choice` uses it.
-    pub range_server: Option<std::net::SocketAddr>,
-    /// The meta-server's cohort of the attribute ALocks (in `memory`'s region).
+    pub areas: LockAreas,
+    /// The meta-server's cohort of the attribute ALocks (in the lock region).
     pub attr_host: AlockHost,
-    /// Citron trees that grow, when `choice` is Citron (else fixed trees in
-    /// the files' areas).
-    pub trees: Option<TreeHosting>,
 }
 
 /// A file whose lock-record table exists: what cleanup after a dead client
@@ -198,27 +197,26 @@ impl Namespace {
     /// A namespace with an empty root directory owned by `root_owner`.
     pub fn new(
         slot_memory: Arc<RegionMemory>,
-        chunks: ChunkAllocator,
+        extents: ExtentAllocator,
         locking: FileLocking,
+        reclaim: Arc<Reclamation>,
         root_owner: Caller,
         orphan_grace: std::time::Duration,
     ) -> Self {
-        let geometry = ChunkGeometry::new(chunks.chunk_size()).expect("chunk size validated by the server");
+        let geometry = ChunkGeometry::new(extents.chunk_size()).expect("chunk size validated by the server");
         let mut ns = Self {
             inodes: HashMap::new(),
             orphans: std::collections::VecDeque::new(),
             orphan_grace,
             next_ino: Ino::ROOT.0 + 1,
             next_cookie: FIRST_COOKIE,
-            slots: Slots { memory: slot_memory, next: 0, free: Vec::new() },
-            chunks,
+            slots: Slots { memory: slot_memory, next: 0, free: Vec::new(), last_warning: None },
+            extents,
             geometry,
-            lock_memory: locking.memory,
-            lock_choice: locking.choice,
-            range_server: locking.range_server,
+            locks: locking.areas,
+            reclaim,
             attr_lock: locking.attr_host.local().ok(),
             attr_host: locking.attr_host,
-            trees: locking.trees.filter(|_| locking.choice.range == RangeAlgorithm::Citron),
             lost_servers: std::collections::HashSet::new(),
         };
         let now = Timestamp::now();
@@ -232,6 +230,7 @@ impl Namespace {
                 size: 0,
                 nlink: 2,
                 rdev: 0,
+                allocated: 0,
                 atime: now,
                 mtime: now,
                 ctime: now,
@@ -277,6 +276,7 @@ impl Namespace {
         match &inode.content {
             Content::File(f) => {
                 attr.size = self.slots.word(f.slot.size()).load(SeqCst);
+                attr.allocated = f.allocated;
                 // The slot holds the file's mtime once anyone wrote or set
                 // it (clients store it one-sidedly after a write); a write
                 // changes the ctime too.
@@ -357,8 +357,13 @@ impl Namespace {
                 Content::Dir(Dir { parent, by_name: HashMap::new(), by_cookie: BTreeMap::new() })
             }
             FileKind::File => Content::File(RegularFile {
-                slot: self.slots.allocate()?,
+                slot: match self.slots.allocate() {
+                    // Unlinked files in their grace hold slots: they go now.
+                    Err(FsError::NoSpace) if self.free_orphans_now() => self.slots.allocate()?,
+                    slot => slot?,
+                },
                 chunks: BTreeMap::new(),
+                allocated: 0,
                 epoch: 0,
                 opens: HashMap::new(),
                 locks: None,
@@ -385,6 +390,7 @@ impl Namespace {
             size: 0,
             nlink: if kind == FileKind::Dir { 2 } else { 1 },
             rdev: if matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) { rdev } else { 0 },
+            allocated: 0,
             atime: now,
             mtime: now,
             ctime: now,
@@ -445,20 +451,42 @@ impl Namespace {
         self.inodes.remove(&ino);
     }
 
-    /// When space held by orphans or quarantined chunks will next come back.
-    pub fn next_space_event(&self) -> Option<std::time::Duration> {
-        let orphan = self.orphans.front().map(|(_, since)| self.orphan_grace.saturating_sub(since.elapsed()));
-        match (orphan, self.chunks.next_release()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
     /// Frees the orphans whose grace has passed and that are still unlinked
     /// and unopened.
     pub fn sweep_orphans(&mut self) {
+        self.sweep_orphans_past(self.orphan_grace);
+    }
+
+    /// Bytes of extents held by orphans (each counted once).
+    fn orphan_bytes(&self) -> u64 {
+        let mut seen = std::collections::HashSet::new();
+        self.orphans
+            .iter()
+            .filter(|(ino, _)| seen.insert(*ino))
+            .filter_map(|(ino, _)| match self.inodes.get(ino) {
+                Some(Inode { attr, content: Content::File(f), .. })
+                    if attr.nlink == 0 && f.opens.is_empty() =>
+                {
+                    Some(f.allocated)
+                }
+                _ => None,
+            })
+            .sum()
+    }
+
+    /// Frees every orphan that is still unlinked and unopened, grace or not:
+    /// the data servers are full and their space is wanted now. (An open
+    /// that raced the unlink of one of them answers ENOENT, as it would had
+    /// the lookup come a moment later.) Returns whether any was freed.
+    pub fn free_orphans_now(&mut self) -> bool {
+        let before = self.orphans.len();
+        self.sweep_orphans_past(std::time::Duration::ZERO);
+        self.orphans.len() < before
+    }
+
+    fn sweep_orphans_past(&mut self, grace: std::time::Duration) {
         while let Some(&(ino, since)) = self.orphans.front() {
-            if since.elapsed() < self.orphan_grace {
+            if since.elapsed() < grace {
                 break;
             }
             self.orphans.pop_front();
@@ -470,24 +498,16 @@ impl Namespace {
         }
     }
 
+    /// Frees a regular file that has no link and no open: nobody can reach
+    /// its extents or lock memory any more (see [`crate::reclaim`]).
     fn free_file(&mut self, ino: Ino) {
         if let Some(Inode { content: Content::File(f), .. }) = self.inodes.remove(&ino) {
             for (_, loc) in f.chunks {
-                self.chunks.free_unreachable(loc);
+                self.reclaim.extent(&mut self.extents, loc, Cause::InodeFreed);
             }
             self.slots.free.push(f.slot.0.offset);
             if let Some(locks) = f.locks {
-                self.lock_memory.free(locks.area.base, locks.area.bytes);
-                for b in locks.blocks {
-                    self.lock_memory.free(b, BLOCK_BYTES);
-                }
-                if let (RangeLockSite::CitronHosted { instance, .. }, Some(t)) =
-                    (locks.area.range, &self.trees)
-                {
-                    if let Err(e) = t.host.destroy(instance) {
-                        log::error!("freeing the Citron tree of inode {}: {e}", ino.0);
-                    }
-                }
+                self.reclaim.lock_memory(&mut self.locks, ino, locks, Cause::InodeFreed);
             }
         }
     }
@@ -644,237 +664,9 @@ impl Namespace {
         }
     }
 
-    /// Data server `id` is gone with its memory: no chunk is allocated on
-    /// it any more, and the layout of every file with a chunk there answers
-    /// EIO; their epochs change, so clients holding a layout refetch it.
-    /// Returns how many files lost data.
-    pub fn lose_data_server(&mut self, id: DataServerId) -> usize {
-        self.lost_servers.insert(id);
-        self.chunks.remove_server(id);
-        let mut files = 0;
-        for inode in self.inodes.values_mut() {
-            let Content::File(f) = &mut inode.content else { continue };
-            if f.chunks.values().any(|l| l.server == id) {
-                f.epoch += 1;
-                self.slots.word(f.slot.epoch()).store(f.epoch, SeqCst);
-                files += 1;
-            }
-        }
-        files
-    }
-
-    pub fn layout(&self, ino: Ino) -> Result<FileLayout, FsError> {
-        let f = self.file(ino)?;
-        if let Some(lost) = f.chunks.values().find(|l| self.lost_servers.contains(&l.server)) {
-            return Err(FsError::Io(format!(
-                "the data of inode {} was on data server {}, which is gone",
-                ino.0, lost.server.0
-            )));
-        }
-        Ok(FileLayout {
-            ino,
-            slot: f.slot,
-            epoch: f.epoch,
-            allocs: self.slots.word(f.slot.allocs()).load(SeqCst),
-            chunks: f.chunks.iter().map(|(i, l)| (*i, *l)).collect(),
-            locks: f.locks.as_ref().map(|l| l.area),
-        })
-    }
-
-    pub fn open(&mut self, client: ClientId, ino: Ino) -> Result<FileLayout, FsError> {
-        if self.file(ino)?.locks.is_none() {
-            let size = self.slots.word(self.file(ino)?.slot.size()).load(SeqCst);
-            let area = match self.trees.clone() {
-                Some(trees) => self.hosted_area(&trees, size)?,
-                None => {
-                    let bad = |e: citron_lock::rwlock::LockError| FsError::Io(format!("lock area: {e}"));
-                    let bytes = LockArea::bytes_for(self.lock_choice, size).map_err(bad)?;
-                    let base = self.lock_memory.allocate(bytes)?;
-                    LockArea::plan(base, self.lock_choice, size, ino, self.range_server).map_err(|e| {
-                        self.lock_memory.free(base, bytes);
-                        bad(e)
-                    })?
-                }
-            };
-            self.file_mut(ino)?.locks = Some(FileLockMemory { area, blocks: Vec::new() });
-        }
-        *self.file_mut(ino)?.opens.entry(client).or_insert(0) += 1;
-        self.layout(ino)
-    }
-
-    /// A lock area whose range lock is a new instance of the tree host: the
-    /// tree as [`LockArea::plan`] would size it, its spillover word (an
-    /// allocation of the instance, freed with it), scaled by the host up to
-    /// `trees.max_depth`; the area itself holds the other locks.
-    fn hosted_area(&mut self, trees: &TreeHosting, size: u64) -> Result<LockArea, FsError> {
-        let tree_err = |e: TreeHostError| match e {
-            TreeHostError::OutOfMemory { .. } => FsError::NoLocks,
-            other => FsError::Io(format!("Citron tree host: {other}")),
-        };
-        let shape = TreeShape::covering(LockArea::initial_units(self.lock_choice, size));
-        let (instance, geometry) = trees.host.create(shape).map_err(tree_err)?;
-        let made = (|| {
-            let spillover = trees.host.instance(instance).allocate(DSLR_BYTES).map_err(tree_err)?;
-            trees.host.enable_scaling(instance, spillover, trees.max_depth).map_err(tree_err)?;
-            let site = RangeLockSite::CitronHosted {
-                tree: geometry.maximizer,
-                depth: shape.depth(),
-                spillover,
-                host: trees.addr,
-                instance,
-                max_depth: trees.max_depth,
-            };
-            let base = self.lock_memory.allocate(LockArea::bytes_for_hosted())?;
-            LockArea::with_range(base, self.lock_choice, site).map_err(|e| {
-                self.lock_memory.free(base, LockArea::bytes_for_hosted());
-                FsError::Io(format!("lock area: {e}"))
-            })
-        })();
-        if made.is_err() {
-            let _ = trees.host.destroy(instance);
-        }
-        made
-    }
-
-    /// The hosted Citron tree of a file, if it has one: its instance.
-    pub fn hosted_tree(&self, ino: Ino) -> Option<(InstanceId, RangeLockSite)> {
-        let f = self.file(ino).ok()?;
-        match f.locks.as_ref()?.area.range {
-            site @ RangeLockSite::CitronHosted { instance, .. } => Some((instance, site)),
-            _ => None,
-        }
-    }
-
-    /// Creates the lock-record table of an open file, or appends a block
-    /// after `last` if that is still the last one; returns the first block.
-    pub fn grow_lock_table(&mut self, ino: Ino, last: Option<RemoteAddr>) -> Result<RemoteAddr, FsError> {
-        let current = match &self.file(ino)?.locks {
-            Some(l) => (l.area, l.blocks.first().copied(), l.blocks.last().copied()),
-            None => return Err(FsError::Invalid("lock table of a file that was never opened".into())),
-        };
-        let (area, first, tail) = current;
-        let wanted = match (first, last) {
-            (None, _) => true,
-            (Some(_), Some(l)) => Some(l) == tail,
-            (Some(_), None) => false,
-        };
-        if !wanted {
-            return first.ok_or_else(|| FsError::Io("lock table vanished".into()));
-        }
-        let block = self.lock_memory.allocate(BLOCK_BYTES)?;
-        let memory = self.lock_memory.memory().clone();
-        let word = |addr: RemoteAddr| {
-            memory.word(addr).map_err(|e| FsError::Io(format!("lock memory at {addr}: {e}")))
-        };
-        let packed =
-            pack_addr(block).ok_or_else(|| FsError::Io("lock block address does not pack".into()))?;
-        // The header first, then the link that makes the block reachable
-        // (SeqCst stores: a client that reads the link sees the header).
-        word(block)?.store(block_header(SLOTS_PER_BLOCK), SeqCst);
-        match tail {
-            None => word(area.table_head())?.store(packed, SeqCst),
-            Some(t) => word(t + 8)?.store(packed, SeqCst),
-        }
-        let locks = self.file_mut(ino)?.locks.as_mut().expect("checked above");
-        locks.blocks.push(block);
-        Ok(locks.blocks[0])
-    }
-
-    /// Every file with a lock-record table.
-    pub fn lock_tables(&self) -> Vec<LockTableRef> {
-        self.inodes
-            .iter()
-            .filter_map(|(ino, i)| match &i.content {
-                Content::File(RegularFile { locks: Some(l), .. }) => {
-                    l.blocks.first().map(|&first_block| LockTableRef { ino: *ino, area: l.area, first_block })
-                }
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// A word of the lock region (diagnostics).
-    pub fn lock_memory_word(&self, addr: RemoteAddr) -> Option<u64> {
-        self.lock_memory.memory().word(addr).ok().map(|w| w.load(SeqCst))
-    }
-
-    /// Lock memory allocated and not freed, in bytes.
-    pub fn lock_memory_in_use(&self) -> u64 {
-        self.lock_memory.in_use()
-    }
-
-    /// Allocates lock memory outside any file (the waits-for table).
-    pub fn allocate_lock_memory(&mut self, bytes: u64) -> Result<RemoteAddr, FsError> {
-        self.lock_memory.allocate(bytes)
-    }
-
-    pub fn release(&mut self, client: ClientId, ino: Ino) -> Result<(), FsError> {
-        let f = self.file_mut(ino)?;
-        if let Some(n) = f.opens.get_mut(&client) {
-            *n -= 1;
-            if *n == 0 {
-                f.opens.remove(&client);
-            }
-        }
-        self.maybe_free(ino);
-        Ok(())
-    }
-
-    /// Forgets every open of a client whose lease expired.
-    pub fn drop_client(&mut self, client: ClientId) {
-        let inos: Vec<Ino> = self
-            .inodes
-            .iter()
-            .filter(|(_, i)| matches!(&i.content, Content::File(f) if f.opens.contains_key(&client)))
-            .map(|(ino, _)| *ino)
-            .collect();
-        for ino in inos {
-            if let Ok(f) = self.file_mut(ino) {
-                f.opens.remove(&client);
-            }
-            self.maybe_free(ino);
-        }
-    }
-
-    /// Allocates the missing chunks among `wanted`. Returns every requested
-    /// chunk's location and the recycled memory to zero first.
-    pub fn alloc_chunks(&mut self, ino: Ino, wanted: &[ChunkIndex]) -> Result<Allocation, FsError> {
-        let max_chunk = MAX_FILE_SIZE / self.geometry.chunk_size();
-        if wanted.iter().any(|c| c.0 >= max_chunk) {
-            return Err(FsError::FileTooBig);
-        }
-        let mut zero = Vec::new();
-        let mut out = Vec::with_capacity(wanted.len());
-        let mut fresh = Vec::new();
-        for &c in wanted {
-            if let Some(loc) = self.file(ino)?.chunks.get(&c) {
-                out.push((c, *loc));
-                continue;
-            }
-            let Some(a) = self.chunks.allocate() else {
-                // Give back what this request took: all or nothing.
-                for (c, loc) in fresh {
-                    self.file_mut(ino)?.chunks.remove(&c);
-                    self.chunks.free(loc);
-                }
-                return Err(FsError::NoSpace);
-            };
-            if a.needs_zeroing {
-                zero.push(ZeroRange { loc: a.loc, offset_in_chunk: 0, len: self.geometry.chunk_size() });
-            }
-            self.file_mut(ino)?.chunks.insert(c, a.loc);
-            fresh.push((c, a.loc));
-            out.push((c, a.loc));
-        }
-        if !fresh.is_empty() {
-            // Clients with an older chunk list refetch it (see `AttrSlot`).
-            self.slots.word(self.file(ino)?.slot.allocs()).fetch_add(1, SeqCst);
-        }
-        Ok(Allocation { chunks: out, zero })
-    }
-
     /// Runs `f` holding `ino`'s attribute ALock (if the file has lock
-    /// memory; a file never opened has no client that could race), so the
+    /// memory; a file without any is open on no client, so none could
+    /// race), so the
     /// meta-server's changes to the size and mtime words and clients'
     /// one-sided ones exclude each other (DESIGN.md §4).
     ///
@@ -920,43 +712,6 @@ impl Namespace {
         };
         self.attr_lock = Some(local);
         result
-    }
-
-    /// Sets the size (truncate). Shrinking frees whole chunks past the end,
-    /// returns the tail of the last chunk to zero, and bumps the epoch so
-    /// clients refetch their layouts.
-    fn set_size(&mut self, ino: Ino, size: u64) -> Result<Vec<ZeroRange>, FsError> {
-        self.with_attr_lock(ino, |ns| ns.set_size_locked(ino, size))
-    }
-
-    fn set_size_locked(&mut self, ino: Ino, size: u64) -> Result<Vec<ZeroRange>, FsError> {
-        if size > MAX_FILE_SIZE {
-            return Err(FsError::FileTooBig);
-        }
-        let cs = self.geometry.chunk_size();
-        let f = self.file(ino)?;
-        let slot = f.slot;
-        let old = self.slots.word(slot.size()).load(SeqCst);
-        let mut zero = Vec::new();
-        if size < old {
-            let keep = self.geometry.chunks_for_size(size);
-            let f = self.file_mut(ino)?;
-            let freed: Vec<ChunkLoc> = f.chunks.split_off(&ChunkIndex(keep)).into_values().collect();
-            if !size.is_multiple_of(cs) {
-                if let Some(loc) = f.chunks.get(&ChunkIndex(size / cs)) {
-                    zero.push(ZeroRange { loc: *loc, offset_in_chunk: size % cs, len: cs - size % cs });
-                }
-            }
-            f.epoch += 1;
-            let epoch = f.epoch;
-            for loc in freed {
-                self.chunks.free(loc);
-            }
-            self.slots.word(slot.epoch()).store(epoch, SeqCst);
-        }
-        self.slots.word(slot.size()).store(size, SeqCst);
-        self.slots.word(slot.mtime()).store(Timestamp::now().as_nanos(), SeqCst);
-        Ok(zero)
     }
 
     pub fn setattr(&mut self, ino: Ino, set: &SetAttr) -> Result<(Attr, Vec<ZeroRange>), FsError> {
@@ -1018,36 +773,6 @@ impl Namespace {
         if let Some(Inode { attr, content: Content::File(f), .. }) = self.inodes.get(&ino) {
             let word = u64::from(attr.perm) | u64::from(attr.gid) << 32;
             self.slots.word(f.slot.perm()).store(word, SeqCst);
-        }
-    }
-
-    pub fn fallocate(
-        &mut self,
-        ino: Ino,
-        offset: u64,
-        len: u64,
-        keep_size: bool,
-    ) -> Result<Vec<ZeroRange>, FsError> {
-        let end = offset.checked_add(len).filter(|e| *e <= MAX_FILE_SIZE).ok_or(FsError::FileTooBig)?;
-        if len == 0 {
-            return Err(FsError::Invalid("fallocate of zero bytes".into()));
-        }
-        let wanted: Vec<ChunkIndex> =
-            (self.geometry.chunk_of(offset).0..=self.geometry.chunk_of(end - 1).0).map(ChunkIndex).collect();
-        let zero = self.alloc_chunks(ino, &wanted)?.zero;
-        if !keep_size {
-            let slot = self.file(ino)?.slot;
-            self.with_attr_lock(ino, |ns| ns.slots.word(slot.size()).fetch_max(end, SeqCst));
-        }
-        Ok(zero)
-    }
-
-    pub fn stats(&self) -> FsStats {
-        FsStats {
-            chunk_size: self.geometry.chunk_size(),
-            total_chunks: self.chunks.total_chunks(),
-            free_chunks: self.chunks.free_chunks(),
-            inodes: self.inodes.len() as u64,
         }
     }
 

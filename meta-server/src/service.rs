@@ -9,11 +9,13 @@
 //! top of the lock region (`tree_bytes`, half of it by default) is the arena
 //! of a [`LockMemoryHost`], served by a [`TreeHostServer`] on the
 //! meta-server's IP; the rest stays with [`LockMemory`] (lock areas, record
-//! tables, the waits-for table). A file's first open creates an instance
-//! (the tree [`citronfs_core::locks::LockArea::plan`] would have sized, and
-//! its DSLR spillover word, allocated from the instance so it goes with it)
-//! and the open reply names it ([`RangeLockSite::CitronHosted`]); freeing
-//! the inode destroys it with every segment its scale-ups added.
+//! tables, the waits-for table). An open of a file that has no lock memory
+//! creates an instance (the tree [`citronfs_core::locks::LockArea::plan`]
+//! would have sized, and its DSLR spillover word, allocated from the
+//! instance so it goes with it) and the open reply names it
+//! ([`RangeLockSite::CitronHosted`]); when the file is idle again (closed
+//! everywhere, no lock record; [`crate::lock_areas`]) the instance is
+//! destroyed with every segment its scale-ups added.
 //!
 //! Why a `LockMemoryHost` behind its own RPC service rather than `TreeHost`
 //! over [`MetaRequest`]: the lock crate's host already keeps versioned
@@ -53,8 +55,8 @@
 //!
 //! No scale-down: fcntl range locks are taken without the inode mutex, so
 //! the file system has no moment of exclusive use of a tree, which Citron's
-//! scale-down requires (§3.9.2); a truncated file keeps its tree until the
-//! inode is freed.
+//! scale-down requires (§3.9.2); a truncated file keeps its tree until it is
+//! closed everywhere (the next open sizes a new tree to the file).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -74,20 +76,26 @@ use citron_lock::range_lock::RangeLockSite;
 use citron_lock::rdma::tcp::{RpcServer, RpcService};
 use citron_lock::rdma::{
     Endpoint, FabricAddr, IbDevice, IbHost, Node, RegionId, RegionMemory, RegionTable, RemoteAddr, ShmHost,
-    TcpHost, TcpOptions,
+    TcpHost,
 };
 use citronfs_core::locks::area::LockChoice;
 use citronfs_core::locks::table::TableGrowth;
 use citronfs_core::locks::{ClusterLockParams, LockTiming, WaitsFor};
-use citronfs_core::proto::{ClientInfo, ClusterInfo, DataServerInfo, MetaRequest, MetaResponse};
-use citronfs_core::types::{Caller, ClientId, DataServerId, FileKind, Ino};
+use citronfs_core::proto::{AttrSlot, ClientInfo, ClusterInfo, DataServerInfo, MetaRequest, MetaResponse};
+use citronfs_core::status::{
+    ClientStatus, ClusterStatus, DataServerStatus, FileStatus, LockMemoryStatus, ReclaimStatus,
+};
+use citronfs_core::types::{Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, FileKind, Ino};
 use citronfs_core::FsError;
 use parking_lot::Mutex;
 
-use crate::chunks::ChunkAllocator;
+use crate::data_link::DataServerLink;
+use crate::extents::ExtentAllocator;
+use crate::lock_areas::LockAreas;
 use crate::lock_cleanup;
 use crate::lock_memory::LockMemory;
-use crate::namespace::{FileLocking, Namespace, NewInode, TreeHosting, ZeroRange};
+use crate::namespace::{ExtentPlan, FileLocking, Namespace, NewInode, TreeHosting, ZeroRange};
+use crate::reclaim::{Cause, Reclamation};
 
 /// The region of the meta-server's NIC that holds attribute slots.
 pub const SLOT_REGION: RegionId = RegionId(1);
@@ -97,6 +105,13 @@ pub const LOCK_REGION: RegionId = RegionId(2);
 /// Default cap of a file's Citron tree: 2^22 units (16 GiB of 4 KiB
 /// granules), a depth-8 tree of 700 KB of lock memory.
 pub const DEFAULT_MAX_TREE_UNITS: u64 = 1 << 22;
+/// Default lock memory: about 270 bytes per file open in the cluster at
+/// once (a hosted Citron tree and a lock area) and 2 KiB per file with
+/// fcntl/flock locks, so some 600,000 open files; touched only as it is used.
+pub const DEFAULT_LOCK_BYTES: u64 = 256 << 20;
+/// Default most regular files: 4 Mi attribute slots (160 MiB of the
+/// meta-server's memory, touched only as files are created).
+pub const DEFAULT_MAX_FILES: u64 = 4 << 20;
 
 #[derive(Clone, Debug)]
 pub struct MetaServerConfig {
@@ -105,10 +120,12 @@ pub struct MetaServerConfig {
     /// Where the meta-server's own software NIC listens (port 0: any).
     pub nic_listen: SocketAddr,
     pub chunk_size: u64,
-    /// Bytes of attribute slots (32 per regular file).
+    /// Bytes of attribute slots (40 per regular file: the most regular
+    /// files there can be; `--max-files`). Touched only as files are made.
     pub slot_bytes: u64,
-    /// Bytes of lock memory (a few hundred bytes per open file, 2 KiB per
-    /// lock-record table block).
+    /// Bytes of lock memory (a few hundred bytes per file open somewhere in
+    /// the cluster, 4 KiB per lock-record table block): the most files open
+    /// at once cluster-wide.
     pub lock_bytes: u64,
     /// How files are locked: `--range-lock`, `--inode-lock`, the granule.
     pub lock_choice: LockChoice,
@@ -144,8 +161,8 @@ impl MetaServerConfig {
             listen,
             nic_listen: SocketAddr::new(listen.ip(), 0),
             chunk_size: 1 << 20,
-            slot_bytes: 64 << 20,
-            lock_bytes: 64 << 20,
+            slot_bytes: DEFAULT_MAX_FILES * AttrSlot::BYTES,
+            lock_bytes: DEFAULT_LOCK_BYTES,
             lock_choice: LockChoice::default(),
             max_waiting_owners: 256,
             lock_params: ClusterLockParams::default(),
@@ -160,18 +177,14 @@ impl MetaServerConfig {
     }
 }
 
-struct DataServerLink {
-    info: DataServerInfo,
-    /// The meta-server's own endpoint to it, for zeroing recycled memory.
-    endpoint: Mutex<Endpoint>,
-    /// Its region (probed for liveness).
-    region: RegionId,
-    /// Since when its probes have failed (`None`: it answers).
-    failing_since: Mutex<Option<Instant>>,
-}
-
 pub struct MetaService {
     ns: Mutex<Namespace>,
+    /// Where memory lent to clients comes back and fences begin.
+    reclaim: Arc<Reclamation>,
+    /// `--lock-memory`, and the tree host's share of it.
+    lock_bytes: u64,
+    tree_bytes: u64,
+    trees: Option<Arc<LockMemoryHost>>,
     chunk_size: u64,
     lease: Duration,
     nic: SocketAddr,
@@ -180,10 +193,10 @@ pub struct MetaService {
     data_servers: Mutex<Vec<Arc<DataServerLink>>>,
     /// Ids of data servers ever registered (a server that left keeps its id).
     next_data_server: AtomicU64,
-    clients: Mutex<HashMap<ClientId, ClientLease>>,
-    next_client: AtomicU64,
     /// Wakes the lease reaper at once (a client left).
     reaper_wake: Mutex<std::sync::mpsc::Sender<()>>,
+    clients: Mutex<HashMap<ClientId, ClientLease>>,
+    next_client: AtomicU64,
     waits_for: WaitsFor,
     lock_params: ClusterLockParams,
     lock_host: LockHostInfo,
@@ -217,18 +230,18 @@ impl MetaService {
         ns.lock_memory_word(addr)
     }
 
+    fn link(&self, server: DataServerId) -> Result<Arc<DataServerLink>, FsError> {
+        let links = self.data_servers.lock();
+        links
+            .iter()
+            .find(|l| l.info.id == server)
+            .cloned()
+            .ok_or_else(|| FsError::Io(format!("unknown data server {}", server.0)))
+    }
+
     fn zero(&self, ranges: &[ZeroRange]) -> Result<(), FsError> {
-        if ranges.is_empty() {
-            return Ok(());
-        }
-        let links = self.data_servers.lock().clone();
         for r in ranges {
-            let link = links
-                .iter()
-                .find(|l| l.info.id == r.loc.server)
-                .ok_or_else(|| FsError::Io(format!("unknown data server {:?}", r.loc.server)))?;
-            let zeros = vec![0u8; r.len as usize];
-            link.endpoint.lock().write(r.loc.addr + r.offset_in_chunk, &zeros)?;
+            self.link(r.loc.server)?.zero(r.loc.addr + r.offset_in_chunk, r.len)?;
         }
         Ok(())
     }
@@ -241,24 +254,18 @@ impl MetaService {
         region: u32,
         capacity: u64,
     ) -> Result<MetaResponse, FsError> {
-        let node = Node::join_tcp(nic, TcpOptions::default())?;
-        let endpoint = node.endpoint()?;
         let mut links = self.data_servers.lock();
         let id = DataServerId(self.next_data_server.fetch_add(1, Ordering::Relaxed) as u32);
-        self.ns.lock().chunks.add_server(id, RegionId(region), capacity);
-        links.push(Arc::new(DataServerLink {
-            info: DataServerInfo { id, nic, shm, ib },
-            endpoint: Mutex::new(endpoint),
-            region: RegionId(region),
-            failing_since: Mutex::new(None),
-        }));
+        let link = DataServerLink::connect(DataServerInfo { id, nic, shm, ib }, RegionId(region))?;
+        self.ns.lock().extents.add_server(id, RegionId(region), capacity, link.discard());
+        links.push(Arc::new(link));
         log::info!("data server {} at {nic}: {capacity} bytes", id.0);
         Ok(MetaResponse::DataServerRegistered(id))
     }
 
     /// Data server `id` is gone (it left, or stopped answering), and the
-    /// file data in its memory with it. New chunks go to the others; files
-    /// that had chunks there keep their names and attributes, and opening
+    /// file data in its memory with it. New extents go to the others; files
+    /// that had extents there keep their names and attributes, and opening
     /// them or doing I/O answers EIO (their epochs change, so clients with
     /// a layout refetch it and learn); truncating or removing them works.
     fn lose_data_server(&self, id: DataServerId, why: &str) {
@@ -274,64 +281,65 @@ impl MetaService {
         }
     }
 
-    /// Probes every data server: one read through the meta-server's
-    /// endpoint, or through a fresh connection after a failure (a server
-    /// that died refuses it at once). A server that has not answered for a
-    /// whole lease is lost ([`MetaService::lose_data_server`]): the lease is
-    /// the bound a busy machine gets before anyone is declared dead, as for
-    /// clients. Clients reaching it over tcp see errors before that; clients
-    /// on its shm fabric learn from the epochs.
+    /// Probes every data server through its NIC ([`DataServerLink::probe`]).
+    /// A server that has not answered for a whole lease is lost
+    /// ([`MetaService::lose_data_server`]): the lease is the bound a busy
+    /// machine gets before anyone is declared dead, as for clients. Clients
+    /// reaching it over tcp see errors before that; clients on its shm
+    /// fabric learn from the epochs.
     fn probe_data_servers(&self) {
         let links = self.data_servers.lock().clone();
+        let wait = (self.lease / 4).max(Duration::from_millis(100));
         for link in links {
-            let word = RemoteAddr::new(link.region, 0);
-            let answered = {
-                let mut ep = link.endpoint.lock();
-                ep.read_u64(word).is_ok() || {
-                    let wait = (self.lease / 4).max(Duration::from_millis(100));
-                    let options = TcpOptions { connect_timeout: wait, reply_timeout: wait };
-                    let fresh = Node::join_tcp(link.info.nic, options).and_then(|n| n.endpoint());
-                    match fresh {
-                        Ok(fresh) if fresh.read_u64(word).is_ok() => {
-                            *ep = fresh;
-                            true
-                        }
-                        _ => false,
-                    }
-                }
-            };
-            let mut since = link.failing_since.lock();
-            if answered {
-                *since = None;
-            } else if since.get_or_insert_with(Instant::now).elapsed() >= self.lease {
-                drop(since);
+            if link.probe(wait, self.lease) {
                 self.lose_data_server(link.info.id, "it stopped answering for a lease");
             }
         }
     }
 
-    /// Runs an allocation; when the data servers are full but freed chunks
-    /// are in quarantine, waits for them (outside the namespace lock) rather
-    /// than answer ENOSPC for space that is about to return.
-    fn with_space<T>(&self, mut op: impl FnMut(&mut Namespace) -> Result<T, FsError>) -> Result<T, FsError> {
-        loop {
-            let wait = {
-                let mut ns = self.ns.lock();
-                ns.sweep_orphans();
-                match op(&mut ns) {
-                    Err(FsError::NoSpace) => match ns.next_space_event() {
-                        Some(wait) => wait,
-                        None => return Err(FsError::NoSpace),
-                    },
-                    other => return other,
-                }
-            };
-            std::thread::sleep(wait.max(Duration::from_millis(1)));
+    /// Takes extents with `plan` (under the namespace lock), fills them
+    /// outside it (zeroes old bytes, copies a moving chunk) and commits them.
+    /// When the data servers are full, orphans still in their grace are
+    /// freed at once and the plan is tried again: no wait, no quarantine.
+    fn with_extents(
+        &self,
+        ino: Ino,
+        plan: impl Fn(&mut Namespace) -> Result<ExtentPlan, FsError>,
+    ) -> Result<Vec<(ChunkIndex, ChunkLoc)>, FsError> {
+        let plan = {
+            let mut ns = self.ns.lock();
+            ns.sweep_orphans();
+            match plan(&mut ns) {
+                Err(FsError::NoSpace) if ns.free_orphans_now() => plan(&mut ns)?,
+                other => other?,
+            }
+        };
+        if let Err(e) = self.fill(&plan) {
+            log::error!("preparing extents of inode {}: {e}", ino.0);
+            self.ns.lock().abandon_extents(plan);
+            return Err(e);
         }
+        self.ns.lock().commit_extents(plan)
     }
 
-    /// Fences clients whose lease ran out: their lock records and waits go
-    /// (their waiters are woken), then their opens. `ep` is the
+    /// Makes a plan's new extents ready for clients: a moving chunk's bytes
+    /// copied, memory that may hold old bytes zeroed.
+    fn fill(&self, plan: &ExtentPlan) -> Result<(), FsError> {
+        for step in &plan.steps {
+            let dest = self.link(step.new.server)?;
+            if let Some(old) = step.old {
+                self.link(old.server)?.copy(old.addr, step.copy, &dest, step.new.addr)?;
+            }
+            if step.zero && step.copy < step.new.capacity {
+                dest.zero(step.new.addr + step.copy, step.new.capacity - step.copy)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fences clients whose lease ran out: the reclamation point first (it
+    /// revokes their access where it can), then their lock records and waits
+    /// go (their waiters are woken), then their opens. `ep` is the
     /// meta-server's own endpoint on its lock memory.
     fn expire_clients(&self, ep: &Endpoint, timing: &LockTiming) {
         let now = Instant::now();
@@ -353,16 +361,106 @@ impl MetaService {
             } else {
                 log::warn!("client {} missed its lease; releasing its locks and opens", c.0);
             }
-            let tables = self.ns.lock().lock_tables();
+            self.reclaim.fence(c);
+            // Pinned, so no file's lock memory goes while we work on it.
+            let tables = self.ns.lock().pin_lock_tables();
             let growth = |ino| NamespaceGrowth { service: self, ino };
             match lock_cleanup::release_client(ep, timing, &tables, self.waits_for, c, &growth) {
                 Ok(n) if n > 0 => log::warn!("released {n} lock records of client {}", c.0),
                 Ok(_) => {}
                 Err(e) => log::error!("releasing the locks of client {}: {e}", c.0),
             }
-            self.ns.lock().drop_client(c);
+            let mut ns = self.ns.lock();
+            for t in &tables {
+                ns.unpin(t.ino, Cause::Fenced(c));
+            }
+            ns.drop_client(c);
         }
         self.ns.lock().sweep_orphans();
+    }
+
+    /// The cluster as `citronfs status` shows it.
+    fn status(&self) -> ClusterStatus {
+        let (space, counts, usage, by_client, areas_in_use) = {
+            let ns = self.ns.lock();
+            (
+                ns.extents.servers(),
+                ns.file_counts(),
+                ns.lock_usage(),
+                ns.opens_by_client(),
+                ns.lock_memory_in_use(),
+            )
+        };
+        let infos: Vec<DataServerInfo> = self.data_servers.lock().iter().map(|l| l.info.clone()).collect();
+        let data_servers = space
+            .iter()
+            .filter_map(|s| {
+                let info = infos.iter().find(|i| i.id == s.id)?;
+                Some(DataServerStatus {
+                    id: s.id,
+                    nic: info.nic,
+                    shm: info.shm.clone(),
+                    capacity: s.capacity,
+                    used: s.capacity - s.free,
+                    free: s.free,
+                    extents: s.extents,
+                    largest_free: s.largest_free,
+                })
+            })
+            .collect();
+        let trees_in_use = self.trees_in_use();
+        let now = Instant::now();
+        let mut clients: Vec<ClientStatus> = self
+            .clients
+            .lock()
+            .iter()
+            .map(|(id, l)| ClientStatus {
+                id: *id,
+                hostname: l.hostname.clone(),
+                pid: l.pid,
+                renewed_ms_ago: now.duration_since(l.renewed).as_millis() as u64,
+                lease_ms: self.lease.as_millis() as u64,
+                opens: by_client.get(id).copied().unwrap_or(0),
+            })
+            .collect();
+        clients.sort_by_key(|c| c.id);
+        let r = self.reclaim.stats();
+        ClusterStatus {
+            chunk_size: self.chunk_size,
+            data_servers,
+            files: FileStatus {
+                inodes: counts.inodes,
+                regular_files: counts.regular_files,
+                open_files: counts.open_files,
+                opens: counts.opens,
+                max_files: counts.max_files,
+                allocated: counts.allocated,
+            },
+            lock_memory: LockMemoryStatus {
+                in_use: areas_in_use + trees_in_use,
+                limit: self.lock_bytes,
+                files: usage.files,
+                peak_files: usage.peak_files,
+                refused_opens: usage.refused_opens,
+                areas_in_use,
+                areas: usage.area_bytes,
+                trees_in_use,
+                trees: self.tree_bytes,
+            },
+            clients,
+            reclaim: ReclaimStatus {
+                fences: r.fences,
+                revoked: r.revoked,
+                lock_memory_frees: r.lock_memory_frees,
+                extent_frees: r.extent_frees,
+                extent_bytes_freed: r.extent_bytes_freed,
+            },
+        }
+    }
+
+    /// Bytes of the tree host's arena in use.
+    fn trees_in_use(&self) -> u64 {
+        self.trees.as_ref().map_or(0, |h| self.tree_bytes.saturating_sub(h.free_bytes()))
     }
 
     fn dispatch(&self, request: MetaRequest) -> Result<MetaResponse, FsError> {
@@ -468,10 +566,16 @@ impl MetaService {
                 let new = NewInode { kind: FileKind::File, perm, rdev: 0, symlink_target: None };
                 let mut ns = self.ns.lock();
                 match ns.create(caller, parent, &name, new) {
-                    Ok(attr) => {
-                        let layout = ns.open(client, attr.ino)?;
-                        A::Opened(attr, layout)
-                    }
+                    Ok(attr) => match ns.open(client, attr.ino) {
+                        Ok(layout) => A::Opened(attr, layout),
+                        Err(e) => {
+                            // As a kernel does, refuse without leaving a file.
+                            if let Err(u) = ns.unlink(parent, &name) {
+                                log::error!("undoing the create of inode {}: {u}", attr.ino.0);
+                            }
+                            return Err(e);
+                        }
+                    },
                     // O_CREAT without O_EXCL opens what is there (under the
                     // same namespace lock, so the file cannot go between).
                     Err(FsError::Exists) if !exclusive => {
@@ -487,13 +591,13 @@ impl MetaService {
                     Err(e) => return Err(e),
                 }
             }
+            R::KillSuidGid { ino, groups } => A::Attr(self.ns.lock().kill_suidgid(ino, &groups)?),
             R::Open { client, ino } => A::Layout(self.ns.lock().open(client, ino)?),
             R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
             R::Release { client, ino } => {
                 self.ns.lock().release(client, ino)?;
                 A::Done
             }
-            R::KillSuidGid { ino, groups } => A::Attr(self.ns.lock().kill_suidgid(ino, &groups)?),
             R::GrowLockTable { ino, last } => A::LockTable(self.ns.lock().grow_lock_table(ino, last)?),
             R::Clients => A::Clients(
                 self.clients
@@ -503,16 +607,22 @@ impl MetaService {
                     .collect(),
             ),
             R::AllocChunks { ino, chunks } => {
-                let allocation = self.with_space(|ns| ns.alloc_chunks(ino, &chunks))?;
-                self.zero(&allocation.zero)?;
-                A::Chunks(allocation.chunks)
+                A::Chunks(self.with_extents(ino, |ns| ns.plan_extents(ino, &chunks, false))?)
+            }
+            R::GrowExtents { ino, chunks } => {
+                A::Chunks(self.with_extents(ino, |ns| ns.plan_extents(ino, &chunks, true))?)
             }
             R::Fallocate { ino, offset, len, keep_size } => {
-                let zero = self.with_space(|ns| ns.fallocate(ino, offset, len, keep_size))?;
-                self.zero(&zero)?;
+                self.with_extents(ino, |ns| ns.plan_fallocate(ino, offset, len))?;
+                self.ns.lock().fallocate_size(ino, offset, len, keep_size)?;
                 A::Done
             }
-            R::StatFs => A::Stats(self.ns.lock().stats()),
+            R::StatFs => {
+                let mut ns = self.ns.lock();
+                ns.sweep_orphans();
+                A::Stats(ns.stats())
+            }
+            R::Status => A::Status(Box::new(self.status())),
             R::SetXattr { ino, name, value, mode, .. } => {
                 self.ns.lock().set_xattr(ino, &name, &value, mode)?;
                 A::Done
@@ -618,8 +728,17 @@ impl MetaServer {
             None => None,
         };
         let mut lock_memory = LockMemory::below(locks.clone(), tree_start);
+        // The cluster's own lock structures come first; a --lock-memory too
+        // small for them is a configuration error, said as one.
+        let mut fixed = |bytes: u64| {
+            lock_memory.allocate(bytes).map_err(|_| {
+                FsError::Invalid(format!(
+                    "--lock-memory {lock_bytes} is too small for the cluster's lock services; give it at least 1MiB"
+                ))
+            })
+        };
         let waits_for = WaitsFor {
-            base: lock_memory.allocate(WaitsFor::bytes(config.max_waiting_owners))?,
+            base: fixed(WaitsFor::bytes(config.max_waiting_owners))?,
             capacity: config.max_waiting_owners,
         };
         let lock_err = |e: citron_lock::rwlock::LockError| FsError::Io(format!("lock host: {e}"));
@@ -649,7 +768,7 @@ impl MetaServer {
             rpc_lease: Some(config.lease),
             ..LockHostConfig::default()
         };
-        let host_area = lock_memory.allocate(host_config.area_bytes())?;
+        let host_area = fixed(host_config.area_bytes())?;
         let lock_host = LockHost::start(&node, host_area, host_config).map_err(lock_err)?;
         // The RPC range lock server, when files use it (`--range-lock rpc`).
         let range_server = match config.lock_choice.range {
@@ -687,30 +806,33 @@ impl MetaServer {
         });
         // The meta-server's cohort of every file's attribute ALock.
         let pool_slots = 64;
-        let pool = lock_memory.allocate(AlockLayout::pool_bytes(pool_slots))?;
+        let pool = fixed(AlockLayout::pool_bytes(pool_slots))?;
         let alock_config = AlockConfig::from_rtt(Duration::from_micros(1)).with_give_up(config.lease * 2);
         let attr_host = AlockHost::new(locks, pool, pool_slots, alock_config).map_err(lock_err)?;
-        // Freed chunks stay unused for a lease: a client whose I/O was in
-        // flight when a truncate freed them finishes long before, and every
-        // later I/O sees the epoch change first.
-        let chunks = ChunkAllocator::new(config.chunk_size, config.lease);
+        let areas = LockAreas::new(
+            lock_memory,
+            config.lock_choice,
+            range_server.as_ref().map(|r| r.local_addr()),
+            tree_hosting,
+            lock_bytes,
+        );
+        let reclaim = Arc::new(Reclamation::new());
         let (reaper_wake, reaper_woken) = std::sync::mpsc::channel();
         let service = Arc::new(MetaService {
             // The lookup-then-open window an orphan's grace covers is
             // microseconds; a second is ample.
             ns: Mutex::new(Namespace::new(
                 slots,
-                chunks,
-                FileLocking {
-                    memory: lock_memory,
-                    choice: config.lock_choice,
-                    range_server: range_server.as_ref().map(|r| r.local_addr()),
-                    attr_host,
-                    trees: tree_hosting,
-                },
+                ExtentAllocator::new(config.chunk_size),
+                FileLocking { areas, attr_host },
+                reclaim.clone(),
                 config.root_owner,
                 config.lease.min(Duration::from_secs(1)),
             )),
+            reclaim,
+            lock_bytes,
+            tree_bytes: trees.as_ref().map_or(0, |(_, _, arena)| *arena),
+            trees: trees.as_ref().map(|(host, _, _)| host.clone()),
             chunk_size: config.chunk_size,
             lease: config.lease,
             nic: nic.local_addr(),
@@ -718,9 +840,9 @@ impl MetaServer {
             ib: ib.as_ref().map(IbHost::local_addr),
             data_servers: Mutex::new(Vec::new()),
             next_data_server: AtomicU64::new(1),
+            reaper_wake: Mutex::new(reaper_wake.clone()),
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
-            reaper_wake: Mutex::new(reaper_wake.clone()),
             waits_for,
             lock_params: config.lock_params,
             lock_host: lock_host.info().clone(),
@@ -728,25 +850,6 @@ impl MetaServer {
         let rpc = RpcServer::spawn(config.listen, service.clone(), "meta").map_err(io)?;
         let stop = Arc::new(AtomicBool::new(false));
         let lock_params = config.lock_params;
-        let prober = {
-            let stop = stop.clone();
-            let service = service.clone();
-            let tick = (config.lease / 4).max(Duration::from_millis(20));
-            std::thread::Builder::new()
-                .name("meta-data-probe".into())
-                .spawn(move || {
-                    let mut last = Instant::now();
-                    while !stop.load(Ordering::Relaxed) {
-                        // Short naps, so shutdown does not wait a tick.
-                        std::thread::sleep(Duration::from_millis(20).min(tick));
-                        if last.elapsed() >= tick {
-                            last = Instant::now();
-                            service.probe_data_servers();
-                        }
-                    }
-                })
-                .map_err(io)?
-        };
         let reaper = {
             let stop = stop.clone();
             let service = service.clone();
@@ -774,6 +877,25 @@ impl MetaServer {
                 })
                 .map_err(io)?
         };
+        let prober = {
+            let stop = stop.clone();
+            let service = service.clone();
+            let tick = (config.lease / 4).max(Duration::from_millis(20));
+            std::thread::Builder::new()
+                .name("meta-data-probe".into())
+                .spawn(move || {
+                    let mut last = Instant::now();
+                    while !stop.load(Ordering::Relaxed) {
+                        // Short naps, so shutdown does not wait a tick.
+                        std::thread::sleep(Duration::from_millis(20).min(tick));
+                        if last.elapsed() >= tick {
+                            last = Instant::now();
+                            service.probe_data_servers();
+                        }
+                    }
+                })
+                .map_err(io)?
+        };
         log::info!("meta-server on {} (nic {})", rpc.local_addr(), nic.local_addr());
         Ok(Self {
             rpc,
@@ -794,9 +916,20 @@ impl MetaServer {
     /// record tables, the waits-for table and the lock services' areas, and
     /// the Citron trees (with their later segments) on the tree host.
     pub fn lock_memory_in_use(&self) -> u64 {
-        let areas = self.rpc.service().ns.lock().lock_memory_in_use();
-        let trees = self.trees.as_ref().map_or(0, |(host, _, arena)| arena - host.free_bytes());
-        areas + trees
+        let service = self.rpc.service();
+        let areas = service.ns.lock().lock_memory_in_use();
+        areas + service.trees_in_use()
+    }
+
+    /// The cluster as `citronfs status` shows it.
+    pub fn status(&self) -> ClusterStatus {
+        self.rpc.service().status()
+    }
+
+    /// The reclamation point, where NIC revocation of fenced clients plugs
+    /// in ([`Reclamation::set_revocation`]).
+    pub fn reclamation(&self) -> Arc<Reclamation> {
+        self.rpc.service().reclaim.clone()
     }
 
     /// Citron instances alive on the tree host.

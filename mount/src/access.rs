@@ -112,6 +112,7 @@ pub(crate) mod tests {
             size: 0,
             nlink: 1,
             rdev: 0,
+            allocated: 0,
             atime: t,
             mtime: t,
             ctime: t,

@@ -55,6 +55,11 @@ impl Default for MountOptions {
 /// client host`, `last` being `EOF` for a lock to the end of the file.
 pub const LOCKS_XATTR: &str = "user.citronfs.locks";
 
+/// A virtual extended attribute (never listed) of every file of a mount
+/// whose value is the address of its cluster's meta-server, for
+/// `citronfs status MOUNTPOINT`.
+pub const META_XATTR: &str = "user.citronfs.meta";
+
 /// The errno of every file-system error: the one place they are mapped.
 pub fn errno(e: &FsError) -> Errno {
     match e {
@@ -77,6 +82,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Deadlock => Errno::EDEADLK,
         FsError::Interrupted => Errno::EINTR,
         FsError::NoLocks => Errno::ENOLCK,
+        FsError::TooManyOpenFiles => Errno::ENFILE,
         FsError::Io(_) => Errno::EIO,
     }
 }
@@ -109,7 +115,7 @@ fn fuse_attr(a: &Attr) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino.0),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        blocks: a.allocated.div_ceil(512),
         atime: a.atime.into(),
         mtime: a.mtime.into(),
         ctime: a.ctime.into(),
@@ -652,10 +658,9 @@ impl Filesystem for CitronFuse {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         match self.client.statfs() {
             Ok(s) => {
-                let per = s.chunk_size / 4096;
-                let blocks = s.total_chunks * per;
-                let free = s.free_chunks * per;
-                reply.statfs(blocks, free, free, s.inodes + 1_000_000, 1_000_000, 4096, 255, 4096)
+                let (blocks, free) = (s.total_bytes / 4096, s.free_bytes / 4096);
+                let free_inodes = s.max_inodes.saturating_sub(s.inodes);
+                reply.statfs(blocks, free, free, s.max_inodes, free_inodes, 4096, 255, 4096)
             }
             Err(e) => reply.error(errno(&e)),
         }
@@ -683,6 +688,8 @@ impl Filesystem for CitronFuse {
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
         let value = if name(n) == LOCKS_XATTR.as_bytes() {
             self.lock_listing(Ino(ino.0))
+        } else if name(n) == META_XATTR.as_bytes() {
+            Ok(self.client.meta_addr().to_string().into_bytes())
         } else {
             self.client.get_xattr(caller(req), Ino(ino.0), name(n))
         };

@@ -282,9 +282,19 @@ impl TestCluster {
         data_servers: usize,
         capacity: u64,
     ) -> Self {
-        let ip = cfg.listen.ip();
         cfg.slot_bytes = 4 << 20;
         cfg.lock_bytes = 16 << 20;
+        Self::start_sized(cfg, data_servers, capacity)
+    }
+
+    /// As [`TestCluster::start_with`], keeping `cfg`'s attribute-slot and
+    /// lock memory sizes.
+    pub fn start_sized(
+        mut cfg: citronfs_meta_server::MetaServerConfig,
+        data_servers: usize,
+        capacity: u64,
+    ) -> Self {
+        let ip = cfg.listen.ip();
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let unique = format!("{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
         cfg.shm = Some(format!("meta-{unique}"));

@@ -110,7 +110,7 @@ fn full_data_servers_give_enospc_and_lose_nothing() {
     assert_eq!(c.getattr(ino).unwrap().size, written, "the refused write did not change the size");
     assert_eq!(c.read(ino, written - CHUNK, CHUNK as u32).unwrap(), block, "earlier data intact");
     let st = c.statfs().unwrap();
-    assert_eq!((st.total_chunks, st.free_chunks), (16, 0));
+    assert_eq!((st.total_bytes, st.free_bytes), (16 * CHUNK, 0));
 }
 
 #[test]

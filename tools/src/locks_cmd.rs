@@ -17,7 +17,7 @@ pub struct LocksArgs {
 }
 
 /// The value of the extended attribute `name` of `path`.
-fn getxattr(path: &std::path::Path, name: &str) -> Result<Vec<u8>> {
+pub(crate) fn getxattr(path: &std::path::Path, name: &str) -> Result<Vec<u8>> {
     let p = CString::new(path.as_os_str().as_bytes()).context("the path has a NUL byte")?;
     let n = CString::new(name).expect("a constant name");
     let mut buf = vec![0u8; 64 * 1024];

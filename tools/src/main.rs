@@ -12,6 +12,7 @@ mod regions;
 mod report;
 mod servers;
 mod size;
+mod status_cmd;
 mod unmount;
 
 use std::ffi::OsString;
@@ -42,6 +43,8 @@ enum Command {
     Regions(regions::RegionsArgs),
     /// Install the systemd units and the mount(8) helper.
     InstallUnits(install_units::InstallArgs),
+    /// Space, files, lock memory, clients and leases of a cluster.
+    Status(status_cmd::StatusArgs),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -113,6 +116,7 @@ fn main() -> std::process::ExitCode {
         Command::Locks(a) => locks_cmd::run(a),
         Command::Regions(a) => regions::run(a),
         Command::InstallUnits(a) => install_units::run(a),
+        Command::Status(a) => status_cmd::run(a),
         Command::Bench(b) => bench::run(b),
         Command::BenchLocksWorker => bench::locks::worker(),
     };

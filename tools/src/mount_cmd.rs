@@ -35,9 +35,15 @@ pub struct MountArgs {
     /// Embedded mode: where the meta-server listens.
     #[arg(long, default_value = "127.0.0.1:0")]
     listen: SocketAddr,
-    /// Embedded mode: DRAM of the embedded data server.
-    #[arg(long, default_value = "1GiB")]
-    capacity: ByteSize,
+    /// Embedded mode: DRAM of the embedded data server, touched only as it is
+    /// written, like tmpfs [default: half of the host's RAM, within what
+    /// /dev/shm has free].
+    #[arg(long)]
+    capacity: Option<ByteSize>,
+    /// Embedded mode: the most regular files (40 bytes of meta-server memory
+    /// each, touched only as files are created).
+    #[arg(long, default_value_t = citronfs_meta_server::service::DEFAULT_MAX_FILES)]
+    max_files: u64,
     /// Embedded mode: client lease in milliseconds.
     #[arg(long, default_value_t = 5000)]
     lease_ms: u64,
@@ -147,20 +153,27 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
                 lease_ms: args.lease_ms,
                 shm: Some(format!("{pid}-meta")),
                 ib: ib_device.clone(),
+                max_files: args.max_files,
                 locks: args.locks.clone(),
             };
-            let meta =
-                MetaServer::start(meta_args.config()).context("cannot start the embedded meta-server")?;
+            let config = meta_args.config();
+            // The meta-server's regions share /dev/shm with the data server's.
+            let reserve = config.slot_bytes + config.lock_bytes;
+            let meta = MetaServer::start(config).context("cannot start the embedded meta-server")?;
+            let capacity = args
+                .capacity
+                .map_or_else(|| citronfs_meta_server::data_server::default_capacity(true, reserve), |c| c.0);
             let data_shm = format!("{pid}-data");
             let data_listen = SocketAddr::new(args.listen.ip(), 0);
             let data = DataServer::start_with_ib(
                 data_listen,
                 meta.local_addr(),
-                args.capacity.0,
+                capacity,
                 Some(&data_shm),
                 ib_device.as_ref(),
             )
             .context("cannot start the embedded data server")?;
+            log::info!("embedded data server: {}", ByteSize(capacity));
             let addr = meta.local_addr();
             embedded = Some((meta, data));
             addr

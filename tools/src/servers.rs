@@ -41,6 +41,10 @@ pub struct MetaServerArgs {
     /// build with `--features rdma`).
     #[arg(long, value_name = "DEVICE")]
     pub ib: Option<IbDevice>,
+    /// The most regular files the file system can hold (40 bytes of the
+    /// meta-server's memory each, touched only as files are created).
+    #[arg(long, default_value_t = citronfs_meta_server::service::DEFAULT_MAX_FILES)]
+    pub max_files: u64,
     #[command(flatten)]
     pub locks: LockArgs,
 }
@@ -56,8 +60,10 @@ pub struct LockArgs {
     /// holder silent for longer is taken to be dead.
     #[arg(long, default_value_t = ClusterLockParams::default().lease_ms)]
     pub lock_lease_ms: u64,
-    /// Memory for lock areas and lock-record tables.
-    #[arg(long, default_value = "64MiB")]
+    /// Memory for the lock memory of open files (lock areas, Citron trees,
+    /// lock-record tables): bounds how many files can be open at once in the
+    /// cluster (about 270 bytes each, 2 KiB more with fcntl/flock locks).
+    #[arg(long, default_value = "256MiB")]
     pub lock_memory: ByteSize,
     /// Bytes of file per range-lock unit (a power of two).
     #[arg(long, default_value = "4KiB")]
@@ -96,6 +102,7 @@ impl MetaServerArgs {
         cfg.lease = Duration::from_millis(self.lease_ms);
         cfg.shm = self.shm.clone();
         cfg.ib = self.ib.clone();
+        cfg.slot_bytes = self.max_files.max(1).saturating_mul(citronfs_core::proto::AttrSlot::BYTES);
         self.locks.apply(&mut cfg);
         cfg
     }
@@ -109,9 +116,11 @@ pub struct DataServerArgs {
     /// The meta-server to register with.
     #[arg(long)]
     meta: SocketAddr,
-    /// DRAM to export for file data.
-    #[arg(long, default_value = "1GiB")]
-    capacity: ByteSize,
+    /// DRAM to export for file data, touched only as it is written
+    /// [default: half of the host's RAM, and with --shm no more than
+    /// /dev/shm has free].
+    #[arg(long)]
+    capacity: Option<ByteSize>,
     /// Also publish the memory as shm fabric NAME (for clients on this host).
     #[arg(long, value_name = "NAME")]
     shm: Option<String>,
@@ -158,16 +167,13 @@ pub fn run_meta(args: MetaServerArgs) -> Result<()> {
 }
 
 pub fn run_data(args: DataServerArgs) -> Result<()> {
-    let mut server = DataServer::start_with_ib(
-        args.listen,
-        args.meta,
-        args.capacity.0,
-        args.shm.as_deref(),
-        args.ib.as_ref(),
-    )
-    .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
-    let status =
-        format!("data server {} exporting {} on {}", server.id().0, args.capacity, server.nic_addr());
+    let capacity = args.capacity.unwrap_or_else(|| {
+        ByteSize(citronfs_meta_server::data_server::default_capacity(args.shm.is_some(), 0))
+    });
+    let mut server =
+        DataServer::start_with_ib(args.listen, args.meta, capacity.0, args.shm.as_deref(), args.ib.as_ref())
+            .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
+    let status = format!("data server {} exporting {} on {}", server.id().0, capacity, server.nic_addr());
     println!("{status}");
     notify_ready(&status);
     wait_for_signal()?;

@@ -419,3 +419,77 @@ fn locks_lists_holders_and_waiters_of_a_file() {
     assert!(!out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim().lines().count(), 1);
 }
+
+/// `citronfs status`, given a mount point or the meta-server's address:
+/// space per data server, files and opens, lock memory and its limit,
+/// clients and their leases; as tables, or as JSON.
+#[test]
+fn status_reports_space_files_lock_memory_and_clients() {
+    let cluster = citronfs_tests::TestCluster::start(1, 64 << 20, 1 << 20);
+    let a = cluster.mount();
+    std::fs::write(a.path("small"), vec![1u8; 5000]).unwrap();
+    let held = std::fs::File::open(a.path("small")).unwrap();
+    let out = Command::new(EXE).args(["status", "--json"]).arg(a.dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["meta_server"], cluster.meta.local_addr().to_string());
+    let d = &s["data_servers"][0];
+    assert_eq!((d["capacity"].as_u64(), d["used"].as_u64()), (Some(64 << 20), Some(8192)), "{s:#}");
+    assert_eq!(d["extents"], 1);
+    assert_eq!((s["files"]["regular_files"].as_u64(), s["files"]["open_files"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(s["lock_memory"]["limit"], 16 << 20);
+    assert_eq!(s["lock_memory"]["files"], 1, "the open file has lock memory");
+    let clients = s["clients"].as_array().unwrap();
+    assert_eq!(clients.len(), 1);
+    assert_eq!(clients[0]["opens"], 1);
+    assert!(clients[0]["renewed_ms_ago"].as_u64().unwrap() <= clients[0]["lease_ms"].as_u64().unwrap());
+    drop(held);
+    // Tables, from the meta-server's address.
+    let meta = cluster.meta.local_addr().to_string();
+    let out = Command::new(EXE).args(["status", "--meta", &meta]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for section in ["data servers", "files:", "lock memory:", "clients", "CAPACITY", "LEASE"] {
+        assert!(text.contains(section), "{section} missing from:\n{text}");
+    }
+    // Not a citronfs path, or nothing at all: a clear one-line error.
+    for args in
+        [vec!["status", "/proc"], vec!["status"], vec!["status", "--meta", "127.0.0.1:1", "--timeout", "1"]]
+    {
+        let out = Command::new(EXE).args(&args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// `citronfs mount` without `--capacity` sizes its data server like tmpfs:
+/// half of the host's RAM (within what /dev/shm has free), of which it takes
+/// pages only as files are written.
+#[test]
+fn mount_takes_half_of_ram_like_tmpfs_and_touches_only_what_is_written() {
+    use std::os::unix::fs::MetadataExt;
+    let ram = citronfs_meta_server::data_server::host_ram_bytes();
+    let shm_free = citronfs_meta_server::data_server::shm_free_bytes().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(EXE).arg("mount").arg(dir.path()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.next().unwrap().unwrap().contains("mounted at"));
+    let c = std::ffi::CString::new(dir.path().to_str().unwrap()).unwrap();
+    // SAFETY: an all-zero statvfs is valid; `c` is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `st` is a valid out-pointer.
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    let size = st.f_blocks as u64 * st.f_frsize as u64;
+    assert!(size <= ram / 2, "{size} bytes is more than half of {ram}");
+    assert!(size + (1 << 30) >= (ram / 2).min(shm_free), "{size} bytes, RAM {ram}, /dev/shm free {shm_free}");
+    let region = std::path::PathBuf::from(format!("/dev/shm/citronfs-{}-data/region-1", child.id()));
+    let touched = || std::fs::metadata(&region).unwrap().blocks() * 512;
+    assert!(touched() < 1 << 20, "an empty file system holds {} bytes", touched());
+    std::fs::write(dir.path().join("four"), vec![9u8; 4 << 20]).unwrap();
+    assert!((4 << 20..5 << 20).contains(&touched()), "4 MiB written, {} bytes touched", touched());
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    assert!(child.wait().unwrap().success());
+    assert!(!region.exists(), "the data server's memory is gone with it");
+}

@@ -10,18 +10,25 @@
 //!   threads take locally when they change those words (truncate,
 //!   fallocate, utimens).
 //!
+//! * a write that reaches past its chunk's extent (DESIGN.md §5) asks the
+//!   meta-server to move the chunk to a bigger extent, which frees the old
+//!   one: it lets go of its locks and writes again with the inode mutex
+//!   exclusive, so no I/O anywhere uses the old extent (every I/O reads the
+//!   layout epoch under the mutex and refetches the layout when it moved).
+//!
 //! Lock order, the same everywhere: inode mutex, then range lock, then the
 //! attribute ALock. Lock-record operations (fcntl) take only range locks, and
 //! truncate takes no range lock, so no cycle can form.
 //!
-//! A file whose layout carries no lock area (never opened by anyone) has no
-//! writer to exclude, and is read without locks.
+//! I/O needs the file open on this client: the lock memory it uses is lent
+//! by the open ([`super::opens`]).
 
 use citron_lock::lock_host::open_lock;
 use citron_lock::rdma::Verb;
 use citron_lock::rwlock::{Algorithm, Mode, RwLockClient};
 
-use super::{Endpoints, FsClient};
+use super::opens::Pinned;
+use super::{Endpoints, FsClient, Written};
 use crate::error::FsError;
 use crate::locks::guard::RangeHold;
 use crate::locks::{ByteRange, LockArea};
@@ -48,9 +55,11 @@ struct InodeHold {
 }
 
 impl FsClient {
-    /// The file's lock area, if it has one.
-    fn lock_area(&self, ino: Ino) -> Result<Option<LockArea>, FsError> {
-        Ok(self.layout(ino)?.read().locks)
+    /// The file's lock addresses, lent by this client's open of it and
+    /// pinned for one call (its `area` is `None` only if the meta-server
+    /// gave it none); an error if the file is not open here.
+    pub(super) fn pin(&self, ino: Ino) -> Result<Pinned, FsError> {
+        self.shared.opens.pin(ino, self.registration())
     }
 
     /// Takes the inode mutex of `area` in `mode`.
@@ -97,7 +106,8 @@ impl FsClient {
     /// Reads up to `len` bytes at `offset`; short at end of file; holes read
     /// as zeros.
     pub fn read(&self, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
-        let area = self.lock_area(ino)?;
+        let pin = self.pin(ino)?;
+        let area = pin.area;
         self.with_endpoints(|eps| {
             self.with_inode_lock(eps, area, Mode::Shared, |eps| {
                 let (layout, slot) = self.current_layout(eps, ino)?;
@@ -132,9 +142,31 @@ impl FsClient {
     /// every write makes, so this costs an RPC only when there is a bit
     /// to clear.
     pub fn write_as(&self, ino: Ino, offset: u64, data: &[u8], how: WriteMode) -> Result<u64, FsError> {
+        let pin = self.pin(ino)?;
+        let area = pin.area;
+        let mode = if how.append { Mode::Exclusive } else { Mode::Shared };
+        match self.write_under(ino, area, mode, offset, data, how)? {
+            Some(at) => Ok(at),
+            // An extent must grow: again, alone on the file.
+            None => self
+                .write_under(ino, area, Mode::Exclusive, offset, data, how)?
+                .ok_or_else(|| FsError::Io(format!("inode {}: a write found its extent too small", ino.0))),
+        }
+    }
+
+    /// One attempt of [`FsClient::write`] holding the inode mutex in `mode`;
+    /// `None` if a chunk's extent must grow first, which needs it exclusive.
+    fn write_under(
+        &self,
+        ino: Ino,
+        area: Option<LockArea>,
+        mode: Mode,
+        offset: u64,
+        data: &[u8],
+        how: WriteMode,
+    ) -> Result<Option<u64>, FsError> {
         let WriteMode { append, unprivileged } = how;
-        let area = self.lock_area(ino)?;
-        let mode = if append { Mode::Exclusive } else { Mode::Shared };
+        let exclusive = mode == Mode::Exclusive;
         self.with_endpoints(|eps| {
             self.with_inode_lock(eps, area, mode, |eps| {
                 let (layout, slot) = self.current_layout(eps, ino)?;
@@ -152,24 +184,28 @@ impl FsClient {
                     .filter(|e| *e <= MAX_FILE_SIZE)
                     .ok_or(FsError::FileTooBig)?;
                 if data.is_empty() {
-                    return Ok(offset);
+                    return Ok(Some(offset));
                 }
                 // Under the exclusive inode mutex no other I/O runs: no
                 // range lock needed.
-                let range = match (&area, append) {
+                let range = match (&area, exclusive) {
                     (Some(a), false) => {
                         Some(RangeHold::acquire(&eps.meta, a, &self.timing, byte_range(offset, end)?)?)
                     }
                     _ => None,
                 };
-                let written = self.write_data(eps, ino, layout, offset, data);
-                let published =
-                    written.and_then(|l| self.publish(eps, area.as_ref(), l.read().slot, end, size));
+                let written = self.write_data(eps, ino, layout, offset, data, exclusive);
+                let published = written.and_then(|w| match w {
+                    Written::Done(l) => {
+                        let slot = l.read().slot;
+                        self.publish(eps, area.as_ref(), slot, end, size).map(|()| Some(offset))
+                    }
+                    Written::NeedsGrowth => Ok(None),
+                });
                 if let Some(r) = range {
                     r.release(&eps.meta)?;
                 }
-                published?;
-                Ok(offset)
+                published
             })
         })
     }
@@ -237,24 +273,46 @@ impl FsClient {
         self.call_attr(&crate::proto::MetaRequest::KillSuidGid { ino, groups })
     }
 
-    /// `setattr`; a size change (truncate) holds the inode mutex exclusive.
+    /// `setattr`; a size change (truncate) holds the inode mutex exclusive,
+    /// and so an open of the file: `truncate(2)` of a file not open here
+    /// opens it for the call.
     pub fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, FsError> {
         let request = crate::proto::MetaRequest::SetAttr { caller, ino, set: set.clone() };
         if set.size.is_none() {
             return self.call_attr(&request);
         }
-        // Only regular files have lock memory (and a size to change).
-        let area = self.layout(ino).ok().and_then(|l| l.read().locks);
-        self.with_endpoints(|eps| {
-            self.with_inode_lock(eps, area, Mode::Exclusive, |_| self.call_attr(&request))
+        self.while_open(ino, |pin| {
+            self.with_endpoints(|eps| {
+                self.with_inode_lock(eps, pin.area, Mode::Exclusive, |_| self.call_attr(&request))
+            })
         })
+    }
+
+    /// Runs `f` with the file's lock addresses pinned, opening the file for
+    /// the call if it is not open here (its lock memory exists only while it
+    /// is open somewhere).
+    pub(super) fn while_open<R>(
+        &self,
+        ino: Ino,
+        f: impl FnOnce(&Pinned) -> Result<R, FsError>,
+    ) -> Result<R, FsError> {
+        if let Ok(pin) = self.pin(ino) {
+            return f(&pin);
+        }
+        self.open(ino)?;
+        let result = self.pin(ino).and_then(|pin| f(&pin));
+        let released = self.release(ino);
+        let r = result?;
+        released?;
+        Ok(r)
     }
 
     /// Allocates the chunks of `[offset, offset + len)` and, unless
     /// `keep_size`, grows the size to cover it; under the inode mutex
     /// exclusive.
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<(), FsError> {
-        let area = self.lock_area(ino)?;
+        let pin = self.pin(ino)?;
+        let area = pin.area;
         self.with_endpoints(|eps| {
             self.with_inode_lock(eps, area, Mode::Exclusive, |_| {
                 self.call_done(&crate::proto::MetaRequest::Fallocate { ino, offset, len, keep_size })

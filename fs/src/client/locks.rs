@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use citron_lock::rdma::{Endpoint, RemoteAddr};
 
+use super::opens::Pinned;
 use super::{unexpected, FsClient, Shared};
 use crate::error::FsError;
 use crate::locks::table::TableGrowth;
@@ -118,28 +119,20 @@ impl FsClient {
 
     /// The file's lock area and its table's first block; creates the table
     /// when `create` (a lock is about to be taken), else `None` when there
-    /// is no table (so nothing is locked).
+    /// is no table (so nothing is locked). `pin` holds the addresses, lent
+    /// by this client's open of the file ([`super::opens`]): the kernel sends
+    /// lock calls only for open files.
     fn lock_table(
         &self,
         ep: &Endpoint,
+        pin: &Pinned,
         ino: Ino,
         create: bool,
     ) -> Result<Option<(LockArea, RemoteAddr)>, FsError> {
-        let layout = self.layout(ino)?;
-        let (area, cached) = {
-            let l = layout.read();
-            (l.locks, l.lock_table)
-        };
-        let area = match area {
-            Some(a) => a,
-            // A layout fetched without an open carries no lock area: the
-            // file is open here (the kernel sends locks only for open
-            // files), so fetch it again.
-            None => self.refresh_layout(ino)?.read().locks.ok_or_else(|| {
-                FsError::Io(format!("inode {} has no lock memory though it is open", ino.0))
-            })?,
-        };
-        if let Some(t) = cached {
+        let area = pin
+            .area
+            .ok_or_else(|| FsError::Io(format!("inode {} has no lock memory though it is open", ino.0)))?;
+        if let Some(t) = pin.table {
             return Ok(Some((area, t)));
         }
         let head = ep.read_u64(area.table_head())?;
@@ -148,9 +141,7 @@ impl FsClient {
             None if create => RpcGrowth { shared: &self.shared, ino }.grow(None)?,
             None => return Ok(None),
         };
-        if let Some(l) = self.layouts.read().get(&ino) {
-            l.write().lock_table = Some(first);
-        }
+        pin.set_table(first);
         Ok(Some((area, first)))
     }
 
@@ -178,8 +169,11 @@ impl FsClient {
     /// set), or `None`.
     pub fn getlk(&self, call: &LockCall) -> Result<Option<LockRecord>, FsError> {
         let mode = call.mode.ok_or_else(|| FsError::Invalid("F_GETLK of F_UNLCK".into()))?;
+        let pin = self.pin(call.ino)?;
         self.with_endpoints(|eps| {
-            let Some((area, table)) = self.lock_table(&eps.meta, call.ino, false)? else { return Ok(None) };
+            let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, false)? else {
+                return Ok(None);
+            };
             let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
             let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
             locks.get(self.owner_key(call.owner), call.flavor, mode, call.range)
@@ -189,11 +183,12 @@ impl FsClient {
     /// `F_SETLK`, `LOCK_NB`, unlock: never waits; a conflict is
     /// [`FsError::WouldBlock`].
     pub fn setlk(&self, call: &LockCall) -> Result<(), FsError> {
+        let pin = self.pin(call.ino)?;
         if call.mode.is_some() {
             self.may_hold.lock().insert(Self::hold_key(call));
         }
         self.with_endpoints(|eps| {
-            let Some((area, table)) = self.lock_table(&eps.meta, call.ino, call.mode.is_some())? else {
+            let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, call.mode.is_some())? else {
                 return Ok(()); // unlocking where nothing was ever locked
             };
             let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
@@ -216,12 +211,18 @@ impl FsClient {
         let Some(waiters) = self.waiters.as_ref() else {
             return done(Err(FsError::Io("no lock waiter".into())));
         };
+        // Held until the wait is handed to the waiter thread, so the file's
+        // last release (which cancels its waits first) waits for it.
+        let pin = match self.pin(call.ino) {
+            Ok(p) => p,
+            Err(e) => return done(Err(e)),
+        };
         if call.mode.is_some() {
             self.may_hold.lock().insert(Self::hold_key(call));
         }
         let req = self.request(call);
         let attempt = self.with_endpoints(|eps| {
-            let Some((area, table)) = self.lock_table(&eps.meta, call.ino, true)? else {
+            let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, true)? else {
                 return Err(FsError::Io("no lock table after creating it".into()));
             };
             let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
@@ -237,6 +238,7 @@ impl FsClient {
             Ok((Outcome::Refused(_), _, _)) => done(Err(FsError::WouldBlock)),
             Err(e) => done(Err(e)),
         }
+        drop(pin);
     }
 
     /// Releases every POSIX lock `owner` holds on `ino` (any close of the
@@ -262,8 +264,9 @@ impl FsClient {
     }
 
     fn release_matching(&self, ino: Ino, matches: impl Fn(&LockRecord) -> bool) -> Result<(), FsError> {
+        let pin = self.pin(ino)?;
         self.with_endpoints(|eps| {
-            let Some((area, table)) = self.lock_table(&eps.meta, ino, false)? else { return Ok(()) };
+            let Some((area, table)) = self.lock_table(&eps.meta, &pin, ino, false)? else { return Ok(()) };
             let growth = RpcGrowth { shared: &self.shared, ino };
             let locks = self.file_locks(&eps.meta, ino, area, table, &growth);
             locks.release_matching(|r| r.state == crate::locks::record::RecordState::Held && matches(r))?;
@@ -272,10 +275,17 @@ impl FsClient {
     }
 
     /// Every lock record of `ino` (held and waiting), read without a range
-    /// lock: a snapshot for `citronfs locks`.
+    /// lock: a snapshot for `citronfs locks`. A file not open here is opened
+    /// for the call (its lock memory exists only while it is open).
     pub fn lock_records(&self, ino: Ino) -> Result<Vec<LockRecord>, FsError> {
+        self.while_open(ino, |pin| self.lock_records_pinned(pin, ino))
+    }
+
+    fn lock_records_pinned(&self, pin: &Pinned, ino: Ino) -> Result<Vec<LockRecord>, FsError> {
         self.with_endpoints(|eps| {
-            let Some((_, table)) = self.lock_table(&eps.meta, ino, false)? else { return Ok(Vec::new()) };
+            let Some((_, table)) = self.lock_table(&eps.meta, pin, ino, false)? else {
+                return Ok(Vec::new());
+            };
             // A torn slot is being changed right now; read again a few
             // times for a clean picture.
             let mut snapshot = crate::locks::table::read(&eps.meta, table)?;

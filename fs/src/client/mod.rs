@@ -13,10 +13,17 @@
 //!   slot (size CAS when the file grows, mtime store).
 //!
 //! A layout is refetched when the slot's epoch differs from the cached one
-//! (the meta-server bumps it whenever chunks are freed).
+//! (the meta-server bumps it whenever extents are freed). A chunk's extent
+//! may hold only the chunk's first bytes (`ChunkLoc::capacity`, DESIGN.md
+//! §5): reads past it are zeros, and a write past it asks the meta-server
+//! to move the chunk to a bigger extent under the inode mutex exclusive
+//! ([`io`]).
+//!
+//! Lock addresses are used only while the file is open here ([`opens`]).
 
 mod io;
 mod locks;
+mod opens;
 
 pub use io::WriteMode;
 pub use locks::LockCall;
@@ -51,6 +58,10 @@ pub struct Opened {
     /// file was opened.
     pub created: bool,
 }
+
+/// How long a last release waits for the calls that use the file's lock
+/// memory (they are bounded by the locks' own give-up times).
+const RELEASE_WAIT: Duration = Duration::from_secs(60);
 
 /// How a client reaches server memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,9 +153,6 @@ struct CachedLayout {
     epoch: u64,
     allocs: u64,
     chunks: HashMap<ChunkIndex, ChunkLoc>,
-    locks: Option<LockArea>,
-    /// The first block of the lock-record table, once it exists.
-    lock_table: Option<citron_lock::rdma::RemoteAddr>,
 }
 
 /// A regular file's attribute slot as one read saw it (see [`AttrSlot`]).
@@ -169,6 +177,8 @@ struct Shared {
     stop: AtomicBool,
     lease: Duration,
     hostname: String,
+    /// The files open here and the lock memory lent with them.
+    opens: opens::OpenFiles,
 }
 
 impl Shared {
@@ -271,6 +281,7 @@ impl FsClient {
             stop: AtomicBool::new(false),
             lease: Duration::from_millis(lease_ms),
             hostname,
+            opens: opens::OpenFiles::default(),
         });
         // Timing of the lock algorithms comes from this fabric's RTT.
         let probe = meta_node.endpoint()?;
@@ -316,6 +327,19 @@ impl FsClient {
     /// in time): every lock and I/O call fails with EIO.
     pub fn is_fenced(&self) -> bool {
         self.shared.fenced()
+    }
+
+    /// The meta-server's RPC address.
+    pub fn meta_addr(&self) -> SocketAddr {
+        self.shared.rpc.server()
+    }
+
+    /// What `citronfs status` shows.
+    pub fn status(&self) -> Result<crate::status::ClusterStatus, FsError> {
+        match self.call(&MetaRequest::Status)? {
+            MetaResponse::Status(s) => Ok(*s),
+            other => Err(unexpected(other)),
+        }
     }
 
     pub fn client_id(&self) -> ClientId {
@@ -485,15 +509,19 @@ impl FsClient {
     // ---- data ----
 
     /// Opens a regular file for I/O (counted by the meta-server until
-    /// [`FsClient::release`]).
+    /// [`FsClient::release`]); the answer lends the file's lock memory.
     pub fn open(&self, ino: Ino) -> Result<(), FsError> {
-        match self.call(&MetaRequest::Open { client: self.client_id(), ino })? {
-            MetaResponse::Layout(l) => {
-                self.install_layout(l);
-                Ok(())
+        self.shared.opens.with_entry(ino, |e| {
+            let registration = self.registration();
+            match self.call(&MetaRequest::Open { client: self.client_id(), ino })? {
+                MetaResponse::Layout(l) => {
+                    self.count_open(e, registration, &l);
+                    self.install_layout(l);
+                    Ok(())
+                }
+                other => Err(unexpected(other)),
             }
-            other => Err(unexpected(other)),
-        }
+        })
     }
 
     /// Creates a regular file and opens it for I/O, in one round trip;
@@ -527,6 +555,7 @@ impl FsClient {
         exclusive: bool,
     ) -> Result<Opened, FsError> {
         let client = self.client_id();
+        let registration = self.registration();
         let request =
             MetaRequest::CreateOpen { caller, client, parent, name: name.to_vec(), perm, exclusive };
         let (attr, layout, created) = match self.call(&request)? {
@@ -534,12 +563,65 @@ impl FsClient {
             MetaResponse::OpenedExisting(attr, layout) => (attr, layout, false),
             other => return Err(unexpected(other)),
         };
+        self.shared.opens.with_entry(attr.ino, |e| self.count_open(e, registration, &layout));
         self.install_layout(layout);
         Ok(Opened { attr, created })
     }
 
+    /// Records an open the meta-server counted, and the lock memory it lent.
+    fn count_open(&self, e: &mut opens::OpenFile, registration: u64, l: &FileLayout) {
+        if e.registration != registration {
+            // Opens of an older registration died with it.
+            e.reset(false);
+        }
+        e.registration = registration;
+        e.count += 1;
+        let area = l.locks.map(|a| self.reachable_area(a));
+        if e.area != area {
+            e.table = None;
+        }
+        e.area = area;
+    }
+
+    /// Ends one open of `ino`. The last one here first stops every use of
+    /// the file's lock memory ([`opens`]): its blocked lock requests are
+    /// cancelled and its addresses forgotten before the meta-server, which
+    /// may then reuse the memory, hears of the release.
     pub fn release(&self, ino: Ino) -> Result<(), FsError> {
+        let current = self.registration();
+        let Some(entry) = self.shared.opens.get(ino) else {
+            return self.call_done(&MetaRequest::Release { client: self.client_id(), ino });
+        };
+        let mut e = entry.lock();
+        if e.closed || e.registration != current {
+            // The meta-server dropped it with an older registration.
+            return Ok(());
+        }
+        if e.count > 1 {
+            e.count -= 1;
+            drop(e);
+            return self.call_done(&MetaRequest::Release { client: self.client_id(), ino });
+        }
+        // Calls still using the addresses end first (a lock request of a
+        // process the kernel abandoned may be running on another worker),
+        // then the waits they may have handed to the waiter thread go.
+        if !entry.wait_unpinned(&mut e, RELEASE_WAIT) {
+            log::error!("inode {}: calls still use its lock memory after {RELEASE_WAIT:?}", ino.0);
+        }
+        if let Some(w) = self.waiters.as_ref() {
+            w.cancel_file(ino);
+        }
+        e.reset(true);
+        self.shared.opens.forget(ino, &entry);
+        self.layouts.write().remove(&ino);
+        // Still holding the entry: an open of the file by another thread
+        // reaches the meta-server after this release.
         self.call_done(&MetaRequest::Release { client: self.client_id(), ino })
+    }
+
+    /// Files open on this client (each counted once).
+    pub fn open_files(&self) -> usize {
+        self.shared.opens.len()
     }
 
     /// Caches a layout fetched from the meta-server, never going back in
@@ -553,13 +635,11 @@ impl FsClient {
         let mut layouts = self.layouts.write();
         let mut chunks: HashMap<ChunkIndex, ChunkLoc> = l.chunks.into_iter().collect();
         let mut allocs = l.allocs;
-        let mut lock_table = None;
         if let Some(old) = layouts.get(&l.ino) {
             let o = old.read();
             if o.epoch > l.epoch {
                 return old.clone();
             }
-            lock_table = o.lock_table;
             if o.epoch == l.epoch {
                 for (c, loc) in &o.chunks {
                     chunks.entry(*c).or_insert(*loc);
@@ -567,15 +647,11 @@ impl FsClient {
                 allocs = allocs.max(o.allocs);
             }
         }
-        let cached = Arc::new(RwLock::new(CachedLayout {
-            slot: l.slot,
-            epoch: l.epoch,
-            allocs,
-            chunks,
-            locks: l.locks.map(|a| self.reachable_area(a)),
-            lock_table,
-        }));
-        layouts.insert(l.ino, cached.clone());
+        let cached = Arc::new(RwLock::new(CachedLayout { slot: l.slot, epoch: l.epoch, allocs, chunks }));
+        // Only open files' layouts are kept (the last release drops one).
+        if self.shared.opens.get(l.ino).is_some() {
+            layouts.insert(l.ino, cached.clone());
+        }
         cached
     }
 
@@ -722,7 +798,8 @@ impl FsClient {
     }
 
     /// Reads bytes `offset..end` (within the size) with one batch per data
-    /// server; holes read as zeros. The caller holds the locks.
+    /// server; holes, and the part of a chunk past its extent, read as
+    /// zeros. The caller holds the locks.
     fn read_data(
         &self,
         eps: &mut Endpoints,
@@ -730,39 +807,40 @@ impl FsClient {
         offset: u64,
         end: u64,
     ) -> Result<Vec<u8>, FsError> {
+        let mut buf = vec![0u8; (end - offset) as usize];
+        let pieces: Vec<_> = self.geometry.split(offset, end - offset).collect();
+        let mut verbs = Vec::new();
         {
-            let mut buf = vec![0u8; (end - offset) as usize];
-            let mut verbs = Vec::new();
-            {
-                let l = layout.read();
-                for (i, p) in self.geometry.split(offset, end - offset).enumerate() {
-                    if let Some(loc) = l.chunks.get(&p.chunk) {
-                        verbs.push((
-                            loc.server,
-                            Verb::Read { addr: loc.addr + p.offset_in_chunk, len: p.len as u32 },
-                            i,
-                        ));
-                    }
+            let l = layout.read();
+            for (i, p) in pieces.iter().enumerate() {
+                let Some(loc) = l.chunks.get(&p.chunk) else { continue };
+                let len = (p.offset_in_chunk + p.len).min(loc.capacity).saturating_sub(p.offset_in_chunk);
+                if len > 0 {
+                    let verb = Verb::Read { addr: loc.addr + p.offset_in_chunk, len: len as u32 };
+                    verbs.push((loc.server, verb, i));
                 }
             }
-            let pieces: Vec<_> = self.geometry.split(offset, end - offset).collect();
-            let replies = self.execute_grouped(eps, verbs)?;
-            for (i, reply) in replies {
-                let p = pieces[i];
-                match reply {
-                    VerbReply::Data(d) if d.len() as u64 == p.len => {
-                        buf[p.buf_offset as usize..(p.buf_offset + p.len) as usize].copy_from_slice(&d)
-                    }
-                    other => return Err(FsError::Io(format!("unexpected read reply {other:?}"))),
-                }
-            }
-            Ok(buf)
         }
+        for (i, reply) in self.execute_grouped(eps, verbs)? {
+            let p = pieces[i];
+            match reply {
+                VerbReply::Data(d) if d.len() as u64 <= p.len => {
+                    let at = p.buf_offset as usize;
+                    buf[at..at + d.len()].copy_from_slice(&d)
+                }
+                other => return Err(FsError::Io(format!("unexpected read reply {other:?}"))),
+            }
+        }
+        Ok(buf)
     }
 
-    /// Writes `data` at `offset` into the chunks (allocating missing ones)
-    /// with one batch per data server. The caller holds the locks and
-    /// publishes the size and mtime.
+    /// Writes `data` at `offset` into the chunks' extents with one batch per
+    /// data server, first giving chunks without one an extent. A chunk whose
+    /// extent is too small for the write must move to a bigger one, which
+    /// needs the inode mutex exclusive: with `may_grow` (the caller holds
+    /// it) the meta-server moves it here; without, nothing is written and
+    /// the answer is [`Written::NeedsGrowth`]. The caller holds the locks
+    /// and publishes the size and mtime.
     fn write_data(
         &self,
         eps: &mut Endpoints,
@@ -770,49 +848,71 @@ impl FsClient {
         mut layout: Arc<RwLock<CachedLayout>>,
         offset: u64,
         data: &[u8],
-    ) -> Result<Arc<RwLock<CachedLayout>>, FsError> {
+        may_grow: bool,
+    ) -> Result<Written, FsError> {
         let pieces: Vec<_> = self.geometry.split(offset, data.len() as u64).collect();
-        let missing: Vec<ChunkIndex> = {
+        let needs: Vec<(ChunkIndex, u64)> =
+            pieces.iter().map(|p| (p.chunk, p.offset_in_chunk + p.len)).collect();
+        let asks: Vec<(ChunkIndex, u64)> = {
             let l = layout.read();
-            pieces.iter().map(|p| p.chunk).filter(|c| !l.chunks.contains_key(c)).collect()
+            needs
+                .iter()
+                .copied()
+                .filter(|(c, end)| match l.chunks.get(c) {
+                    None => true,
+                    Some(loc) => may_grow && loc.capacity < *end,
+                })
+                .collect()
         };
-        // The chunks this write allocated. Another thread of this client may
-        // install a layout fetched before our allocation meanwhile (it saw
-        // the allocation generation move), so they are not looked up in the
-        // cache alone.
-        let mut allocated: HashMap<ChunkIndex, ChunkLoc> = HashMap::new();
-        if !missing.is_empty() {
-            match self.call(&MetaRequest::AllocChunks { ino, chunks: missing })? {
+        // The extents this write was given. Another thread of this client
+        // may install a layout fetched before our allocation meanwhile (it
+        // saw the allocation generation move), so they are not looked up
+        // in the cache alone.
+        let mut given: HashMap<ChunkIndex, ChunkLoc> = HashMap::new();
+        if !asks.is_empty() {
+            let request = if may_grow {
+                MetaRequest::GrowExtents { ino, chunks: asks }
+            } else {
+                MetaRequest::AllocChunks { ino, chunks: asks }
+            };
+            match self.call(&request)? {
                 MetaResponse::Chunks(locs) => {
                     layout.write().chunks.extend(locs.iter().copied());
-                    allocated.extend(locs);
+                    given.extend(locs);
                 }
                 other => return Err(unexpected(other)),
             }
             layout = self.layout(ino)?;
         }
-        let verbs: Vec<_> = {
+        let mut verbs = Vec::with_capacity(pieces.len());
+        let mut too_small = Vec::new();
+        {
             let l = layout.read();
-            pieces
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let loc = l
-                        .chunks
-                        .get(&p.chunk)
-                        .or_else(|| allocated.get(&p.chunk))
-                        .ok_or_else(|| FsError::Io("chunk vanished".into()))?;
-                    let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                    Ok((
-                        loc.server,
-                        Verb::Write { addr: loc.addr + p.offset_in_chunk, data: bytes.to_vec() },
-                        i,
-                    ))
-                })
-                .collect::<Result<_, FsError>>()?
-        };
+            for (i, (p, &(chunk, end))) in pieces.iter().zip(&needs).enumerate() {
+                let loc = given
+                    .get(&chunk)
+                    .or_else(|| l.chunks.get(&chunk))
+                    .ok_or_else(|| FsError::Io("chunk vanished".into()))?;
+                if loc.capacity < end {
+                    too_small.push((chunk, end));
+                    continue;
+                }
+                let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+                verbs.push((
+                    loc.server,
+                    Verb::Write { addr: loc.addr + p.offset_in_chunk, data: bytes.to_vec() },
+                    i,
+                ));
+            }
+        }
+        if !too_small.is_empty() {
+            if may_grow {
+                return Err(FsError::Io(format!("inode {}: extents did not grow for {too_small:?}", ino.0)));
+            }
+            return Ok(Written::NeedsGrowth);
+        }
         self.execute_grouped(eps, verbs)?;
-        Ok(layout)
+        Ok(Written::Done(layout))
     }
 
     /// Calls this client has made to the RPC range lock server
@@ -835,6 +935,14 @@ impl FsClient {
         }
         c
     }
+}
+
+/// What [`FsClient::write_data`] did.
+enum Written {
+    Done(Arc<RwLock<CachedLayout>>),
+    /// Nothing: a chunk's extent is too small and must move to a bigger one
+    /// under the inode mutex exclusive.
+    NeedsGrowth,
 }
 
 fn heartbeat_loop(shared: &Shared) {
@@ -860,7 +968,8 @@ fn heartbeat_loop(shared: &Shared) {
                 });
                 if let Ok(MetaResponse::Registered(info)) = again {
                     shared.client.store(info.client.0, Ordering::Relaxed);
-                    shared.registration.fetch_add(1, Ordering::Relaxed);
+                    let now = shared.registration.fetch_add(1, Ordering::Relaxed) + 1;
+                    shared.opens.drop_older_than(now);
                     *shared.renewed.lock() = sent;
                     shared.fenced.store(false, Ordering::Relaxed);
                     log::warn!("re-registered as client {}", info.client.0);

@@ -1,6 +1,7 @@
 //! A file's lock memory on the lock server (DESIGN.md §4): allocated by the
-//! meta-server at the file's first open, freed with the inode, and reached
-//! by clients with one-sided verbs only.
+//! meta-server when the file is opened and has none, freed when it is closed
+//! everywhere and holds no lock record, and reached by clients with
+//! one-sided verbs only, while they have the file open.
 //!
 //! | offset | bytes | what |
 //! |---|---|---|

@@ -52,7 +52,9 @@ use crate::types::ClientId;
 pub const SLOT_BYTES: u64 = 64;
 pub const SLOT_WORDS: usize = 8;
 pub const BLOCK_HEADER_BYTES: u64 = 64;
-pub const SLOTS_PER_BLOCK: u32 = 32;
+/// 31 slots and the header make a block of exactly 2 KiB, which the
+/// meta-server's power-of-two lock-memory allocator holds without waste.
+pub const SLOTS_PER_BLOCK: u32 = 31;
 /// Bytes of one table block.
 pub const BLOCK_BYTES: u64 = BLOCK_HEADER_BYTES + SLOT_BYTES * SLOTS_PER_BLOCK as u64;
 /// "CLKT" in the header's high half: a block is recognisable in a dump.

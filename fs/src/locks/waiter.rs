@@ -12,6 +12,14 @@
 //! (the mount watches the caller's pending signals), withdrawing and
 //! answering `EINTR` for those that were interrupted.
 //!
+//! A pending request holds its file's table address, which is valid only
+//! while the file is open on this client: before the client's last release
+//! of a file, [`Waiters::cancel_file`] withdraws the file's requests (a
+//! caller the kernel abandoned, e.g. SIGKILLed while it waited) and waits
+//! until that is done. A request of an older registration of the client
+//! (its lease was lost, the meta-server removed its records) is answered
+//! EIO without touching lock memory.
+//!
 //! A completion is called exactly once: granted, failed, interrupted, or
 //! shut down.
 
@@ -63,10 +71,21 @@ pub trait WaiterContext: Send + Sync + 'static {
     fn growth(&self, ino: Ino) -> Box<dyn TableGrowth + '_>;
 }
 
+/// What the client hands its waiter thread.
+enum Handoff {
+    Wait(Box<Pending>),
+    /// Withdraw every request on this file, then answer on the channel.
+    Cancel(Ino, Sender<()>),
+}
+
+/// How long the last release of a file waits for its waits to be withdrawn
+/// (the waiter thread may be in the middle of one retry).
+const CANCEL_WAIT: Duration = Duration::from_secs(30);
+
 /// The client's side of its waiter thread.
 pub struct Waiters {
     mailbox: ClientAddr,
-    handoff: Sender<Pending>,
+    handoff: Sender<Handoff>,
     stop: Arc<AtomicBool>,
     thread: parking_lot::Mutex<Option<JoinHandle<()>>>,
 }
@@ -93,9 +112,24 @@ impl Waiters {
 
     /// Hands a registered request to the thread.
     pub fn wait(&self, pending: Pending) {
-        if let Err(e) = self.handoff.send(pending) {
+        if let Err(e) = self.handoff.send(Handoff::Wait(Box::new(pending))) {
             // The thread is gone (shutting down): answer now.
-            (e.0.done)(Err(FsError::Io("the lock waiter has stopped".into())));
+            if let Handoff::Wait(p) = e.0 {
+                (p.done)(Err(FsError::Io("the lock waiter has stopped".into())));
+            }
+        }
+    }
+
+    /// Withdraws every request waiting on `ino` (answered
+    /// [`FsError::Interrupted`]) and returns once they are withdrawn: after
+    /// this the thread holds no address of the file's lock memory.
+    pub fn cancel_file(&self, ino: Ino) {
+        let (ack, acked) = crossbeam_channel::bounded(1);
+        if self.handoff.send(Handoff::Cancel(ino, ack)).is_err() {
+            return; // stopped: it holds nothing
+        }
+        if acked.recv_timeout(CANCEL_WAIT).is_err() {
+            log::error!("the lock waiter did not withdraw the waits on inode {} in {CANCEL_WAIT:?}", ino.0);
         }
     }
 }
@@ -121,7 +155,7 @@ impl Drop for Waiters {
 struct WaiterThread {
     ep: Endpoint,
     context: Arc<dyn WaiterContext>,
-    incoming: Receiver<Pending>,
+    incoming: Receiver<Handoff>,
     pending: Vec<Pending>,
     stop: Arc<AtomicBool>,
 }
@@ -132,9 +166,11 @@ impl WaiterThread {
         while !self.stop.load(Ordering::Relaxed) {
             let mut dirty: HashSet<Ino> = HashSet::new();
             let mut fresh = Vec::new();
+            let mut cancels = Vec::new();
             select! {
-                recv(self.incoming) -> p => match p {
-                    Ok(p) => fresh.push(p),
+                recv(self.incoming) -> h => match h {
+                    Ok(Handoff::Wait(p)) => fresh.push(*p),
+                    Ok(Handoff::Cancel(ino, ack)) => cancels.push((ino, ack)),
                     Err(_) => break,
                 },
                 recv(self.ep.inbox()) -> m => if let Ok(m) = m {
@@ -147,7 +183,25 @@ impl WaiterThread {
                 default(WATCH_EVERY) => {},
             }
             // Take whatever else is queued without waiting.
-            fresh.extend(self.incoming.try_iter());
+            for h in self.incoming.try_iter() {
+                match h {
+                    Handoff::Wait(p) => fresh.push(*p),
+                    Handoff::Cancel(ino, ack) => cancels.push((ino, ack)),
+                }
+            }
+            if !cancels.is_empty() {
+                let all: Vec<Pending> = self.pending.drain(..).chain(fresh.drain(..)).collect();
+                for p in all {
+                    if cancels.iter().any(|(ino, _)| *ino == p.ino) {
+                        self.interrupt(p);
+                    } else {
+                        self.pending.push(p);
+                    }
+                }
+                for (_, ack) in cancels {
+                    let _ = ack.send(());
+                }
+            }
             while let Ok(m) = self.ep.inbox().try_recv() {
                 self.ep.count_received();
                 if let Ok(LockMessage::Wake { ino }) = LockMessage::decode(&m.payload) {
@@ -165,7 +219,12 @@ impl WaiterThread {
             let all: Vec<Pending> = self.pending.drain(..).chain(fresh).collect();
             for p in all {
                 // `Some` keeps the request waiting.
-                let still_waiting = if (p.interrupted)() {
+                let still_waiting = if p.req.owner.client != self.context.client() {
+                    // The client lost its lease since: the meta-server has
+                    // removed this wait, and the file may be another's now.
+                    (p.done)(Err(FsError::Io("lease lost while waiting for a lock".into())));
+                    None
+                } else if (p.interrupted)() {
                     self.interrupt(p);
                     None
                 } else if sweep || dirty.contains(&p.ino) {
@@ -177,9 +236,15 @@ impl WaiterThread {
             }
             self.pending = kept;
         }
-        let queued: Vec<Pending> = self.incoming.try_iter().collect();
-        for p in self.pending.drain(..).chain(queued) {
+        for p in self.pending.drain(..) {
             (p.done)(Err(FsError::Io("the mount is shutting down".into())));
+        }
+        // Requests and cancellations still queued: nothing is held any more.
+        for h in self.incoming.try_iter() {
+            match h {
+                Handoff::Wait(p) => (p.done)(Err(FsError::Io("the mount is shutting down".into()))),
+                Handoff::Cancel(_, ack) => drop(ack.send(())),
+            }
         }
     }
 
@@ -233,6 +298,10 @@ impl WaiterThread {
     }
 
     fn interrupt(&self, p: Pending) {
+        if p.req.owner.client != self.context.client() {
+            (p.done)(Err(FsError::Interrupted));
+            return;
+        }
         let timing = self.context.timing();
         let growth = self.context.growth(p.ino);
         let locks = self.locks(&p, &timing, &*growth);

@@ -902,20 +902,6 @@ pub fn run(args: FcntlArgs) -> Result<()> {
             ]);
         }
         table.print();
-        if args.sqlite_journal == sqlite::JournalMode::Delete {
-            // The meta-server quarantines a freed chunk for the lease before
-            // reusing it; a deleted journal frees one chunk per transaction.
-            let defaults = MetaServerConfig::new("127.0.0.1:0".parse()?);
-            let chunks = args.capacity.0 / defaults.chunk_size;
-            let lease = defaults.lease.as_secs_f64();
-            println!(
-                "note: each transaction's journal takes a chunk that stays quarantined for the lease ({lease}s) \
-                 after the delete, so a sustained run is bounded by {chunks} chunks / {lease}s = {:.0} tx/s; \
-                 this run used {} of the {chunks} chunks",
-                chunks as f64 / lease,
-                u64::from(args.sqlite_tx) * PROCESSES as u64
-            );
-        }
         let path = args.out.join("fcntl-sqlite.csv");
         table.write_csv(&path)?;
         written.push(path);

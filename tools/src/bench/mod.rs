@@ -6,6 +6,7 @@ pub mod fcntl;
 pub mod io;
 pub mod locks;
 pub mod ranges;
+pub mod space;
 pub mod verbs;
 
 use clap::Subcommand;
@@ -37,6 +38,9 @@ pub enum BenchCommand {
     /// One lock-taking process of `bench fcntl` (started by it).
     #[command(hide = true)]
     FcntlWorker(fcntl::FcntlWorkerArgs),
+    /// Files per GiB by file size, small-file create rate, and a million
+    /// files opened and closed one after another (lock memory peak and end).
+    Space(space::SpaceArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -50,5 +54,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::CitronScale(a) => citron_scale::run(a),
         BenchCommand::Fcntl(a) => fcntl::run(a),
         BenchCommand::FcntlWorker(a) => fcntl::worker::worker(a),
+        BenchCommand::Space(a) => space::run(a),
     }
 }

@@ -1,0 +1,206 @@
+//! The files this client has open, and the lock memory each open lends it
+//! (DESIGN.md §4, "lock memory follows use").
+//!
+//! The meta-server hands a file's lock addresses (its [`LockArea`], and the
+//! first block of its record table once it exists) only in the answer of an
+//! open, and reuses that memory for another file as soon as the file is
+//! closed on every client and holds no lock record. So this client uses the
+//! addresses only while it has the file open, and gives them up before its
+//! last release of the file reaches the meta-server:
+//! * they live here, with the count of this client's opens of the file and
+//!   the registration they were made under; a read, write, truncate or lock
+//!   call pins the entry for as long as it uses them ([`Pinned`]), and one
+//!   on a file not open here is refused;
+//! * the last release waits until no call has the entry pinned (FUSE sends
+//!   a release after the handle's I/O, but a lock request of a process the
+//!   kernel abandoned may still be running on another worker), forgets the
+//!   addresses, cancels the file's blocked lock requests (the waiter thread
+//!   holds a table address) and drops the cached layout, all before it sends
+//!   `Release` — holding the entry, so an open of the same file on another
+//!   thread waits until the meta-server has seen the release;
+//! * after a lost lease the meta-server forgot this client's opens: entries
+//!   of an older registration answer EIO and are dropped when the client
+//!   registers again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use citron_lock::rdma::RemoteAddr;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::error::FsError;
+use crate::locks::LockArea;
+use crate::types::Ino;
+
+/// This client's opens of one file.
+#[derive(Debug, Default)]
+pub(super) struct OpenFile {
+    /// Opens the meta-server has counted for this client.
+    pub count: u32,
+    /// The client registration they belong to.
+    pub registration: u64,
+    /// The file's lock memory, lent by the meta-server for as long as the
+    /// file is open here.
+    pub area: Option<LockArea>,
+    /// The first block of its lock-record table, once seen.
+    pub table: Option<RemoteAddr>,
+    /// Calls using the addresses now ([`Pinned`]).
+    pub users: u32,
+    /// Set when the last open went: the entry is out of the map, and a
+    /// thread that was waiting for it takes a fresh one.
+    pub closed: bool,
+}
+
+impl OpenFile {
+    /// Forgets the opens and the addresses (calls that still have them
+    /// pinned keep their count).
+    pub fn reset(&mut self, closed: bool) {
+        *self = OpenFile { users: self.users, closed, ..OpenFile::default() };
+    }
+}
+
+/// One file's entry: its state, and a condition the last release waits on
+/// for the calls that use its addresses to end.
+#[derive(Debug, Default)]
+pub(super) struct Entry {
+    state: Mutex<OpenFile>,
+    unpinned: Condvar,
+}
+
+impl Entry {
+    pub fn lock(&self) -> MutexGuard<'_, OpenFile> {
+        self.state.lock()
+    }
+
+    /// Waits (up to `limit`) until no call has the entry pinned; `false` if
+    /// some still do.
+    pub fn wait_unpinned(&self, e: &mut MutexGuard<'_, OpenFile>, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while e.users > 0 {
+            if self.unpinned.wait_until(e, deadline).timed_out() {
+                return e.users == 0;
+            }
+        }
+        true
+    }
+}
+
+pub(super) type OpenEntry = Arc<Entry>;
+
+/// The lock addresses of an open file, held for one call: the file's last
+/// release waits until they are dropped.
+pub(super) struct Pinned {
+    entry: OpenEntry,
+    pub area: Option<LockArea>,
+    pub table: Option<RemoteAddr>,
+}
+
+impl Pinned {
+    /// Remembers the first block of the file's table, if the entry still
+    /// lends the same area.
+    pub fn set_table(&self, table: RemoteAddr) {
+        let mut e = self.entry.lock();
+        if e.area == self.area && !e.closed {
+            e.table = Some(table);
+        }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let mut e = self.entry.lock();
+        e.users -= 1;
+        if e.users == 0 {
+            self.entry.unpinned.notify_all();
+        }
+    }
+}
+/// The open files of a client.
+#[derive(Default)]
+pub(super) struct OpenFiles {
+    map: Mutex<HashMap<Ino, OpenEntry>>,
+}
+
+impl OpenFiles {
+    /// Runs `f` on the entry of `ino` (a fresh one if the file is not open
+    /// here), holding it; an entry left with no open goes away.
+    pub fn with_entry<R>(&self, ino: Ino, mut f: impl FnMut(&mut OpenFile) -> R) -> R {
+        loop {
+            let entry = self.map.lock().entry(ino).or_default().clone();
+            let mut e = entry.lock();
+            if e.closed {
+                continue;
+            }
+            let r = f(&mut e);
+            if e.count == 0 {
+                e.closed = true;
+                self.forget(ino, &entry);
+            }
+            return r;
+        }
+    }
+
+    /// The entry of `ino`, if the file is open here.
+    pub fn get(&self, ino: Ino) -> Option<OpenEntry> {
+        self.map.lock().get(&ino).cloned()
+    }
+
+    /// The lock addresses of `ino`, pinned for one call; an error if the
+    /// file is not open here, or was opened by an older registration.
+    pub fn pin(&self, ino: Ino, registration: u64) -> Result<Pinned, FsError> {
+        let entry = self.get(ino).ok_or_else(|| not_open(ino))?;
+        let (area, table) = {
+            let mut e = entry.lock();
+            let area = area_of(&e, ino, registration)?;
+            e.users += 1;
+            (area, e.table)
+        };
+        Ok(Pinned { entry, area, table })
+    }
+
+    /// Removes `entry` from the map if it is still the one for `ino`.
+    pub fn forget(&self, ino: Ino, entry: &OpenEntry) {
+        let mut map = self.map.lock();
+        if map.get(&ino).is_some_and(|e| Arc::ptr_eq(e, entry)) {
+            map.remove(&ino);
+        }
+    }
+
+    /// Forgets every open of a registration older than `current` (the
+    /// meta-server dropped them when it fenced this client).
+    pub fn drop_older_than(&self, current: u64) {
+        let entries: Vec<(Ino, OpenEntry)> = self.map.lock().iter().map(|(i, e)| (*i, e.clone())).collect();
+        for (ino, entry) in entries {
+            let mut e = entry.lock();
+            if e.registration < current && !e.closed {
+                e.reset(true);
+                self.forget(ino, &entry);
+            }
+        }
+    }
+
+    /// Files open here.
+    pub fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+}
+
+/// The lock area of an open entry, checked against the client's current
+/// registration.
+fn area_of(e: &OpenFile, ino: Ino, registration: u64) -> Result<Option<LockArea>, FsError> {
+    if e.closed || e.count == 0 {
+        return Err(not_open(ino));
+    }
+    if e.registration != registration {
+        return Err(FsError::Io(format!(
+            "inode {} was opened before this client lost its lease; open it again",
+            ino.0
+        )));
+    }
+    Ok(e.area)
+}
+
+pub(super) fn not_open(ino: Ino) -> FsError {
+    FsError::Invalid(format!("inode {} is not open on this client", ino.0))
+}
