@@ -472,7 +472,13 @@ fn mount_takes_half_of_ram_like_tmpfs_and_touches_only_what_is_written() {
     let ram = citronfs_meta_server::data_server::host_ram_bytes();
     let shm_free = citronfs_meta_server::data_server::shm_free_bytes().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(EXE).arg("mount").arg(dir.path()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = Command::new(EXE)
+        .arg("mount")
+        .arg(dir.path())
+        .arg("--foreground")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     assert!(lines.next().unwrap().unwrap().contains("mounted at"));
     let c = std::ffi::CString::new(dir.path().to_str().unwrap()).unwrap();
