@@ -161,7 +161,7 @@ pub struct FsClient {
     may_hold: Mutex<HashSet<locks::HoldKey>>,
 }
 
-fn answer(r: Result<MetaResponse, citron_lock::rdma::TransportError>) -> Result<MetaResponse, FsError> {
+fn answer(r: Result<MetaResponse, citron_lock::rdma::tcp::RpcError>) -> Result<MetaResponse, FsError> {
     match r? {
         MetaResponse::Failed(e) => Err(e),
         ok => Ok(ok),

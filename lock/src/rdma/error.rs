@@ -40,6 +40,18 @@ pub enum TransportError {
     No128BitAtomics,
 }
 
+impl From<citron_rpc::RpcError> for TransportError {
+    fn from(e: citron_rpc::RpcError) -> Self {
+        use citron_rpc::RpcError;
+        match e {
+            RpcError::Io(e) => TransportError::Io(e),
+            RpcError::Disconnected => TransportError::Disconnected,
+            RpcError::Timeout(t) => TransportError::Timeout(t),
+            RpcError::Protocol(p) => TransportError::Protocol(p),
+        }
+    }
+}
+
 /// The error of a single-verb convenience call: either the round trip failed
 /// or the host refused the verb.
 #[derive(Debug, thiserror::Error)]

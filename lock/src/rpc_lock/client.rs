@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{RecvTimeoutError, Sender};
 
 use super::{HolderId, RpcLockId, RpcLockRefusal, RpcLockRequest, RpcLockResponse};
-use crate::rdma::tcp::{MuxChannel, MuxClient, RpcClient};
+use crate::rdma::tcp::{MuxChannel, MuxClient, RpcClient, RpcError};
 use crate::rdma::{Endpoint, TransportError};
 use crate::rwlock::{LockError, Mode, RwLockClient};
 
@@ -269,7 +269,7 @@ impl RpcLockClient {
     ) -> Result<RpcLockResponse, TransportError> {
         self.stats.calls += 1;
         self.session.inner.count_call();
-        channel.call(request)
+        channel.call(request).map_err(TransportError::from)
     }
 
     /// Acquires in `mode`: one call, answered when the server grants it.
@@ -292,7 +292,7 @@ impl RpcLockClient {
             }
             Ok(RpcLockResponse::Refused(r)) => Err(LockError::Host(r.to_string())),
             Ok(other) => Err(LockError::Host(format!("unexpected reply to acquire: {other:?}"))),
-            Err(TransportError::Timeout(_)) => {
+            Err(RpcError::Timeout(_)) => {
                 drop(pending);
                 self.stats.timeouts += 1;
                 self.withdraw(&channel)?;

@@ -1,7 +1,8 @@
 //! Framed request/response over tcp, shared by every server of the project:
-//! the software NIC ([`super::host`]), the meta-server, lock-host services.
+//! the software NIC (`citron_lock::rdma::tcp::host`), the meta-server,
+//! lock-host services.
 //!
-//! Frames are those of [`super::wire`] with a bincode body. The server runs a
+//! Frames are those of [`crate::frame`] with a bincode body. The server runs a
 //! thread per connection, answers in arrival order, and flushes when no
 //! further request is already buffered (so a pipelined burst costs one write
 //! each way). A body that does not decode gets [`RpcService::malformed`]'s
@@ -22,12 +23,12 @@ use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::wire::{self, FrameError};
-use crate::rdma::codec;
-use crate::rdma::error::TransportError;
+use crate::codec;
+use crate::error::RpcError;
+use crate::frame::{self, FrameError};
 
 /// How long a thread busy-polls its socket before blocking in `read`
-/// (see [`wire::poll_readable`]).
+/// (see [`frame::poll_readable`]).
 pub const POLL_BUDGET: Duration = Duration::from_micros(50);
 
 /// What a server does with requests.
@@ -136,7 +137,7 @@ impl<S: RpcService> Drop for RpcServer<S> {
 }
 
 fn accept_loop<S: RpcService>(listener: TcpListener, shared: Arc<Shared<S>>, name: &str) {
-    wire::accept_connections(listener, &shared.stopping, name, |conn, stream| {
+    frame::accept_connections(listener, &shared.stopping, name, |conn, stream| {
         if let Ok(clone) = stream.try_clone() {
             shared.open.lock().insert(conn, clone);
         }
@@ -164,9 +165,9 @@ fn serve<S: RpcService>(stream: TcpStream, peer: SocketAddr, shared: &Shared<S>)
         if reader.buffer().is_empty() {
             // Keep the thread on the CPU briefly: a pipelining client's next
             // request usually follows at once.
-            wire::poll_readable(reader.get_ref(), POLL_BUDGET);
+            frame::poll_readable(reader.get_ref(), POLL_BUDGET);
         }
-        let seq = match wire::read_frame(&mut reader, &mut body) {
+        let seq = match frame::read_frame(&mut reader, &mut body) {
             Ok(seq) => seq,
             Err(FrameError::Closed) => return Ok(()),
             Err(FrameError::Io(e)) => return Err(e),
@@ -178,7 +179,7 @@ fn serve<S: RpcService>(stream: TcpStream, peer: SocketAddr, shared: &Shared<S>)
                     &mut out,
                     &shared.service.malformed(format!("impossible frame length {len}")),
                 );
-                wire::write_frame(&mut writer, 0, &out)?;
+                frame::write_frame(&mut writer, 0, &out)?;
                 writer.flush()?;
                 return Err(std::io::Error::other(format!("bad frame length {len}")));
             }
@@ -193,7 +194,7 @@ fn serve<S: RpcService>(stream: TcpStream, peer: SocketAddr, shared: &Shared<S>)
         };
         out.clear();
         codec::encode_into(&mut out, &response);
-        wire::write_frame(&mut writer, seq, &out)?;
+        frame::write_frame(&mut writer, seq, &out)?;
         if reader.buffer().is_empty() {
             writer.flush()?;
         }
@@ -242,7 +243,7 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         self.next_seq.load(Ordering::Relaxed) - 1
     }
 
-    fn connect(&self) -> Result<Conn, TransportError> {
+    fn connect(&self) -> Result<Conn, RpcError> {
         let stream = TcpStream::connect_timeout(&self.server, self.timeout)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(self.timeout))?;
@@ -255,7 +256,7 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
     }
 
     /// Sends `request` and waits for its answer.
-    pub fn call(&self, request: &Req) -> Result<Resp, TransportError> {
+    pub fn call(&self, request: &Req) -> Result<Resp, RpcError> {
         let pooled = self.idle.lock().pop();
         let mut conn = match pooled {
             Some(c) => c,
@@ -268,30 +269,28 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         result
     }
 
-    fn call_on(&self, conn: &mut Conn, request: &Req) -> Result<Resp, TransportError> {
+    fn call_on(&self, conn: &mut Conn, request: &Req) -> Result<Resp, RpcError> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        wire::write_frame(&mut conn.writer, seq, &codec::encode(request))?;
+        frame::write_frame(&mut conn.writer, seq, &codec::encode(request))?;
         conn.writer.flush()?;
         if conn.reader.buffer().is_empty() {
-            wire::poll_readable(conn.reader.get_ref(), POLL_BUDGET);
+            frame::poll_readable(conn.reader.get_ref(), POLL_BUDGET);
         }
-        let got = match wire::read_frame(&mut conn.reader, &mut conn.body) {
+        let got = match frame::read_frame(&mut conn.reader, &mut conn.body) {
             Ok(s) => s,
-            Err(FrameError::Closed) => return Err(TransportError::Disconnected),
+            Err(FrameError::Closed) => return Err(RpcError::Disconnected),
             Err(FrameError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Err(TransportError::Timeout(self.timeout))
+                return Err(RpcError::Timeout(self.timeout))
             }
             Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
-                return Err(TransportError::Disconnected)
+                return Err(RpcError::Disconnected)
             }
-            Err(FrameError::Io(e)) => return Err(TransportError::Io(e)),
-            Err(FrameError::BadLength(n)) => {
-                return Err(TransportError::Protocol(format!("reply length {n}")))
-            }
+            Err(FrameError::Io(e)) => return Err(RpcError::Io(e)),
+            Err(FrameError::BadLength(n)) => return Err(RpcError::Protocol(format!("reply length {n}"))),
         };
         if got != seq {
-            return Err(TransportError::Protocol(format!("reply {got} where {seq} was due")));
+            return Err(RpcError::Protocol(format!("reply {got} where {seq} was due")));
         }
-        codec::decode(&conn.body).map_err(|e| TransportError::Protocol(format!("undecodable reply: {e}")))
+        codec::decode(&conn.body).map_err(|e| RpcError::Protocol(format!("undecodable reply: {e}")))
     }
 }

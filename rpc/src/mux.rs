@@ -1,8 +1,8 @@
 //! Multiplexed framed RPC: many calls in flight on one connection, each
 //! answered whenever its service decides, from any thread, in any order.
 //!
-//! Same frames as [`super::rpc`] (`[len][seq][bincode body]`, the sequence
-//! number pairing a reply with its call), so an [`super::rpc::RpcClient`]
+//! Same frames as [`crate::rpc`] (`[len][seq][bincode body]`, the sequence
+//! number pairing a reply with its call), so an [`crate::rpc::RpcClient`]
 //! that makes one call at a time can talk to a [`MuxServer`] too. What
 //! differs:
 //!
@@ -37,9 +37,9 @@ use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::wire::{self, FrameError};
-use crate::rdma::codec;
-use crate::rdma::error::TransportError;
+use crate::codec;
+use crate::error::RpcError;
+use crate::frame::{self, FrameError};
 
 /// How long a server thread may block writing one reply to a client that
 /// does not read before the connection is cut.
@@ -96,7 +96,7 @@ impl Connection {
         let body = codec::encode(response);
         let written = {
             let mut w = self.writer.lock();
-            wire::write_frame(&mut *w, seq, &body).and_then(|()| w.flush())
+            frame::write_frame(&mut *w, seq, &body).and_then(|()| w.flush())
         };
         if let Err(e) = written {
             log::debug!("connection {:?} to {}: reply {seq} not written: {e}", self.id, self.peer);
@@ -227,7 +227,7 @@ impl<S: MuxService> Drop for MuxServer<S> {
 }
 
 fn accept_loop<S: MuxService>(listener: TcpListener, shared: Arc<Shared<S>>, name: &str) {
-    wire::accept_connections(listener, &shared.stopping, name, |n, stream| {
+    frame::accept_connections(listener, &shared.stopping, name, |n, stream| {
         let (conn, reader) = match open_connection(stream, ConnectionId(n)) {
             Ok(c) => c,
             Err(e) => {
@@ -270,7 +270,7 @@ fn serve<S: MuxService>(
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let mut body = Vec::new();
     while !conn.is_closed() {
-        let seq = match wire::read_frame(&mut reader, &mut body) {
+        let seq = match frame::read_frame(&mut reader, &mut body) {
             Ok(seq) => seq,
             Err(FrameError::Closed) => return Ok(()),
             Err(FrameError::Io(e)) => return Err(e),
@@ -291,7 +291,7 @@ fn serve<S: MuxService>(
     Ok(())
 }
 
-type Waiters<Resp> = Mutex<HashMap<u64, Sender<Result<Resp, TransportError>>>>;
+type Waiters<Resp> = Mutex<HashMap<u64, Sender<Result<Resp, RpcError>>>>;
 
 /// The client's end of one connection, shared by the threads that call.
 pub struct MuxChannel<Req, Resp> {
@@ -323,7 +323,7 @@ impl<Req, Resp> MuxChannel<Req, Resp> {
 }
 
 impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxChannel<Req, Resp> {
-    fn connect(server: SocketAddr, timeout: Duration) -> Result<Arc<Self>, TransportError> {
+    fn connect(server: SocketAddr, timeout: Duration) -> Result<Arc<Self>, RpcError> {
         let stream = TcpStream::connect_timeout(&server, timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(timeout))?;
@@ -348,9 +348,9 @@ impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxChannel<Req, Re
     }
 
     /// Sends `request`; its answer arrives through the returned call.
-    pub fn start(&self, request: &Req) -> Result<PendingCall<Resp>, TransportError> {
+    pub fn start(&self, request: &Req) -> Result<PendingCall<Resp>, RpcError> {
         if !self.is_open() {
-            return Err(TransportError::Disconnected);
+            return Err(RpcError::Disconnected);
         }
         // Relaxed: the counter only hands out distinct numbers.
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
@@ -360,18 +360,18 @@ impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxChannel<Req, Re
         let body = codec::encode(request);
         let written = {
             let mut w = self.writer.lock();
-            wire::write_frame(&mut *w, seq, &body).and_then(|()| w.flush())
+            frame::write_frame(&mut *w, seq, &body).and_then(|()| w.flush())
         };
         if let Err(e) = written {
             self.waiting.lock().remove(&seq);
             self.close();
-            return Err(TransportError::Io(e));
+            return Err(RpcError::Io(e));
         }
         Ok(PendingCall { seq, rx, waiting: self.waiting.clone() })
     }
 
     /// Sends `request` and waits for its answer, at most the client's timeout.
-    pub fn call(&self, request: &Req) -> Result<Resp, TransportError> {
+    pub fn call(&self, request: &Req) -> Result<Resp, RpcError> {
         self.start(request)?.wait(self.timeout)
     }
 }
@@ -380,17 +380,17 @@ impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxChannel<Req, Re
 /// call: a late answer is discarded by the reader.
 pub struct PendingCall<Resp> {
     seq: u64,
-    rx: Receiver<Result<Resp, TransportError>>,
+    rx: Receiver<Result<Resp, RpcError>>,
     waiting: Arc<Waiters<Resp>>,
 }
 
 impl<Resp> PendingCall<Resp> {
     /// Waits up to `timeout` for the answer.
-    pub fn wait(&self, timeout: Duration) -> Result<Resp, TransportError> {
+    pub fn wait(&self, timeout: Duration) -> Result<Resp, RpcError> {
         match self.rx.recv_timeout(timeout) {
             Ok(r) => r,
-            Err(RecvTimeoutError::Timeout) => Err(TransportError::Timeout(timeout)),
-            Err(RecvTimeoutError::Disconnected) => Err(TransportError::Disconnected),
+            Err(RecvTimeoutError::Timeout) => Err(RpcError::Timeout(timeout)),
+            Err(RecvTimeoutError::Disconnected) => Err(RpcError::Disconnected),
         }
     }
 }
@@ -408,17 +408,16 @@ fn read_replies<Resp: DeserializeOwned>(
 ) {
     let mut body = Vec::new();
     let why = loop {
-        let seq = match wire::read_frame(&mut reader, &mut body) {
+        let seq = match frame::read_frame(&mut reader, &mut body) {
             Ok(seq) => seq,
-            Err(FrameError::Closed) => break TransportError::Disconnected,
+            Err(FrameError::Closed) => break RpcError::Disconnected,
             Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                break TransportError::Disconnected
+                break RpcError::Disconnected
             }
-            Err(FrameError::Io(e)) => break TransportError::Io(e),
-            Err(FrameError::BadLength(n)) => break TransportError::Protocol(format!("reply length {n}")),
+            Err(FrameError::Io(e)) => break RpcError::Io(e),
+            Err(FrameError::BadLength(n)) => break RpcError::Protocol(format!("reply length {n}")),
         };
-        let reply =
-            codec::decode(&body).map_err(|e| TransportError::Protocol(format!("undecodable reply: {e}")));
+        let reply = codec::decode(&body).map_err(|e| RpcError::Protocol(format!("undecodable reply: {e}")));
         match waiting.lock().remove(&seq) {
             // A full or closed channel means the caller gave up meanwhile.
             Some(tx) => {
@@ -431,7 +430,7 @@ fn read_replies<Resp: DeserializeOwned>(
     // Release: whoever sees the channel closed sees the waiters failed.
     open.store(false, Ordering::Release);
     for (_, tx) in waiting.lock().drain() {
-        let _ = tx.try_send(Err(TransportError::Disconnected));
+        let _ = tx.try_send(Err(RpcError::Disconnected));
     }
 }
 
@@ -454,7 +453,7 @@ impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxClient<Req, Res
     }
 
     /// The open connection, or a new one; `true` with a new one.
-    pub fn channel(&self) -> Result<(Arc<MuxChannel<Req, Resp>>, bool), TransportError> {
+    pub fn channel(&self) -> Result<(Arc<MuxChannel<Req, Resp>>, bool), RpcError> {
         let mut current = self.current.lock();
         if let Some(c) = current.as_ref() {
             if c.is_open() {
@@ -523,19 +522,19 @@ mod tests {
         }
         // A call abandoned before its answer: the answer is dropped.
         let gone = ch.start(&(true, 7)).unwrap();
-        assert!(matches!(gone.wait(Duration::from_millis(20)), Err(TransportError::Timeout(_))));
+        assert!(matches!(gone.wait(Duration::from_millis(20)), Err(RpcError::Timeout(_))));
         drop(gone);
         assert_eq!(ch.call(&(false, 1)).unwrap(), 1);
         let (same, new) = client.channel().unwrap();
         assert!(!new && Arc::ptr_eq(&same, &ch));
         // Malformed bodies get the service's answer; the connection lives.
-        let raw: super::super::rpc::RpcClient<u8, u64> =
-            super::super::rpc::RpcClient::new(server.local_addr(), Duration::from_secs(5));
+        let raw: crate::rpc::RpcClient<u8, u64> =
+            crate::rpc::RpcClient::new(server.local_addr(), Duration::from_secs(5));
         assert_eq!(raw.call(&3u8).unwrap(), u64::MAX);
         // The server going away fails calls in flight instead of hanging them.
         let waiting = ch.start(&(true, 9)).unwrap();
         drop(server);
-        assert!(matches!(waiting.wait(Duration::from_secs(5)), Err(TransportError::Disconnected)));
+        assert!(matches!(waiting.wait(Duration::from_secs(5)), Err(RpcError::Disconnected)));
         assert!(!ch.is_open());
         assert!(client.current().is_none());
     }
