@@ -12,4 +12,6 @@ pub enum RpcError {
     Timeout(std::time::Duration),
     #[error("protocol violation: {0}")]
     Protocol(String),
+    #[error(transparent)]
+    Handshake(#[from] crate::auth::HandshakeError),
 }

@@ -7,8 +7,6 @@
 //! decode a body can still say which request it refuses.
 
 use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::codec::MAX_FRAME;
 
@@ -99,39 +97,6 @@ pub fn write_frame(out: &mut impl Write, seq: u64, body: &[u8]) -> io::Result<()
     header[4..12].copy_from_slice(&seq.to_le_bytes());
     out.write_all(&header)?;
     out.write_all(body)
-}
-
-/// The accept loop both TCP servers run ([`crate::rpc`], [`crate::mux`]):
-/// numbers the connections from 1, logs and skips a failed accept, and runs
-/// what `open` returns for a connection on its own thread named
-/// `{name}-{number}` (`open` returns `None` to drop the connection). Returns
-/// when `stopping` is set; the server wakes it with a connection of its own.
-pub(crate) fn accept_connections<F>(
-    listener: TcpListener,
-    stopping: &AtomicBool,
-    name: &str,
-    mut open: impl FnMut(u64, TcpStream) -> Option<F>,
-) where
-    F: FnOnce() + Send + 'static,
-{
-    let mut next = 0u64;
-    for stream in listener.incoming() {
-        if stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                log::warn!("{name}: accept failed: {e}");
-                continue;
-            }
-        };
-        next += 1;
-        let Some(serve) = open(next, stream) else { continue };
-        if let Err(e) = std::thread::Builder::new().name(format!("{name}-{next}")).spawn(serve) {
-            log::warn!("{name}: cannot start a connection thread: {e}");
-        }
-    }
 }
 
 #[cfg(test)]

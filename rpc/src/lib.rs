@@ -5,6 +5,8 @@
 //! (`citron_lock::rdma::tcp`), the meta-server, the lock hosts and the lock
 //! servers are services on it.
 
+mod accept;
+pub mod auth;
 pub mod codec;
 pub mod error;
 pub mod frame;
@@ -13,4 +15,4 @@ pub mod rpc;
 
 pub use error::RpcError;
 pub use mux::{Call, Connection, ConnectionId, MuxChannel, MuxClient, MuxServer, MuxService, PendingCall};
-pub use rpc::{RpcClient, RpcServer, RpcService, ServerStats, POLL_BUDGET};
+pub use rpc::{Connections, Peer, RpcClient, RpcServer, RpcService, ServerStats, POLL_BUDGET};

@@ -37,6 +37,8 @@ use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::accept;
+use crate::auth::{client_handshake, Authority, Credentials, Principal, Status};
 use crate::codec;
 use crate::error::RpcError;
 use crate::frame::{self, FrameError};
@@ -53,6 +55,8 @@ pub struct ConnectionId(pub u64);
 pub struct Connection {
     id: ConnectionId,
     peer: SocketAddr,
+    /// Who the peer proved to be in the handshake.
+    principal: Principal,
     /// For `shutdown` without waiting for the writer's lock.
     stream: TcpStream,
     writer: Mutex<BufWriter<TcpStream>>,
@@ -72,6 +76,10 @@ impl Connection {
 
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    pub fn principal(&self) -> &Principal {
+        &self.principal
     }
 
     pub fn is_closed(&self) -> bool {
@@ -142,6 +150,11 @@ pub trait MuxService: Send + Sync + 'static {
     fn handle(&self, request: Self::Request, call: Call<Self::Response>);
     /// The answer to a request that could not be decoded.
     fn malformed(&self, error: String) -> Self::Response;
+    /// Whether a peer that proved `principal` may connect (the default:
+    /// everyone the server's [`Authority`] lets in).
+    fn admit(&self, _principal: &Principal) -> Result<(), Status> {
+        Ok(())
+    }
     /// Called once when a connection ends, however it ends.
     fn disconnected(&self, _conn: &Arc<Connection>) {}
 }
@@ -154,6 +167,9 @@ impl<S: MuxService> MuxService for Arc<S> {
     }
     fn malformed(&self, error: String) -> Self::Response {
         (**self).malformed(error)
+    }
+    fn admit(&self, principal: &Principal) -> Result<(), Status> {
+        (**self).admit(principal)
     }
     fn disconnected(&self, conn: &Arc<Connection>) {
         (**self).disconnected(conn)
@@ -175,7 +191,18 @@ pub struct MuxServer<S: MuxService> {
 }
 
 impl<S: MuxService> MuxServer<S> {
+    /// A server without keys ([`Authority::Open`]).
     pub fn spawn(listen: SocketAddr, service: S, name: &str) -> std::io::Result<Self> {
+        Self::spawn_with(listen, service, name, Authority::Open)
+    }
+
+    /// A server that lets in whom `authority` does.
+    pub fn spawn_with(
+        listen: SocketAddr,
+        service: S,
+        name: &str,
+        authority: Authority,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let shared =
@@ -183,9 +210,9 @@ impl<S: MuxService> MuxServer<S> {
         let acceptor = {
             let shared = shared.clone();
             let name = name.to_string();
-            std::thread::Builder::new()
-                .name(format!("{name}-accept"))
-                .spawn(move || accept_loop(listener, shared, &name))?
+            std::thread::Builder::new().name(format!("{name}-accept")).spawn(move || {
+                accept::accept_connections(listener, &shared.stopping, &name, &authority, &shared)
+            })?
         };
         Ok(Self { addr, shared, acceptor: Some(acceptor) })
     }
@@ -226,35 +253,41 @@ impl<S: MuxService> Drop for MuxServer<S> {
     }
 }
 
-fn accept_loop<S: MuxService>(listener: TcpListener, shared: Arc<Shared<S>>, name: &str) {
-    frame::accept_connections(listener, &shared.stopping, name, |n, stream| {
-        let (conn, reader) = match open_connection(stream, ConnectionId(n)) {
+impl<S: MuxService> accept::Accepting for Shared<S> {
+    fn admit(&self, principal: &Principal) -> Result<(), Status> {
+        self.service.admit(principal)
+    }
+
+    fn serve(&self, n: u64, stream: TcpStream, principal: Principal) {
+        let (conn, reader) = match open_connection(stream, ConnectionId(n), principal) {
             Ok(c) => c,
             Err(e) => {
-                log::warn!("{name}: cannot set up connection {n}: {e}");
-                return None;
+                log::warn!("cannot set up connection {n}: {e}");
+                return;
             }
         };
-        shared.open.lock().insert(conn.id, conn.clone());
-        let shared = shared.clone();
-        Some(move || {
-            if let Err(e) = serve(reader, &conn, &shared) {
-                log::debug!("connection {:?} from {} ended: {e}", conn.id, conn.peer);
-            }
-            conn.close();
-            shared.open.lock().remove(&conn.id);
-            shared.service.disconnected(&conn);
-        })
-    });
+        self.open.lock().insert(conn.id, conn.clone());
+        if let Err(e) = serve(reader, &conn, self) {
+            log::debug!("connection {:?} from {} ended: {e}", conn.id, conn.peer);
+        }
+        conn.close();
+        self.open.lock().remove(&conn.id);
+        self.service.disconnected(&conn);
+    }
 }
 
-fn open_connection(stream: TcpStream, id: ConnectionId) -> std::io::Result<(Arc<Connection>, TcpStream)> {
+fn open_connection(
+    stream: TcpStream,
+    id: ConnectionId,
+    principal: Principal,
+) -> std::io::Result<(Arc<Connection>, TcpStream)> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let peer = stream.peer_addr()?;
     let conn = Arc::new(Connection {
         id,
         peer,
+        principal,
         stream: stream.try_clone()?,
         writer: Mutex::new(BufWriter::with_capacity(16 * 1024, stream.try_clone()?)),
         closed: AtomicBool::new(false),
@@ -323,10 +356,15 @@ impl<Req, Resp> MuxChannel<Req, Resp> {
 }
 
 impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxChannel<Req, Resp> {
-    fn connect(server: SocketAddr, timeout: Duration) -> Result<Arc<Self>, RpcError> {
-        let stream = TcpStream::connect_timeout(&server, timeout)?;
+    fn connect(
+        server: SocketAddr,
+        timeout: Duration,
+        credentials: &Credentials,
+    ) -> Result<Arc<Self>, RpcError> {
+        let mut stream = TcpStream::connect_timeout(&server, timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(timeout))?;
+        client_handshake(&mut stream, &credentials.get(), timeout)?;
         let waiting: Arc<Waiters<Resp>> = Arc::new(Mutex::new(HashMap::new()));
         let open = Arc::new(AtomicBool::new(true));
         {
@@ -439,13 +477,20 @@ fn read_replies<Resp: DeserializeOwned>(
 pub struct MuxClient<Req, Resp> {
     server: SocketAddr,
     timeout: Duration,
+    credentials: Credentials,
     current: Mutex<Option<Arc<MuxChannel<Req, Resp>>>>,
 }
 
 impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxClient<Req, Resp> {
     /// `timeout` bounds connecting, writing, and [`MuxChannel::call`].
     pub fn new(server: SocketAddr, timeout: Duration) -> Self {
-        Self { server, timeout, current: Mutex::new(None) }
+        Self { server, timeout, credentials: Credentials::anonymous(), current: Mutex::new(None) }
+    }
+
+    /// Connections prove `credentials` in their handshake.
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     pub fn server(&self) -> SocketAddr {
@@ -460,7 +505,7 @@ impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxClient<Req, Res
                 return Ok((c.clone(), false));
             }
         }
-        let c = MuxChannel::connect(self.server, self.timeout)?;
+        let c = MuxChannel::connect(self.server, self.timeout, &self.credentials)?;
         *current = Some(c.clone());
         Ok((c, true))
     }

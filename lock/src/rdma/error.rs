@@ -18,6 +18,9 @@ pub enum VerbError {
     TooLarge { len: u64, max: u64 },
     #[error("the host could not decode the request: {0}")]
     Malformed(String),
+    /// No grant of this client covers the bytes (see `rdma::tcp::access`).
+    #[error("{addr} + {len} bytes is not granted to this client")]
+    NotGranted { addr: RemoteAddr, len: u64 },
 }
 
 /// Why a round trip (a verb, a batch or a message) could not be completed at
@@ -38,6 +41,9 @@ pub enum TransportError {
     Shm(String),
     #[error("the host has no lock-free 16-byte atomics; the shm backend needs them")]
     No128BitAtomics,
+    /// The connection's handshake failed (no key, wrong key, not admitted).
+    #[error(transparent)]
+    Handshake(#[from] citron_rpc::auth::HandshakeError),
 }
 
 impl From<citron_rpc::RpcError> for TransportError {
@@ -48,6 +54,7 @@ impl From<citron_rpc::RpcError> for TransportError {
             RpcError::Disconnected => TransportError::Disconnected,
             RpcError::Timeout(t) => TransportError::Timeout(t),
             RpcError::Protocol(p) => TransportError::Protocol(p),
+            RpcError::Handshake(h) => TransportError::Handshake(h),
         }
     }
 }

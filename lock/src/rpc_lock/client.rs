@@ -110,8 +110,17 @@ impl std::fmt::Debug for RpcLockSession {
 impl RpcLockSession {
     /// Connects to the server at `server` and starts the lease heartbeat.
     pub fn connect(server: SocketAddr, config: RpcLockConfig) -> Result<Arc<Self>, LockError> {
+        Self::connect_as(server, config, citron_rpc::auth::Credentials::anonymous())
+    }
+
+    /// [`RpcLockSession::connect`] proving `credentials`.
+    pub fn connect_as(
+        server: SocketAddr,
+        config: RpcLockConfig,
+        credentials: citron_rpc::auth::Credentials,
+    ) -> Result<Arc<Self>, LockError> {
         let inner = Arc::new(SessionInner {
-            client: MuxClient::new(server, config.call_timeout),
+            client: MuxClient::new(server, config.call_timeout).with_credentials(credentials),
             config,
             lease_nanos: AtomicU64::new(0),
             next_holder: AtomicU64::new(1),

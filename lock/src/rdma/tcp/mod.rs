@@ -3,15 +3,17 @@
 //! project's RPC transport (crate `citron_rpc`, re-exported here as [`rpc`]
 //! and [`mux`]).
 
+pub mod access;
 pub(crate) mod client;
 pub mod host;
 pub mod wire;
 
 pub use citron_rpc::{mux, rpc};
 
+pub use access::{AccessCommand, AccessTable, Extent};
 pub use citron_rpc::{
     Call, Connection, ConnectionId, MuxChannel, MuxClient, MuxServer, MuxService, PendingCall, RpcClient,
     RpcError, RpcServer, RpcService, ServerStats,
 };
-pub use client::TcpOptions;
+pub use client::{NodeCredentials, TcpOptions};
 pub use host::TcpHost;

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 pub use citron_rpc::frame::{poll_readable, read_frame, write_frame, FrameError, HEADER_LEN};
 use serde::{Deserialize, Serialize};
 
+use super::access::AccessCommand;
 use crate::rdma::addr::{NodeId, RegionId};
 use crate::rdma::error::VerbError;
 use crate::rdma::verb::{Verb, VerbReply};
@@ -28,6 +29,8 @@ pub enum Request {
     /// The regions this host serves.
     ListRegions,
     Verb(Verb),
+    /// The meta-server changes who may touch what (servers only).
+    Access(Vec<AccessCommand>),
 }
 
 /// Host to client.
@@ -39,4 +42,6 @@ pub enum Response {
     Verb(Result<VerbReply, VerbError>),
     /// The request could not be decoded; the connection stays usable.
     Refused(VerbError),
+    /// The access commands hold (revocations are complete).
+    AccessApplied,
 }
