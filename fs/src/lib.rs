@@ -14,6 +14,7 @@ pub mod error;
 pub mod layout;
 pub mod locks;
 pub mod proto;
+pub mod session;
 pub mod types;
 
 pub use error::FsError;

@@ -1,13 +1,19 @@
 //! The data server: DRAM for file chunks, one region served by a software NIC
 //! and registered with the meta-server. After registration its CPU does no
 //! per-I/O work: clients read and write chunk memory with one-sided verbs.
+//!
+//! With a key file the data server proves the cluster key to the
+//! meta-server, lets in only holders of the key and registered clients'
+//! sessions, and its NIC enforces the grants the meta-server pushes to it
+//! ([`citron_lock::rdma::tcp::access`]).
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use citron_lock::rdma::tcp::RpcClient;
+use citron_lock::rdma::tcp::{AccessTable, RpcClient};
 use citron_lock::rdma::{RegionId, RegionMemory, RegionTable, ShmHost, TcpHost};
+use citron_rpc::auth::{Authority, Credential, Credentials, Keyring};
 use citronfs_core::proto::{MetaRequest, MetaResponse};
 use citronfs_core::types::DataServerId;
 use citronfs_core::FsError;
@@ -31,6 +37,27 @@ impl DataServer {
         capacity: u64,
         shm: Option<&str>,
     ) -> Result<Self, FsError> {
+        Self::start_keyed(listen, meta, capacity, shm, None)
+    }
+
+    /// [`DataServer::start`] in a cluster with keys: `keyring` must hold
+    /// the cluster key.
+    pub fn start_keyed(
+        listen: SocketAddr,
+        meta: SocketAddr,
+        capacity: u64,
+        shm: Option<&str>,
+        keyring: Option<Arc<Keyring>>,
+    ) -> Result<Self, FsError> {
+        let credentials = match &keyring {
+            Some(ring) => {
+                let key = ring.cluster_key().ok_or_else(|| {
+                    FsError::Invalid("a data server's key file needs the cluster key (role=server)".into())
+                })?;
+                Credentials::new(Credential::Key(key.clone()))
+            }
+            None => Credentials::anonymous(),
+        };
         let io = |e: std::io::Error| FsError::Io(e.to_string());
         if capacity < 1 << 20 {
             return Err(FsError::Invalid(format!("capacity {capacity} is below 1 MiB")));
@@ -49,14 +76,17 @@ impl DataServer {
                 (None, regions)
             }
         };
-        let nic = TcpHost::spawn(listen, regions).map_err(io)?;
+        let access = Arc::new(AccessTable::default());
+        let nic =
+            TcpHost::spawn_with(listen, regions, Authority::from_keyring(keyring), access).map_err(io)?;
         let mut advertised = nic.local_addr();
         if advertised.ip().is_unspecified() {
             // Tell clients the address this host reaches the meta-server from.
             let probe = TcpStream::connect_timeout(&meta, Duration::from_secs(3)).map_err(io)?;
             advertised.set_ip(probe.local_addr().map_err(io)?.ip());
         }
-        let rpc: RpcClient<MetaRequest, MetaResponse> = RpcClient::new(meta, Duration::from_secs(10));
+        let rpc: RpcClient<MetaRequest, MetaResponse> =
+            RpcClient::new(meta, Duration::from_secs(10)).with_credentials(credentials);
         let request = MetaRequest::RegisterDataServer {
             nic: advertised,
             shm: shm.map(str::to_string),
@@ -78,6 +108,16 @@ impl DataServer {
 
     pub fn nic_addr(&self) -> SocketAddr {
         self.nic.local_addr()
+    }
+
+    /// Who may touch which memory through this server's NIC.
+    pub fn access(&self) -> &Arc<AccessTable> {
+        self.nic.access()
+    }
+
+    /// Connections its NIC refused in the handshake.
+    pub fn refused_handshakes(&self) -> u64 {
+        self.nic.stats().refused_handshakes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Cuts every connection, as a crash would.

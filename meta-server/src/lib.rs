@@ -3,11 +3,14 @@
 //! server (DRAM for file chunks, served by a software NIC; its CPU does no
 //! per-I/O work).
 
+pub mod access;
 pub mod chunks;
 pub mod data_server;
+pub mod identity;
 pub mod lock_cleanup;
 pub mod lock_memory;
 pub mod namespace;
+pub mod permissions;
 pub mod service;
 
 pub use data_server::DataServer;

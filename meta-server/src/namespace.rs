@@ -31,6 +31,8 @@ use citronfs_core::FsError;
 use crate::chunks::ChunkAllocator;
 use crate::lock_memory::LockMemory;
 
+mod memory;
+
 /// Cookies 1 and 2 are "." and ".." in listings; entries start after them.
 const FIRST_COOKIE: u64 = 3;
 

@@ -68,25 +68,31 @@ use citron_lock::citron::geometry::TreeGeometry;
 use citron_lock::citron::host::{HostScaleStats, InstanceId, LockMemoryHost, TreeHost, TreeHostServer};
 use citron_lock::citron::tree::TreeShape;
 use citron_lock::lock_host::{LockHost, LockHostConfig, LockHostInfo};
-use citron_lock::range_lock::rpc::{spawn_range_server, RangeLockServer, RangeServerConfig};
+use citron_lock::range_lock::rpc::{spawn_range_server_with, RangeLockServer, RangeServerConfig};
 use citron_lock::range_lock::RangeAlgorithm;
 use citron_lock::range_lock::RangeLockSite;
-use citron_lock::rdma::tcp::{RpcServer, RpcService};
+use citron_lock::rdma::tcp::{AccessTable, Connections, Extent, Peer, RpcServer, RpcService};
 use citron_lock::rdma::{
-    Endpoint, FabricAddr, Node, RegionId, RegionMemory, RegionTable, RemoteAddr, ShmHost, TcpHost, TcpOptions,
+    Endpoint, FabricAddr, Node, NodeCredentials, RegionId, RegionMemory, RegionTable, RemoteAddr, ShmHost,
+    TcpHost, TcpOptions,
 };
+use citron_rpc::auth::{Authority, Credential, Credentials, KeyOptions, Keyring, Principal, Status};
 use citronfs_core::locks::area::LockChoice;
 use citronfs_core::locks::table::TableGrowth;
 use citronfs_core::locks::{ClusterLockParams, LockTiming, WaitsFor};
 use citronfs_core::proto::{ClientInfo, ClusterInfo, DataServerInfo, MetaRequest, MetaResponse};
+use citronfs_core::session::SessionKeys;
 use citronfs_core::types::{Caller, ClientId, DataServerId, FileKind, Ino};
 use citronfs_core::FsError;
 use parking_lot::Mutex;
 
+use crate::access::{Access, Placed, ServerRef};
 use crate::chunks::ChunkAllocator;
+use crate::identity::{self, Asker};
 use crate::lock_cleanup;
 use crate::lock_memory::LockMemory;
 use crate::namespace::{FileLocking, Namespace, NewInode, TreeHosting, ZeroRange};
+use crate::permissions::Checks;
 
 /// The region of the meta-server's NIC that holds attribute slots.
 pub const SLOT_REGION: RegionId = RegionId(1);
@@ -132,6 +138,9 @@ pub struct MetaServerConfig {
     /// Also publish the meta-server's memory as this shm fabric, for
     /// clients on this host.
     pub shm: Option<String>,
+    /// The cluster's keys (`--key-file`); `None`: no keys, anyone who
+    /// reaches the ports is let in (loopback clusters, tests).
+    pub keyring: Option<Arc<Keyring>>,
 }
 
 impl MetaServerConfig {
@@ -151,7 +160,22 @@ impl MetaServerConfig {
             lease: Duration::from_secs(5),
             root_owner: Caller::ROOT,
             shm: None,
+            keyring: None,
         }
+    }
+}
+
+/// Who a keyed meta-server's own connections prove: the cluster key to
+/// NICs and lock services, the members' secret to clients' mailboxes.
+fn server_credentials(access: &Access) -> NodeCredentials {
+    let (Some(ring), Some(member)) = (access.keyring(), access.member_secret()) else {
+        return NodeCredentials::default();
+    };
+    let Some(key) = ring.cluster_key() else { return NodeCredentials::default() };
+    NodeCredentials {
+        host: Credentials::new(Credential::Key(key.clone())),
+        peers: Credentials::new(Credential::Member { incarnation: access.incarnation(), secret: member }),
+        mailbox: Authority::Keyring(ring.clone()),
     }
 }
 
@@ -173,6 +197,10 @@ pub struct MetaService {
     waits_for: WaitsFor,
     lock_params: ClusterLockParams,
     lock_host: LockHostInfo,
+    /// Who may touch which server memory (grants at every NIC).
+    access: Arc<Access>,
+    /// The RPC service's connections, to cut a fenced client's.
+    connections: std::sync::OnceLock<Connections>,
 }
 
 /// A registered client and when it last renewed its lease.
@@ -180,6 +208,8 @@ struct ClientLease {
     renewed: Instant,
     hostname: String,
     pid: u32,
+    /// The options of the key it registered with (root squash).
+    options: KeyOptions,
 }
 
 /// Grows a file's lock-record table from inside the meta-server.
@@ -224,10 +254,11 @@ impl MetaService {
         region: u32,
         capacity: u64,
     ) -> Result<MetaResponse, FsError> {
-        let node = Node::join_tcp(nic, TcpOptions::default())?;
+        let node = Node::join_tcp_as(nic, TcpOptions::default(), server_credentials(&self.access))?;
         let endpoint = node.endpoint()?;
         let mut links = self.data_servers.lock();
         let id = DataServerId(links.len() as u32 + 1);
+        self.access.add_data_server(id, nic);
         self.ns.lock().chunks.add_server(id, RegionId(region), capacity);
         links.push(Arc::new(DataServerLink {
             info: DataServerInfo { id, nic, shm },
@@ -276,6 +307,14 @@ impl MetaService {
         };
         for c in expired {
             log::warn!("client {} missed its lease; releasing its locks and opens", c.0);
+            // Its grants end and its connections are cut everywhere before
+            // anything it held is handed to others.
+            if let Err(e) = self.access.fence(c) {
+                log::error!("fencing client {} at the data servers: {e}", c.0);
+            }
+            if let Some(conns) = self.connections.get() {
+                conns.close_where(|p| matches!(p, Principal::Session(s) if s.client == c.0));
+            }
             let tables = self.ns.lock().lock_tables();
             let growth = |ino| NamespaceGrowth { service: self, ino };
             match lock_cleanup::release_client(ep, timing, &tables, self.waits_for, c, &growth) {
@@ -288,9 +327,21 @@ impl MetaService {
         self.ns.lock().sweep_orphans();
     }
 
-    fn dispatch(&self, request: MetaRequest) -> Result<MetaResponse, FsError> {
+    /// Recycled chunks are about to be zeroed and handed out: nobody may
+    /// keep a grant on them (confirmed by their NICs).
+    fn reclaim(&self, ranges: &[ZeroRange]) -> Result<(), FsError> {
+        let chunk = self.chunk_size;
+        let placed: Vec<Placed> = ranges
+            .iter()
+            .map(|r| Placed { server: ServerRef::Data(r.loc.server), extent: Extent::new(r.loc.addr, chunk) })
+            .collect();
+        self.access.revoke_everyone(&placed).map_err(|e| FsError::Io(e.to_string()))
+    }
+
+    fn dispatch(&self, asker: &Asker, request: MetaRequest) -> Result<MetaResponse, FsError> {
         use MetaRequest as R;
         use MetaResponse as A;
+        let checks = if matches!(asker, Asker::Client(..)) { Checks::ON } else { Checks::OFF };
         Ok(match request {
             R::RegisterClient { hostname, pid } => {
                 let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
@@ -298,9 +349,28 @@ impl MetaService {
                     // Claimed lock slots carry 24 bits of the claimer.
                     return Err(FsError::Invalid("client ids are exhausted; restart the meta-server".into()));
                 }
-                self.clients
-                    .lock()
-                    .insert(client, ClientLease { renewed: Instant::now(), hostname: hostname.clone(), pid });
+                let (session, options) = match asker {
+                    Asker::Registering(key) => {
+                        let secrets = self.access.session_credential(client).zip(self.access.member_secret());
+                        let session = secrets.and_then(|(s, member)| match s {
+                            Credential::Session { secret, .. } => Some(SessionKeys::wrap(
+                                key,
+                                self.access.incarnation(),
+                                client,
+                                &secret,
+                                &member,
+                            )),
+                            _ => None,
+                        });
+                        (session, key.options)
+                    }
+                    _ => (None, KeyOptions::default()),
+                };
+                self.clients.lock().insert(
+                    client,
+                    ClientLease { renewed: Instant::now(), hostname: hostname.clone(), pid, options },
+                );
+                self.access.admit(client);
                 log::info!("client {} registered: {hostname} pid {pid}", client.0);
                 A::Registered(ClusterInfo {
                     client,
@@ -312,6 +382,7 @@ impl MetaService {
                     waits_for: self.waits_for,
                     lock_params: self.lock_params,
                     lock_host: self.lock_host.clone(),
+                    session,
                 })
             }
             R::DataServers => {
@@ -331,8 +402,16 @@ impl MetaService {
             }
             R::Lookup { parent, name, .. } => A::Attr(self.ns.lock().lookup(parent, &name)?),
             R::GetAttr { ino } => A::Attr(self.ns.lock().attr(ino)?),
-            R::SetAttr { ino, set, .. } => {
-                let (attr, zero) = self.ns.lock().setattr(ino, &set)?;
+            R::SetAttr { caller, ino, set } => {
+                let (attr, zero, memory) = {
+                    let mut ns = self.ns.lock();
+                    checks.setattr(&ns, caller, ino, &set)?;
+                    let (attr, zero) = ns.setattr(ino, &set)?;
+                    (attr, zero, set.size.map(|_| ns.file_memory(ino)))
+                };
+                if let Some(memory) = memory {
+                    self.access.file_changed(ino, memory);
+                }
                 self.zero(&zero)?;
                 A::Attr(attr)
             }
@@ -341,52 +420,81 @@ impl MetaService {
                     return Err(FsError::Invalid("symlinks are made with Symlink".into()));
                 }
                 let new = NewInode { kind, perm, rdev, symlink_target: None };
-                A::Attr(self.ns.lock().create(caller, parent, &name, new)?)
+                let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, parent)?;
+                A::Attr(ns.create(caller, parent, &name, new)?)
             }
             R::Symlink { caller, parent, name, target } => {
                 let new =
                     NewInode { kind: FileKind::Symlink, perm: 0o777, rdev: 0, symlink_target: Some(target) };
-                A::Attr(self.ns.lock().create(caller, parent, &name, new)?)
+                let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, parent)?;
+                A::Attr(ns.create(caller, parent, &name, new)?)
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
-            R::Link { ino, new_parent, new_name, .. } => {
-                A::Attr(self.ns.lock().link(ino, new_parent, &new_name)?)
+            R::Link { caller, ino, new_parent, new_name } => {
+                let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, new_parent)?;
+                A::Attr(ns.link(ino, new_parent, &new_name)?)
             }
-            R::Unlink { parent, name, .. } => {
-                self.ns.lock().unlink(parent, &name)?;
+            R::Unlink { caller, parent, name } => {
+                let mut ns = self.ns.lock();
+                checks.remove_entry(&ns, caller, parent, &name)?;
+                ns.unlink(parent, &name)?;
                 A::Done
             }
-            R::Rmdir { parent, name, .. } => {
-                self.ns.lock().rmdir(parent, &name)?;
+            R::Rmdir { caller, parent, name } => {
+                let mut ns = self.ns.lock();
+                if name != b"." && name != b".." {
+                    checks.remove_entry(&ns, caller, parent, &name)?;
+                }
+                ns.rmdir(parent, &name)?;
                 A::Done
             }
-            R::Rename { parent, name, new_parent, new_name, flags, .. } => {
-                self.ns.lock().rename(parent, &name, new_parent, &new_name, flags)?;
+            R::Rename { caller, parent, name, new_parent, new_name, flags } => {
+                let mut ns = self.ns.lock();
+                checks.rename(&ns, caller, (parent, &name), (new_parent, &new_name))?;
+                ns.rename(parent, &name, new_parent, &new_name, flags)?;
                 A::Done
             }
             R::ReadDir { ino, after, max, .. } => {
                 A::Entries(self.ns.lock().readdir(ino, after, max.min(4096))?)
             }
-            R::Access { ino, .. } => {
-                // Permission checks are the kernel's (default_permissions);
-                // this answers existence.
-                self.ns.lock().attr(ino)?;
+            R::Access { caller, ino, access } => {
+                checks.access(&self.ns.lock(), caller, ino, access)?;
                 A::Done
             }
             R::CreateOpen { caller, client, parent, name, perm } => {
                 let new = NewInode { kind: FileKind::File, perm, rdev: 0, symlink_target: None };
                 let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 let layout = ns.open(client, attr.ino)?;
+                // Pushed before the answer leaves (a NIC holds a verb that
+                // outruns its grant).
+                self.access.opened(client, attr.ino, ns.file_memory(attr.ino));
                 A::Opened(attr, layout)
             }
-            R::Open { client, ino } => A::Layout(self.ns.lock().open(client, ino)?),
+            R::Open { caller, client, ino, flags } => {
+                let mut ns = self.ns.lock();
+                checks.open(&ns, caller, ino, flags)?;
+                let layout = ns.open(client, ino)?;
+                self.access.opened(client, ino, ns.file_memory(ino));
+                A::Layout(layout)
+            }
             R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
             R::Release { client, ino } => {
-                self.ns.lock().release(client, ino)?;
+                let mut ns = self.ns.lock();
+                ns.release(client, ino)?;
+                self.access.closed(client, ino, ns.is_open_by(ino, client));
                 A::Done
             }
-            R::GrowLockTable { ino, last } => A::LockTable(self.ns.lock().grow_lock_table(ino, last)?),
+            R::GrowLockTable { ino, last } => {
+                let mut ns = self.ns.lock();
+                let first = ns.grow_lock_table(ino, last)?;
+                self.access.file_changed(ino, ns.file_memory(ino));
+                A::LockTable(first)
+            }
             R::Clients => A::Clients(
                 self.clients
                     .lock()
@@ -396,12 +504,21 @@ impl MetaService {
             ),
             R::AllocChunks { ino, chunks } => {
                 let allocation = self.with_space(|ns| ns.alloc_chunks(ino, &chunks))?;
+                self.reclaim(&allocation.zero)?;
                 self.zero(&allocation.zero)?;
+                let chunk = self.chunk_size;
+                let placed = allocation.chunks.iter().map(|(_, loc)| Placed {
+                    server: ServerRef::Data(loc.server),
+                    extent: Extent::new(loc.addr, chunk),
+                });
+                self.access.file_grew(ino, placed.collect());
                 A::Chunks(allocation.chunks)
             }
             R::Fallocate { ino, offset, len, keep_size } => {
                 let zero = self.with_space(|ns| ns.fallocate(ino, offset, len, keep_size))?;
+                self.reclaim(&zero)?;
                 self.zero(&zero)?;
+                self.access.file_changed(ino, self.ns.lock().file_memory(ino));
                 A::Done
             }
             R::StatFs => A::Stats(self.ns.lock().stats()),
@@ -423,12 +540,42 @@ impl RpcService for MetaService {
     type Request = MetaRequest;
     type Response = MetaResponse;
 
-    fn handle(&self, request: MetaRequest, _peer: SocketAddr) -> MetaResponse {
-        self.dispatch(request).unwrap_or_else(MetaResponse::Failed)
+    fn handle(&self, request: MetaRequest, peer: SocketAddr) -> MetaResponse {
+        self.handle_from(request, &Peer { addr: peer, principal: Principal::Anonymous, connection: 0 })
+    }
+
+    fn handle_from(&self, mut request: MetaRequest, peer: &Peer) -> MetaResponse {
+        let key_of = |name: &str| self.access.keyring().and_then(|r| r.get(name).cloned());
+        let options = |c: ClientId| self.clients.lock().get(&c).map(|l| l.options);
+        match identity::vet(&peer.principal, &mut request, key_of, options) {
+            Ok(asker) => self.dispatch(&asker, request).unwrap_or_else(MetaResponse::Failed),
+            Err(e) => {
+                log::warn!("meta: {} ({:?}) may not ask {request:?}: {e}", peer.addr, peer.principal);
+                MetaResponse::Failed(e)
+            }
+        }
     }
 
     fn malformed(&self, error: String) -> MetaResponse {
         MetaResponse::Failed(FsError::Invalid(format!("malformed request: {error}")))
+    }
+
+    /// A session may connect while its client is registered (not fenced)
+    /// with this incarnation; mailbox members never.
+    fn admit(&self, principal: &Principal) -> Result<(), Status> {
+        match principal {
+            Principal::Session(s) => {
+                let live = s.incarnation == self.access.incarnation()
+                    && self.clients.lock().contains_key(&ClientId(s.client));
+                if live {
+                    Ok(())
+                } else {
+                    Err(Status::NotAdmitted)
+                }
+            }
+            Principal::Member { .. } => Err(Status::NotAdmitted),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -499,7 +646,16 @@ impl MetaServer {
         } / 4096
             * 4096;
         let tree_start = lock_bytes - tree_bytes;
-        let nic = TcpHost::spawn(config.nic_listen, regions.clone()).map_err(io)?;
+        if config.keyring.as_ref().is_some_and(|r| r.cluster_key().is_none()) {
+            return Err(FsError::Invalid(
+                "the meta-server's key file has no cluster key (role=server)".into(),
+            ));
+        }
+        let authority = Authority::from_keyring(config.keyring.clone());
+        let nic_access = Arc::new(AccessTable::default());
+        let access = Arc::new(Access::new(config.keyring.clone(), nic_access.clone()));
+        let nic = TcpHost::spawn_with(config.nic_listen, regions.clone(), authority.clone(), nic_access)
+            .map_err(io)?;
         let mut lock_memory = LockMemory::below(locks.clone(), tree_start);
         let waits_for = WaitsFor {
             base: lock_memory.allocate(WaitsFor::bytes(config.max_waiting_owners))?,
@@ -513,7 +669,12 @@ impl MetaServer {
             Some(name) => FabricAddr::Shm(name.clone()),
             None => FabricAddr::Tcp(nic.local_addr()),
         };
-        let node = Node::join(&own_fabric)?;
+        let node = match &own_fabric {
+            FabricAddr::Shm(name) => Node::join_shm_as(name, server_credentials(&access))?,
+            FabricAddr::Tcp(addr) => {
+                Node::join_tcp_as(*addr, TcpOptions::default(), server_credentials(&access))?
+            }
+        };
         // The lock host: ShiftLock's recovery service and the RPC lock
         // server (`--inode-lock rpc`).
         let host_config = LockHostConfig {
@@ -522,12 +683,17 @@ impl MetaServer {
             ..LockHostConfig::default()
         };
         let host_area = lock_memory.allocate(host_config.area_bytes())?;
-        let lock_host = LockHost::start(&node, host_area, host_config).map_err(lock_err)?;
+        let lock_host =
+            LockHost::start_with(&node, host_area, host_config, authority.clone()).map_err(lock_err)?;
         // The RPC range lock server, when files use it (`--range-lock rpc`).
         let range_server = match config.lock_choice.range {
             RangeAlgorithm::Rpc => Some(
-                spawn_range_server(SocketAddr::new(config.listen.ip(), 0), RangeServerConfig::default())
-                    .map_err(io)?,
+                spawn_range_server_with(
+                    SocketAddr::new(config.listen.ip(), 0),
+                    RangeServerConfig::default(),
+                    authority.clone(),
+                )
+                .map_err(io)?,
             ),
             _ => None,
         };
@@ -545,12 +711,25 @@ impl MetaServer {
                         LockMemoryHost::new(regions.clone(), LOCK_REGION, tree_start, lock_bytes)
                             .with_scaler(node.clone(), timing.ranges.citron, timing.ranges.dslr),
                     );
-                let server = host.serve(SocketAddr::new(config.listen.ip(), 0)).map_err(io)?;
+                let server =
+                    host.serve_with(SocketAddr::new(config.listen.ip(), 0), authority.clone()).map_err(io)?;
                 let arena = host.free_bytes();
                 Some((host, server, arena))
             } else {
                 None
             };
+        // What every registered client may touch of lock memory: the
+        // waits-for table, the lock host's area, the tree host's arena.
+        let lock_extent =
+            |start: RemoteAddr, len| Placed { server: ServerRef::Meta, extent: Extent::new(start, len) };
+        let mut membership = vec![
+            lock_extent(waits_for.base, WaitsFor::bytes(config.max_waiting_owners)),
+            lock_extent(host_area, host_config.area_bytes()),
+        ];
+        if tree_bytes > 0 {
+            membership.push(lock_extent(RemoteAddr::new(LOCK_REGION, tree_start), tree_bytes));
+        }
+        access.set_membership(membership);
         let max_depth = TreeShape::covering(config.max_tree_units.max(1)).depth();
         let tree_hosting = trees.as_ref().map(|(host, server, _)| TreeHosting {
             host: host.clone(),
@@ -592,8 +771,11 @@ impl MetaServer {
             waits_for,
             lock_params: config.lock_params,
             lock_host: lock_host.info().clone(),
+            access,
+            connections: std::sync::OnceLock::new(),
         });
-        let rpc = RpcServer::spawn(config.listen, service.clone(), "meta").map_err(io)?;
+        let rpc = RpcServer::spawn_with(config.listen, service.clone(), "meta", authority).map_err(io)?;
+        let _ = service.connections.set(rpc.connections());
         let stop = Arc::new(AtomicBool::new(false));
         let lock_params = config.lock_params;
         let reaper = {
@@ -679,6 +861,23 @@ impl MetaServer {
 
     pub fn nic_addr(&self) -> SocketAddr {
         self.nic.local_addr()
+    }
+
+    /// Who may touch which memory through the meta-server's own NIC.
+    pub fn nic_access(&self) -> &Arc<AccessTable> {
+        self.nic.access()
+    }
+
+    /// The grants of the whole cluster (diagnostics, tests).
+    pub fn access(&self) -> &Arc<Access> {
+        &self.rpc.service().access
+    }
+
+    /// Connections refused in the handshake by the meta-server's RPC
+    /// service and its NIC.
+    pub fn refused_handshakes(&self) -> u64 {
+        let rpc = self.rpc.stats().refused_handshakes.load(Ordering::Relaxed);
+        rpc + self.nic.stats().refused_handshakes.load(Ordering::Relaxed)
     }
 
     /// Cuts every connection and stops serving, as a crash would.

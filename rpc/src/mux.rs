@@ -364,7 +364,13 @@ impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxChannel<Req, Re
         let mut stream = TcpStream::connect_timeout(&server, timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(timeout))?;
-        client_handshake(&mut stream, &credentials.get(), timeout)?;
+        client_handshake(&mut stream, &credentials.get(), timeout).map_err(|e| {
+            if e.is_timeout() {
+                RpcError::Timeout(timeout)
+            } else {
+                e.into()
+            }
+        })?;
         let waiting: Arc<Waiters<Resp>> = Arc::new(Mutex::new(HashMap::new()));
         let open = Arc::new(AtomicBool::new(true));
         {

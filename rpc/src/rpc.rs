@@ -347,7 +347,13 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         let mut stream = TcpStream::connect_timeout(&self.server, self.timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(self.timeout))?;
-        client_handshake(&mut stream, &self.credentials.get(), self.timeout)?;
+        client_handshake(&mut stream, &self.credentials.get(), self.timeout).map_err(|e| {
+            if e.is_timeout() {
+                RpcError::Timeout(self.timeout)
+            } else {
+                e.into()
+            }
+        })?;
         stream.set_read_timeout(Some(self.timeout))?;
         Ok(Conn {
             reader: BufReader::with_capacity(64 * 1024, stream.try_clone()?),

@@ -1,6 +1,7 @@
 //! The `citronfs` command.
 
 mod bench;
+mod keys;
 mod locks_cmd;
 mod mount_cmd;
 mod plot;
@@ -31,6 +32,9 @@ enum Command {
     RegionHost(region_host::RegionHostArgs),
     /// The cluster-wide lock holders and waiters of one file (like lslocks).
     Locks(locks_cmd::LocksArgs),
+    /// Make cluster keys (for --key-file).
+    #[command(subcommand)]
+    Key(keys::KeyCommand),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -48,6 +52,7 @@ fn main() -> std::process::ExitCode {
         Command::DataServer(a) => servers::run_data(a),
         Command::RegionHost(a) => region_host::run(a),
         Command::Locks(a) => locks_cmd::run(a),
+        Command::Key(k) => keys::run(k),
         Command::Bench(b) => bench::run(b),
         Command::BenchLocksWorker => bench::locks::worker(),
     };

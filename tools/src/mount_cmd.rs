@@ -13,6 +13,7 @@ use citronfs_meta_server::{DataServer, MetaServer};
 use citronfs_mount::{CitronFuse, MountOptions};
 use clap::Args;
 
+use crate::keys::{EmbeddedKey, KeyArgs};
 use crate::servers::{LockArgs, MetaServerArgs};
 use crate::size::ByteSize;
 
@@ -48,6 +49,10 @@ pub struct MountArgs {
     /// Embedded mode: the cluster's lock settings.
     #[command(flatten)]
     locks: LockArgs,
+    /// With --meta: the cluster's key. Embedded: the key file to use (made
+    /// there if missing); without it a new key is made for this cluster.
+    #[command(flatten)]
+    key: KeyArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -80,11 +85,12 @@ pub fn run(args: MountArgs) -> Result<()> {
     if is_mount_point(&mountpoint)? {
         bail!("mount point {} is busy: something is already mounted there", mountpoint.display());
     }
-    // Embedded servers live as long as this function.
-    let mut embedded: Option<(MetaServer, DataServer)> = None;
+    // Embedded servers (and their key) live as long as this function.
+    let mut embedded: Option<(MetaServer, DataServer, EmbeddedKey)> = None;
     let meta = match args.meta {
         Some(m) => m,
         None => {
+            let key = EmbeddedKey::obtain(args.key.key_file.as_deref())?;
             // The embedded servers also publish their memory as shm
             // fabrics, for mounts on this host.
             let pid = std::process::id();
@@ -94,31 +100,50 @@ pub fn run(args: MountArgs) -> Result<()> {
                 lease_ms: args.lease_ms,
                 shm: Some(format!("{pid}-meta")),
                 locks: args.locks.clone(),
+                key: KeyArgs::default(),
             };
-            let meta =
-                MetaServer::start(meta_args.config()).context("cannot start the embedded meta-server")?;
+            let mut config = meta_args.config();
+            config.keyring = Some(key.keyring.clone());
+            let meta = MetaServer::start(config).context("cannot start the embedded meta-server")?;
             let data_shm = format!("{pid}-data");
             let data_listen = SocketAddr::new(args.listen.ip(), 0);
-            let data = DataServer::start(data_listen, meta.local_addr(), args.capacity.0, Some(&data_shm))
-                .context("cannot start the embedded data server")?;
+            let data = DataServer::start_keyed(
+                data_listen,
+                meta.local_addr(),
+                args.capacity.0,
+                Some(&data_shm),
+                Some(key.keyring.clone()),
+            )
+            .context("cannot start the embedded data server")?;
             let addr = meta.local_addr();
-            embedded = Some((meta, data));
+            embedded = Some((meta, data, key));
             addr
         }
+    };
+    let key = match &embedded {
+        Some((_, _, k)) => Some(k.keyring.first().clone()),
+        None => args.key.load()?.map(|ring| ring.first().clone()),
     };
     let transport = match args.transport {
         TransportArg::Auto => Transport::Auto,
         TransportArg::Tcp => Transport::Tcp,
     };
-    let client = FsClient::connect(ClientConfig { meta, timeout, transport })
+    let client = FsClient::connect(ClientConfig { meta, timeout, transport, key })
         .with_context(|| format!("cannot join the cluster at {meta}"))?;
     let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads: args.threads });
     let session = citronfs_mount::spawn_mount(fs, &mountpoint)
         .with_context(|| format!("cannot mount at {}", mountpoint.display()))?;
     println!("citronfs mounted at {} (meta-server {meta})", mountpoint.display());
-    if embedded.is_some() {
-        println!("other mounts can join with: citronfs mount DIR --meta {meta}");
+    if let Some((_, _, key)) = &embedded {
+        let file = key.path.display();
+        let lifetime = if key.is_temporary() { "; removed when this mount ends" } else { "" };
+        println!("cluster key: {file} (mode 600{lifetime})");
+        println!("other nodes join with a copy of that file (keep it mode 600):");
+        println!("  citronfs mount DIR --meta {meta} --key-file {file}");
+        println!("  citronfs data-server --meta {meta} --key-file {file} --listen ADDR:0");
     }
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
 
     let (tx, rx) = mpsc::channel();
     ctrlc::set_handler(move || {

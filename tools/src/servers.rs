@@ -12,6 +12,7 @@ use citronfs_core::locks::ClusterLockParams;
 use citronfs_meta_server::{DataServer, MetaServer, MetaServerConfig};
 use clap::Args;
 
+use crate::keys::KeyArgs;
 use crate::size::ByteSize;
 
 #[derive(Args, Debug)]
@@ -31,6 +32,8 @@ pub struct MetaServerArgs {
     pub shm: Option<String>,
     #[command(flatten)]
     pub locks: LockArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
 }
 
 /// The cluster's lock settings, which every client must share.
@@ -102,6 +105,8 @@ pub struct DataServerArgs {
     /// Also publish the memory as shm fabric NAME (for clients on this host).
     #[arg(long, value_name = "NAME")]
     shm: Option<String>,
+    #[command(flatten)]
+    key: KeyArgs,
 }
 
 /// Blocks until SIGINT or SIGTERM.
@@ -116,8 +121,9 @@ pub fn wait_for_signal() -> Result<()> {
 }
 
 pub fn run_meta(args: MetaServerArgs) -> Result<()> {
-    let server =
-        MetaServer::start(args.config()).with_context(|| format!("cannot start on {}", args.listen))?;
+    let mut config = args.config();
+    config.keyring = args.key.for_server(args.listen, "the meta-server")?;
+    let server = MetaServer::start(config).with_context(|| format!("cannot start on {}", args.listen))?;
     println!("meta-server listening on {} (nic {})", server.local_addr(), server.nic_addr());
     wait_for_signal()?;
     drop(server);
@@ -125,8 +131,10 @@ pub fn run_meta(args: MetaServerArgs) -> Result<()> {
 }
 
 pub fn run_data(args: DataServerArgs) -> Result<()> {
-    let server = DataServer::start(args.listen, args.meta, args.capacity.0, args.shm.as_deref())
-        .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
+    let keyring = args.key.for_server(args.listen, "the data server")?;
+    let server =
+        DataServer::start_keyed(args.listen, args.meta, args.capacity.0, args.shm.as_deref(), keyring)
+            .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
     println!("data server {} exporting {} on {}", server.id().0, args.capacity, server.nic_addr());
     wait_for_signal()?;
     drop(server);

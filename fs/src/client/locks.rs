@@ -274,6 +274,20 @@ impl FsClient {
     /// Every lock record of `ino` (held and waiting), read without a range
     /// lock: a snapshot for `citronfs locks`.
     pub fn lock_records(&self, ino: Ino) -> Result<Vec<LockRecord>, FsError> {
+        // In a keyed cluster a client may touch the lock memory of files it
+        // has open only: open it for the look.
+        let keyed = self.shared.identity.keyed();
+        if keyed {
+            self.open_as(crate::types::Caller::ROOT, ino, libc::O_RDONLY)?;
+        }
+        let records = self.read_lock_records(ino);
+        if keyed {
+            self.release(ino)?;
+        }
+        records
+    }
+
+    fn read_lock_records(&self, ino: Ino) -> Result<Vec<LockRecord>, FsError> {
         self.with_endpoints(|eps| {
             let Some((_, table)) = self.lock_table(&eps.meta, ino, false)? else { return Ok(Vec::new()) };
             // A torn slot is being changed right now; read again a few

@@ -15,6 +15,7 @@
 //! A layout is refetched when the slot's epoch differs from the cached one
 //! (the meta-server bumps it whenever chunks are freed).
 
+mod identity;
 mod io;
 mod locks;
 
@@ -27,8 +28,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use citron_lock::range_lock::RangeLockSite;
-use citron_lock::rdma::tcp::RpcClient;
+use citron_lock::rdma::tcp::{RpcClient, RpcError};
 use citron_lock::rdma::{Endpoint, Node, TcpOptions, Verb, VerbCounts, VerbReply};
+use citron_rpc::auth::{HandshakeError, Status};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::FsError;
@@ -60,11 +62,14 @@ pub struct ClientConfig {
     /// (EIO at the mount) after this, never a hang.
     pub timeout: Duration,
     pub transport: Transport,
+    /// The key this client proves (`--key-file`); `None` in a cluster
+    /// without keys.
+    pub key: Option<citron_rpc::auth::Key>,
 }
 
 impl ClientConfig {
     pub fn new(meta: SocketAddr) -> Self {
-        Self { meta, timeout: Duration::from_secs(5), transport: Transport::Auto }
+        Self { meta, timeout: Duration::from_secs(5), transport: Transport::Auto, key: None }
     }
 }
 
@@ -75,16 +80,17 @@ fn join_server(
     shm: Option<&str>,
     transport: Transport,
     options: TcpOptions,
+    credentials: citron_lock::rdma::NodeCredentials,
 ) -> Result<Node, FsError> {
     if let (Transport::Auto, Some(name)) = (transport, shm) {
         if citron_lock::rdma::shm::fabric_dir(name).exists() {
-            match Node::join_shm(name) {
+            match Node::join_shm_as(name, credentials.clone()) {
                 Ok(node) => return Ok(node),
                 Err(e) => log::warn!("shm fabric {name} present but unusable ({e}); using tcp"),
             }
         }
     }
-    Ok(Node::join_tcp(nic, options)?)
+    Ok(Node::join_tcp_as(nic, options, credentials)?)
 }
 
 /// The endpoints one thread uses: one to the meta-server's NIC (lock memory
@@ -115,6 +121,8 @@ struct CachedLayout {
 
 struct Shared {
     rpc: RpcClient<MetaRequest, MetaResponse>,
+    /// What our connections prove (key, then session).
+    identity: identity::Identity,
     client: AtomicU64,
     fenced: AtomicBool,
     /// Bumped at every registration after the first: locks and opens of an
@@ -188,7 +196,9 @@ impl FsClient {
         // Fail fast with a clear message if nobody listens there.
         TcpStream::connect_timeout(&config.meta, config.timeout)
             .map_err(|e| FsError::Io(format!("cannot reach the meta-server at {}: {e}", config.meta)))?;
-        let rpc = RpcClient::new(config.meta, config.timeout);
+        let identity = identity::Identity::new(config.key.clone());
+        let rpc =
+            RpcClient::new(config.meta, config.timeout).with_credentials(identity.credentials().clone());
         let hostname =
             std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
         let info = match answer(
@@ -197,6 +207,7 @@ impl FsClient {
             MetaResponse::Registered(info) => info,
             other => return Err(unexpected(other)),
         };
+        identity.registered(&rpc, &info)?;
         let ClusterInfo {
             client,
             chunk_size,
@@ -207,13 +218,20 @@ impl FsClient {
             waits_for,
             lock_params,
             lock_host,
+            session: _,
         } = info;
         let geometry = ChunkGeometry::new(chunk_size).map_err(FsError::Invalid)?;
         let options = TcpOptions { connect_timeout: config.timeout, reply_timeout: config.timeout };
-        let meta_node =
-            join_server(reachable(meta_nic, config.meta), meta_shm.as_deref(), config.transport, options)?;
+        let meta_node = join_server(
+            reachable(meta_nic, config.meta),
+            meta_shm.as_deref(),
+            config.transport,
+            options,
+            identity.node_credentials(),
+        )?;
         let shared = Arc::new(Shared {
             rpc,
+            identity,
             client: AtomicU64::new(client.0),
             fenced: AtomicBool::new(false),
             registration: AtomicU64::new(0),
@@ -283,7 +301,13 @@ impl FsClient {
                 continue;
             }
             let nic = reachable(info.nic, self.shared.rpc.server());
-            let node = join_server(nic, info.shm.as_deref(), self.transport, options)?;
+            let node = join_server(
+                nic,
+                info.shm.as_deref(),
+                self.transport,
+                options,
+                self.shared.identity.node_credentials(),
+            )?;
             nodes.insert(info.id, (info, node));
         }
         Ok(())
@@ -428,10 +452,16 @@ impl FsClient {
 
     // ---- data ----
 
-    /// Opens a regular file for I/O (counted by the meta-server until
-    /// [`FsClient::release`]).
+    /// Opens a regular file for reading and writing as root (counted by the
+    /// meta-server until [`FsClient::release`]).
     pub fn open(&self, ino: Ino) -> Result<(), FsError> {
-        match self.call(&MetaRequest::Open { client: self.client_id(), ino })? {
+        self.open_as(Caller::ROOT, ino, libc::O_RDWR)
+    }
+
+    /// Opens a regular file for I/O as `caller` with open(2) `flags` (the
+    /// meta-server checks the caller may).
+    pub fn open_as(&self, caller: Caller, ino: Ino, flags: i32) -> Result<(), FsError> {
+        match self.call(&MetaRequest::Open { caller, client: self.client_id(), ino, flags })? {
             MetaResponse::Layout(l) => {
                 self.install_layout(l);
                 Ok(())
@@ -754,14 +784,28 @@ fn heartbeat_loop(shared: &Shared) {
         let client = ClientId(shared.client.load(Ordering::Relaxed));
         match shared.rpc.call(&MetaRequest::Heartbeat { client }) {
             Ok(MetaResponse::Done) => *shared.renewed.lock() = sent,
-            Ok(MetaResponse::Failed(e)) => {
-                log::warn!("lease of client {} lost: {e}", client.0);
+            Ok(MetaResponse::Failed(_))
+            | Err(RpcError::Handshake(HandshakeError::Refused(Status::NotAdmitted))) => {
+                log::warn!("lease of client {} lost", client.0);
                 shared.fenced.store(true, Ordering::Relaxed);
+                shared.identity.registering(&shared.rpc);
                 let again = shared.rpc.call(&MetaRequest::RegisterClient {
                     hostname: shared.hostname.clone(),
                     pid: std::process::id(),
                 });
-                if let Ok(MetaResponse::Registered(info)) = again {
+                let registered = match again {
+                    Ok(MetaResponse::Registered(info)) => {
+                        match shared.identity.registered(&shared.rpc, &info) {
+                            Ok(()) => Some(info),
+                            Err(e) => {
+                                log::warn!("cannot use the new registration: {e}");
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some(info) = registered {
                     shared.client.store(info.client.0, Ordering::Relaxed);
                     shared.registration.fetch_add(1, Ordering::Relaxed);
                     *shared.renewed.lock() = sent;

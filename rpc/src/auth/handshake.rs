@@ -304,6 +304,14 @@ pub enum HandshakeError {
     Garbled(u8),
 }
 
+impl HandshakeError {
+    /// Whether the server did not answer in time (a vanished or frozen
+    /// host, not a refusal).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, HandshakeError::Io(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
+    }
+}
+
 fn nonce() -> [u8; NONCE_LEN] {
     use rand::RngCore;
     let mut n = [0u8; NONCE_LEN];

@@ -83,6 +83,19 @@ impl Secret {
         Secret(self.mac(&[label, context]))
     }
 
+    /// `secret` wrapped under this one for `context` (XOR with the HMAC of
+    /// the context: a one-time pad, as long as a context is used once).
+    pub fn wrap(&self, secret: &Secret, context: &[u8]) -> [u8; SECRET_LEN] {
+        let pad = self.mac(&[WRAP_LABEL, context]);
+        std::array::from_fn(|i| secret.0[i] ^ pad[i])
+    }
+
+    /// The inverse of [`Secret::wrap`] with the same context.
+    pub fn unwrap(&self, wrapped: &[u8; SECRET_LEN], context: &[u8]) -> Secret {
+        let pad = self.mac(&[WRAP_LABEL, context]);
+        Secret(std::array::from_fn(|i| wrapped[i] ^ pad[i]))
+    }
+
     fn hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -243,6 +256,7 @@ pub struct Keyring {
 
 /// Labels of the derived secrets (domain separation).
 const SESSION_LABEL: &[u8] = b"citronfs session secret v1";
+const WRAP_LABEL: &[u8] = b"citronfs wrapped secret v1";
 const MEMBER_LABEL: &[u8] = b"citronfs member secret v1";
 
 impl Keyring {

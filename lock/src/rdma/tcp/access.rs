@@ -47,7 +47,7 @@
 //! the client side, and no message: verbs per lock and per I/O stay what
 //! they were (see the report of `citronfs bench verbs --grants`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -102,8 +102,7 @@ pub enum AccessCommand {
         client: ClientNumber,
         extents: Vec<Extent>,
     },
-    /// Ends grants made with exactly these extents (one grant per
-    /// extent per earlier `Grant`).
+    /// Ends grants made with exactly these extents.
     Revoke {
         client: ClientNumber,
         extents: Vec<Extent>,
@@ -119,11 +118,12 @@ pub enum AccessCommand {
     },
 }
 
-/// One client's grants: extents by (region, start, end), with a count for
-/// an extent granted more than once.
+/// One client's grants: extents by (region, start, end). A set: the
+/// meta-server grants an extent to a client once, so a command that is
+/// applied twice (a retry after a broken connection) changes nothing.
 #[derive(Default, Debug)]
 struct GrantSet {
-    extents: BTreeMap<(RegionId, u64, u64), u32>,
+    extents: BTreeSet<(RegionId, u64, u64)>,
 }
 
 /// Grants overlapping each other are not made by the meta-server (its
@@ -137,29 +137,22 @@ impl GrantSet {
             .range(..=(addr.region, addr.offset, u64::MAX))
             .rev()
             .take(LOOKBACK)
-            .take_while(|((region, _, _), _)| *region == addr.region)
-            .any(|((_, start, stop), _)| *start <= addr.offset && end <= *stop)
+            .take_while(|(region, _, _)| *region == addr.region)
+            .any(|(_, start, stop)| *start <= addr.offset && end <= *stop)
     }
 
     fn grant(&mut self, e: &Extent) {
-        *self.extents.entry((e.region, e.offset, e.end())).or_insert(0) += 1;
+        self.extents.insert((e.region, e.offset, e.end()));
     }
 
     fn revoke(&mut self, e: &Extent) {
-        let key = (e.region, e.offset, e.end());
-        if let Some(n) = self.extents.get_mut(&key) {
-            *n -= 1;
-            if *n == 0 {
-                self.extents.remove(&key);
-            }
-        }
+        self.extents.remove(&(e.region, e.offset, e.end()));
     }
 
     fn revoke_overlapping(&mut self, e: &Extent) -> usize {
         let before = self.extents.len();
-        self.extents.retain(|(region, start, stop), _| {
-            !(*region == e.region && *start < e.end() && e.offset < *stop)
-        });
+        self.extents
+            .retain(|(region, start, stop)| !(*region == e.region && *start < e.end() && e.offset < *stop));
         before - self.extents.len()
     }
 }
@@ -262,7 +255,7 @@ impl AccessTable {
         let Some(c) = self.clients.read().by_number.get(&client).cloned() else { return Vec::new() };
         let g = c.grants.read();
         g.extents
-            .keys()
+            .iter()
             .map(|&(region, start, stop)| Extent { region, offset: start, len: stop - start })
             .collect()
     }
@@ -500,14 +493,14 @@ mod tests {
     }
 
     #[test]
-    fn revocations_count_grants_and_everyone_loses_overlaps() {
+    fn commands_are_idempotent_and_everyone_loses_overlaps() {
         let t = table();
         let e = Extent { region: R, offset: 0, len: 64 };
         t.apply(&AccessCommand::Grant { client: 1, extents: vec![e, e] });
+        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e] });
         t.apply(&AccessCommand::Revoke { client: 1, extents: vec![e] });
-        assert!(t.execute(&session(1), &read(0, 8), ok).is_ok(), "granted twice, revoked once");
+        assert!(t.execute(&session(1), &read(0, 8), ok).is_err(), "a grant applied twice is one grant");
         t.apply(&AccessCommand::Revoke { client: 1, extents: vec![e] });
-        assert!(t.execute(&session(1), &read(0, 8), ok).is_err());
         t.apply(&AccessCommand::Admit { client: 2 });
         t.apply(&AccessCommand::Grant { client: 1, extents: vec![e] });
         t.apply(&AccessCommand::Grant {

@@ -107,7 +107,13 @@ impl TcpQp {
         let mut stream = TcpStream::connect_timeout(&self.host, self.options.connect_timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(self.options.reply_timeout))?;
-        client_handshake(&mut stream, &self.credentials.get(), self.options.reply_timeout)?;
+        client_handshake(&mut stream, &self.credentials.get(), self.options.reply_timeout).map_err(|e| {
+            if e.is_timeout() {
+                TransportError::Timeout(self.options.reply_timeout)
+            } else {
+                e.into()
+            }
+        })?;
         stream.set_read_timeout(Some(self.options.reply_timeout))?;
         let reader = BufReader::with_capacity(256 * 1024, stream.try_clone()?);
         let writer = BufWriter::with_capacity(256 * 1024, stream);

@@ -12,8 +12,8 @@ pub use citron_rpc::{mux, rpc};
 
 pub use access::{AccessCommand, AccessTable, Extent};
 pub use citron_rpc::{
-    Call, Connection, ConnectionId, MuxChannel, MuxClient, MuxServer, MuxService, PendingCall, RpcClient,
-    RpcError, RpcServer, RpcService, ServerStats,
+    Call, Connection, ConnectionId, Connections, MuxChannel, MuxClient, MuxServer, MuxService, Peer,
+    PendingCall, RpcClient, RpcError, RpcServer, RpcService, ServerStats,
 };
 pub use client::{NodeCredentials, TcpOptions};
 pub use host::TcpHost;
