@@ -705,7 +705,7 @@ impl MetaServer {
             if grow {
                 let probe = node.endpoint()?;
                 let rtt = probe.measure_rtt(waits_for.base, 16).unwrap_or(Duration::from_micros(10));
-                let timing = LockTiming::new(rtt, config.lock_params);
+                let timing = LockTiming::new_as(rtt, config.lock_params, node.credentials().host.clone());
                 let host =
                     Arc::new(
                         LockMemoryHost::new(regions.clone(), LOCK_REGION, tree_start, lock_bytes)
@@ -793,7 +793,7 @@ impl MetaServer {
                         }
                     };
                     let rtt = ep.measure_rtt(waits_for.base, 16).unwrap_or(Duration::from_micros(10));
-                    let timing = LockTiming::new(rtt, lock_params);
+                    let timing = LockTiming::new_as(rtt, lock_params, node.credentials().host.clone());
                     while !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(tick);
                         service.expire_clients(&ep, &timing);

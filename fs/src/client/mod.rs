@@ -243,7 +243,7 @@ impl FsClient {
         // Timing of the lock algorithms comes from this fabric's RTT.
         let probe = meta_node.endpoint()?;
         let rtt = probe.measure_rtt(waits_for.base, 32)?;
-        let timing = LockTiming::new(rtt, lock_params);
+        let timing = LockTiming::new_as(rtt, lock_params, meta_node.credentials().host.clone());
         log::info!("lock-server RTT {rtt:?}");
         let mut c = Self {
             shared: shared.clone(),
