@@ -70,11 +70,28 @@ pub enum ServerRef {
     Data(DataServerId),
 }
 
+/// What an extent holds, which decides who may write it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Class {
+    /// A file's bytes or attribute slot: writable for the clients that
+    /// opened it for writing, readable for the others.
+    Data,
+    /// Lock memory: writable for everyone who has it (readers lock too).
+    Lock,
+}
+
 /// An extent of one server's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Placed {
     pub server: ServerRef,
     pub extent: Extent,
+    pub class: Class,
+}
+
+impl Placed {
+    pub fn new(server: ServerRef, extent: Extent, class: Class) -> Self {
+        Self { server, extent, class }
+    }
 }
 
 /// Why a synchronous revocation could not be confirmed.
@@ -90,7 +107,8 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 /// What one file's openers hold.
 #[derive(Default)]
 struct FileGrants {
-    openers: HashSet<ClientId>,
+    /// Each opener, and whether any of its opens writes.
+    openers: HashMap<ClientId, bool>,
     extents: HashSet<Placed>,
 }
 
@@ -182,14 +200,16 @@ impl Access {
         self.ledger.lock().admitted.insert(client);
         self.local.apply(&AccessCommand::Admit { client: client.0 });
         let membership = self.membership.lock().clone();
-        self.grant(client, &membership);
+        self.grant(client, &membership, false);
         for pusher in self.remotes.lock().values() {
             pusher.send(vec![AccessCommand::Admit { client: client.0 }], None);
         }
     }
 
-    /// `client` opened `ino`, whose memory is `memory` now.
-    pub fn opened(&self, client: ClientId, ino: Ino, memory: Vec<Placed>) {
+    /// `client` opened `ino` (for writing with `write`), whose memory is
+    /// `memory` now. A client keeps write access to a file until its last
+    /// close of it, once any of its opens wrote.
+    pub fn opened(&self, client: ClientId, ino: Ino, memory: Vec<Placed>, write: bool) {
         if !self.enforcing() {
             return;
         }
@@ -197,14 +217,18 @@ impl Access {
         let file = ledger.files.entry(ino).or_default();
         let fresh: Vec<Placed> = memory.iter().filter(|p| !file.extents.contains(p)).copied().collect();
         file.extents.extend(fresh.iter().copied());
-        let others: Vec<ClientId> = file.openers.iter().filter(|c| **c != client).copied().collect();
-        let first_open = file.openers.insert(client);
+        let others: Vec<(ClientId, bool)> =
+            file.openers.iter().filter(|(c, _)| **c != client).map(|(c, w)| (*c, *w)).collect();
+        let before = file.openers.get(&client).copied();
+        let writes = before.unwrap_or(false) || write;
+        file.openers.insert(client, writes);
+        // All of it at a first open or an upgrade to writing, else what is new.
         let mine: Vec<Placed> =
-            if first_open { file.extents.iter().copied().collect() } else { fresh.clone() };
+            if before != Some(writes) { file.extents.iter().copied().collect() } else { fresh.clone() };
         drop(ledger);
-        self.grant(client, &mine);
-        for c in others {
-            self.grant(c, &fresh);
+        self.grant(client, &mine, writes);
+        for (c, w) in others {
+            self.grant(c, &fresh, w);
         }
     }
 
@@ -219,13 +243,13 @@ impl Access {
             let mut ledger = self.ledger.lock();
             let Some(file) = ledger.files.get_mut(&ino) else { return };
             let fresh: Vec<Placed> = memory.into_iter().filter(|p| file.extents.insert(*p)).collect();
-            (file.openers.iter().copied().collect::<Vec<_>>(), fresh)
+            (file.openers.iter().map(|(c, w)| (*c, *w)).collect::<Vec<_>>(), fresh)
         };
         if fresh.is_empty() {
             return;
         }
-        for c in openers {
-            self.grant(c, &fresh);
+        for (c, w) in openers {
+            self.grant(c, &fresh, w);
         }
     }
 
@@ -243,10 +267,10 @@ impl Access {
             let gained: Vec<Placed> = now.difference(&file.extents).copied().collect();
             let lost: Vec<Placed> = file.extents.difference(&now).copied().collect();
             file.extents = now;
-            (file.openers.iter().copied().collect::<Vec<_>>(), gained, lost)
+            (file.openers.iter().map(|(c, w)| (*c, *w)).collect::<Vec<_>>(), gained, lost)
         };
-        for c in openers {
-            self.grant(c, &gained);
+        for (c, w) in openers {
+            self.grant(c, &gained, w);
             self.revoke(c, &lost);
         }
     }
@@ -259,7 +283,7 @@ impl Access {
         let lost = {
             let mut ledger = self.ledger.lock();
             let Some(file) = ledger.files.get_mut(&ino) else { return };
-            if !file.openers.remove(&client) {
+            if file.openers.remove(&client).is_none() {
                 return;
             }
             let lost: Vec<Placed> = file.extents.iter().copied().collect();
@@ -323,8 +347,13 @@ impl Access {
         confirm(waits)
     }
 
-    fn grant(&self, client: ClientId, extents: &[Placed]) {
-        self.change(extents, |list| AccessCommand::Grant { client: client.0, extents: list });
+    /// Grants `extents` to `client`: lock memory writable, data writable
+    /// if `writer`.
+    fn grant(&self, client: ClientId, extents: &[Placed], writer: bool) {
+        let (locks, data): (Vec<Placed>, Vec<Placed>) = extents.iter().partition(|p| p.class == Class::Lock);
+        let grant = |write| move |list| AccessCommand::Grant { client: client.0, extents: list, write };
+        self.change(&locks, grant(true));
+        self.change(&data, grant(writer));
     }
 
     fn revoke(&self, client: ClientId, extents: &[Placed]) {
@@ -333,6 +362,9 @@ impl Access {
 
     /// Applies a change at once on our NIC and queues it to data servers'.
     fn change(&self, extents: &[Placed], command: impl Fn(Vec<Extent>) -> AccessCommand) {
+        if extents.is_empty() {
+            return;
+        }
         for (server, list) in by_server(extents) {
             match server {
                 ServerRef::Meta => self.local.apply(&command(list)),

@@ -86,7 +86,7 @@ use citronfs_core::types::{Caller, ClientId, DataServerId, FileKind, Ino};
 use citronfs_core::FsError;
 use parking_lot::Mutex;
 
-use crate::access::{Access, Placed, ServerRef};
+use crate::access::{Access, Class, Placed, ServerRef};
 use crate::chunks::ChunkAllocator;
 use crate::identity::{self, Asker};
 use crate::lock_cleanup;
@@ -333,7 +333,7 @@ impl MetaService {
         let chunk = self.chunk_size;
         let placed: Vec<Placed> = ranges
             .iter()
-            .map(|r| Placed { server: ServerRef::Data(r.loc.server), extent: Extent::new(r.loc.addr, chunk) })
+            .map(|r| Placed::new(ServerRef::Data(r.loc.server), Extent::new(r.loc.addr, chunk), Class::Data))
             .collect();
         self.access.revoke_everyone(&placed).map_err(|e| FsError::Io(e.to_string()))
     }
@@ -472,14 +472,15 @@ impl MetaService {
                 let layout = ns.open(client, attr.ino)?;
                 // Pushed before the answer leaves (a NIC holds a verb that
                 // outruns its grant).
-                self.access.opened(client, attr.ino, ns.file_memory(attr.ino));
+                self.access.opened(client, attr.ino, ns.file_memory(attr.ino), true);
                 A::Opened(attr, layout)
             }
             R::Open { caller, client, ino, flags } => {
                 let mut ns = self.ns.lock();
                 checks.open(&ns, caller, ino, flags)?;
                 let layout = ns.open(client, ino)?;
-                self.access.opened(client, ino, ns.file_memory(ino));
+                let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+                self.access.opened(client, ino, ns.file_memory(ino), write);
                 A::Layout(layout)
             }
             R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
@@ -507,9 +508,8 @@ impl MetaService {
                 self.reclaim(&allocation.zero)?;
                 self.zero(&allocation.zero)?;
                 let chunk = self.chunk_size;
-                let placed = allocation.chunks.iter().map(|(_, loc)| Placed {
-                    server: ServerRef::Data(loc.server),
-                    extent: Extent::new(loc.addr, chunk),
+                let placed = allocation.chunks.iter().map(|(_, loc)| {
+                    Placed::new(ServerRef::Data(loc.server), Extent::new(loc.addr, chunk), Class::Data)
                 });
                 self.access.file_grew(ino, placed.collect());
                 A::Chunks(allocation.chunks)
@@ -721,7 +721,7 @@ impl MetaServer {
         // What every registered client may touch of lock memory: the
         // waits-for table, the lock host's area, the tree host's arena.
         let lock_extent =
-            |start: RemoteAddr, len| Placed { server: ServerRef::Meta, extent: Extent::new(start, len) };
+            |start: RemoteAddr, len| Placed::new(ServerRef::Meta, Extent::new(start, len), Class::Lock);
         let mut membership = vec![
             lock_extent(waits_for.base, WaitsFor::bytes(config.max_waiting_owners)),
             lock_extent(host_area, host_config.area_bytes()),

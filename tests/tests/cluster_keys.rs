@@ -18,8 +18,8 @@ use citron_lock::rdma::{
     Endpoint, Node, NodeCredentials, RdmaError, TcpOptions, TransportError, Verb, VerbError,
 };
 use citron_rpc::auth::{
-    client_handshake, Credential, Credentials, HandshakeError, Key, KeyOptions, Keyring, Role, SessionId, Squash,
-    Status,
+    client_handshake, Credential, Credentials, HandshakeError, Key, KeyOptions, Keyring, Role, SessionId,
+    Squash, Status,
 };
 use citronfs_core::client::{FsClient, Transport};
 use citronfs_core::proto::{ClusterInfo, FileLayout, MetaRequest, MetaResponse};
@@ -101,12 +101,17 @@ impl RawClient {
 
     /// An endpoint on the NIC at `nic`, proving this client's session.
     fn endpoint(&self, nic: SocketAddr) -> Endpoint {
-        let creds = NodeCredentials { host: Credentials::new(self.session.clone()), ..NodeCredentials::default() };
+        let creds =
+            NodeCredentials { host: Credentials::new(self.session.clone()), ..NodeCredentials::default() };
         Node::join_tcp_as(nic, opts(), creds).unwrap().endpoint().unwrap()
     }
 
     fn open(&self, ino: Ino) -> FileLayout {
-        let open = MetaRequest::Open { caller: Caller::ROOT, client: self.info.client, ino, flags: libc::O_RDWR };
+        self.open_with(ino, libc::O_RDWR)
+    }
+
+    fn open_with(&self, ino: Ino, flags: i32) -> FileLayout {
+        let open = MetaRequest::Open { caller: Caller::ROOT, client: self.info.client, ino, flags };
         match self.call(open) {
             MetaResponse::Layout(l) => l,
             other => panic!("{other:?}"),
@@ -189,14 +194,18 @@ fn without_the_key_or_with_a_wrong_one_nothing_gets_in_and_nothing_changes() {
         assert!(matches!(err, TransportError::Handshake(HandshakeError::KeyRequired)), "{port}: {err:?}");
         // A key of the right name but another secret: the server cannot
         // prove it, so the client stops (and the server sees the proof missing).
-        let creds = NodeCredentials { host: Credentials::new(Credential::Key(wrong.clone())), ..Default::default() };
+        let creds =
+            NodeCredentials { host: Credentials::new(Credential::Key(wrong.clone())), ..Default::default() };
         let err = Node::join_tcp_as(port, opts(), creds).unwrap_err();
         assert!(
             matches!(err, TransportError::Handshake(HandshakeError::ServerNotAuthenticated)),
             "{port}: {err:?}"
         );
         // A key the server does not know.
-        let creds = NodeCredentials { host: Credentials::new(Credential::Key(unknown.clone())), ..Default::default() };
+        let creds = NodeCredentials {
+            host: Credentials::new(Credential::Key(unknown.clone())),
+            ..Default::default()
+        };
         let err = Node::join_tcp_as(port, opts(), creds).unwrap_err();
         assert!(
             matches!(err, TransportError::Handshake(HandshakeError::Refused(Status::UnknownCredential))),
@@ -220,7 +229,10 @@ fn without_the_key_or_with_a_wrong_one_nothing_gets_in_and_nothing_changes() {
     }
     // A peer that proves a wrong key to the server (it ignores the server's proof).
     let mut s = TcpStream::connect(cluster.data[0].nic_addr()).unwrap();
-    let forged = Credential::Key(Key { secret: wrong.secret.clone(), ..cluster.keyring.as_ref().unwrap().first().clone() });
+    let forged = Credential::Key(Key {
+        secret: wrong.secret.clone(),
+        ..cluster.keyring.as_ref().unwrap().first().clone()
+    });
     let err = client_handshake(&mut s, &forged, TIMEOUT).unwrap_err();
     assert!(matches!(err, HandshakeError::ServerNotAuthenticated), "{err:?}");
     // A mount without the key, or with the wrong one, cannot join.
@@ -277,6 +289,18 @@ fn a_client_with_the_key_touches_only_files_it_has_open() {
     data.read(own.chunks[0].1.addr, &mut buf).unwrap();
     assert_eq!(buf, [1; 64]);
     meta.read_u64(own.slot.size()).unwrap();
+    // Opened for reading only, a file's bytes and size can be read, not written.
+    intruder.open_with(secret_file, libc::O_RDONLY);
+    data.read(chunk, &mut buf).unwrap();
+    assert_eq!(buf, [0x5A; 64]);
+    assert_eq!(meta.read_u64(secret.slot.size()).unwrap(), 8192);
+    assert!(not_granted(data.write(chunk, b"overwritten")));
+    assert!(not_granted(data.faa(chunk, 1)));
+    assert!(not_granted(meta.faa(secret.slot.size(), 1)));
+    match intruder.call(MetaRequest::Release { client: intruder.info.client, ino: secret_file }) {
+        MetaResponse::Done => {}
+        other => panic!("{other:?}"),
+    }
     // The bytes it aimed at are unchanged.
     assert_eq!(owner.read(secret_file, 0, 8192).unwrap(), vec![0x5A; 8192]);
     assert_eq!(owner.getattr(secret_file).unwrap().size, 8192);
@@ -316,19 +340,26 @@ fn after_fencing_a_clients_grants_and_connections_are_gone() {
     eventually("the data server has the grant", || !cluster.data[0].access().grants_of(me).is_empty());
     // The lease (2 s) runs out; the meta-server fences it everywhere.
     eventually("the client is fenced at every NIC", || {
-        cluster.meta.nic_access().grants_of(me).is_empty() && cluster.data[0].access().grants_of(me).is_empty()
+        cluster.meta.nic_access().grants_of(me).is_empty()
+            && cluster.data[0].access().grants_of(me).is_empty()
     });
     // Its connections were cut, and it cannot connect again with its session.
     let err = data.read(chunk, &mut buf).unwrap_err();
     assert!(matches!(err, RdmaError::Transport(TransportError::Disconnected)), "{err:?}");
     let err = data.read(chunk, &mut buf).unwrap_err();
     assert!(
-        matches!(err, RdmaError::Transport(TransportError::Handshake(HandshakeError::Refused(Status::NotAdmitted)))),
+        matches!(
+            err,
+            RdmaError::Transport(TransportError::Handshake(HandshakeError::Refused(Status::NotAdmitted)))
+        ),
         "{err:?}"
     );
     let creds = NodeCredentials { host: Credentials::new(doomed.session.clone()), ..Default::default() };
     let err = Node::join_tcp_as(cluster.data[0].nic_addr(), opts(), creds).unwrap_err();
-    assert!(matches!(err, TransportError::Handshake(HandshakeError::Refused(Status::NotAdmitted))), "{err:?}");
+    assert!(
+        matches!(err, TransportError::Handshake(HandshakeError::Refused(Status::NotAdmitted))),
+        "{err:?}"
+    );
     assert!(doomed.rpc.call(&MetaRequest::StatFs).is_err(), "the meta-server refuses the session too");
     // The live client is untouched.
     assert_eq!(owner.read(ino, 0, 4096).unwrap(), vec![3; 4096]);
@@ -337,8 +368,11 @@ fn after_fencing_a_clients_grants_and_connections_are_gone() {
 #[test]
 fn the_meta_server_checks_permissions_and_squashes_root_per_key() {
     let ring = cluster_key();
-    let squashed =
-        Key::generate("lab", KeyOptions { role: Role::Client, squash: Squash::Root, ..KeyOptions::default() }).unwrap();
+    let squashed = Key::generate(
+        "lab",
+        KeyOptions { role: Role::Client, squash: Squash::Root, ..KeyOptions::default() },
+    )
+    .unwrap();
     let keys = Arc::new(Keyring::new(vec![ring.first().clone(), squashed.clone()]).unwrap());
     let cluster = TestCluster::keyed(keys, 1);
     // A trusted mount (the cluster key) sets up; a root-squashed one tries.
@@ -351,7 +385,8 @@ fn the_meta_server_checks_permissions_and_squashes_root_per_key() {
     // the meta-server refuses.
     let err = std::fs::write(lab.path("new-at-top"), b"x").unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
-    let err = std::fs::set_permissions(lab.path("root-file"), std::fs::Permissions::from_mode(0o666)).unwrap_err();
+    let err =
+        std::fs::set_permissions(lab.path("root-file"), std::fs::Permissions::from_mode(0o666)).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EPERM), "{err}");
     let err = std::fs::OpenOptions::new().write(true).open(lab.path("root-file")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");

@@ -70,7 +70,11 @@ impl LockTiming {
 
     /// [`LockTiming::new`] for a client whose connections to range lock
     /// servers prove `credentials` (its node's).
-    pub fn new_as(rtt: Duration, cluster: ClusterLockParams, credentials: citron_rpc::auth::Credentials) -> Self {
+    pub fn new_as(
+        rtt: Duration,
+        cluster: ClusterLockParams,
+        credentials: citron_rpc::auth::Credentials,
+    ) -> Self {
         let lease = Duration::from_millis(cluster.lease_ms);
         let mut ranges = RangeLockContext::from_rtt(rtt).with_credentials(credentials);
         ranges.citron.t_wait = Duration::from_micros(cluster.t_wait_us);

@@ -7,7 +7,7 @@ use citronfs_core::proto::AttrSlot;
 use citronfs_core::types::{ClientId, Ino};
 
 use super::{Content, Namespace};
-use crate::access::{Placed, ServerRef};
+use crate::access::{Class, Placed, ServerRef};
 
 impl Namespace {
     /// Every extent of server memory a client needs to use the open file
@@ -17,18 +17,17 @@ impl Namespace {
     pub fn file_memory(&self, ino: Ino) -> Vec<Placed> {
         let Some(inode) = self.inodes.get(&ino) else { return Vec::new() };
         let Content::File(f) = &inode.content else { return Vec::new() };
-        let meta = |start, len| Placed { server: ServerRef::Meta, extent: Extent::new(start, len) };
+        let meta = |start, len, class| Placed::new(ServerRef::Meta, Extent::new(start, len), class);
         let mut out = Vec::with_capacity(2 + f.chunks.len());
-        out.push(meta(f.slot.0, AttrSlot::BYTES));
+        out.push(meta(f.slot.0, AttrSlot::BYTES, Class::Data));
         if let Some(locks) = &f.locks {
-            out.push(meta(locks.area.base, locks.area.bytes));
-            out.extend(locks.blocks.iter().map(|b| meta(*b, BLOCK_BYTES)));
+            out.push(meta(locks.area.base, locks.area.bytes, Class::Lock));
+            out.extend(locks.blocks.iter().map(|b| meta(*b, BLOCK_BYTES, Class::Lock)));
         }
         let chunk = self.geometry.chunk_size();
         out.extend(
-            f.chunks.values().map(|loc| Placed {
-                server: ServerRef::Data(loc.server),
-                extent: Extent::new(loc.addr, chunk),
+            f.chunks.values().map(|loc| {
+                Placed::new(ServerRef::Data(loc.server), Extent::new(loc.addr, chunk), Class::Data)
             }),
         );
         out

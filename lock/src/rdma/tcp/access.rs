@@ -8,9 +8,11 @@
 //! cluster key, or anyone on a NIC without keys) may touch every region, as
 //! a host's own threads do. A registered client ([`Principal::Session`])
 //! may touch only the [`Extent`]s granted to it: a verb must lie inside one
-//! grant of its region, as an RDMA verb must lie inside one memory region.
-//! Anything else is refused with [`VerbError::NotGranted`], like an
-//! out-of-bounds verb: it changes nothing and the connection goes on.
+//! grant of its region, as an RDMA verb must lie inside one memory region,
+//! and only reads may use a read-only grant (an MR registered without
+//! `REMOTE_WRITE`/`REMOTE_ATOMIC`). Anything else is refused with
+//! [`VerbError::NotGranted`], like an out-of-bounds verb: it changes
+//! nothing and the connection goes on.
 //!
 //! The meta-server is the only authority: it changes the table with
 //! [`AccessCommand`]s ([`AccessTable::apply`], over the NIC's own
@@ -47,7 +49,7 @@
 //! the client side, and no message: verbs per lock and per I/O stay what
 //! they were (see the report of `citronfs bench verbs --grants`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -91,58 +93,52 @@ pub type ClientNumber = u64;
 pub enum AccessCommand {
     /// A meta-server incarnation takes charge: forget every client (and cut
     /// their connections) unless it is the one already in charge.
-    Reset {
-        incarnation: u64,
-    },
+    Reset { incarnation: u64 },
     /// A registered client: its session may connect (with no grant yet).
-    Admit {
-        client: ClientNumber,
-    },
-    Grant {
-        client: ClientNumber,
-        extents: Vec<Extent>,
-    },
+    Admit { client: ClientNumber },
+    /// Grants `extents` for reading, and with `write` for every verb. A
+    /// grant never loses `write` by being granted again without it.
+    Grant { client: ClientNumber, extents: Vec<Extent>, write: bool },
     /// Ends grants made with exactly these extents.
-    Revoke {
-        client: ClientNumber,
-        extents: Vec<Extent>,
-    },
+    Revoke { client: ClientNumber, extents: Vec<Extent> },
     /// Before memory is reused: every grant that overlaps these extents,
     /// of every client, ends.
-    RevokeEveryone {
-        extents: Vec<Extent>,
-    },
+    RevokeEveryone { extents: Vec<Extent> },
     /// The client is gone: its grants, its admission and its connections.
-    Fence {
-        client: ClientNumber,
-    },
+    Fence { client: ClientNumber },
 }
 
-/// One client's grants: extents by (region, start, end). A set: the
-/// meta-server grants an extent to a client once, so a command that is
-/// applied twice (a retry after a broken connection) changes nothing.
+/// One client's grants: extents by (region, start, end), each writable or
+/// not. Granting is idempotent (the meta-server grants an extent to a
+/// client once; a command applied twice, a retry after a broken
+/// connection, changes nothing).
 #[derive(Default, Debug)]
 struct GrantSet {
-    extents: BTreeSet<(RegionId, u64, u64)>,
+    extents: BTreeMap<(RegionId, u64, u64), Writable>,
 }
+
+/// Whether a grant admits verbs other than reads.
+type Writable = bool;
 
 /// Grants overlapping each other are not made by the meta-server (its
 /// allocations are disjoint); the lookup still looks this many grants back.
 const LOOKBACK: usize = 4;
 
 impl GrantSet {
-    fn covers(&self, addr: RemoteAddr, len: u64) -> bool {
+    fn covers(&self, addr: RemoteAddr, len: u64, write: bool) -> bool {
         let Some(end) = addr.offset.checked_add(len) else { return false };
         self.extents
             .range(..=(addr.region, addr.offset, u64::MAX))
             .rev()
             .take(LOOKBACK)
-            .take_while(|(region, _, _)| *region == addr.region)
-            .any(|(_, start, stop)| *start <= addr.offset && end <= *stop)
+            .take_while(|((region, _, _), _)| *region == addr.region)
+            .any(|((_, start, stop), writable)| {
+                *start <= addr.offset && end <= *stop && (*writable || !write)
+            })
     }
 
-    fn grant(&mut self, e: &Extent) {
-        self.extents.insert((e.region, e.offset, e.end()));
+    fn grant(&mut self, e: &Extent, write: bool) {
+        *self.extents.entry((e.region, e.offset, e.end())).or_insert(write) |= write;
     }
 
     fn revoke(&mut self, e: &Extent) {
@@ -151,8 +147,9 @@ impl GrantSet {
 
     fn revoke_overlapping(&mut self, e: &Extent) -> usize {
         let before = self.extents.len();
-        self.extents
-            .retain(|(region, start, stop)| !(*region == e.region && *start < e.end() && e.offset < *stop));
+        self.extents.retain(|(region, start, stop), _| {
+            !(*region == e.region && *start < e.end() && e.offset < *stop)
+        });
         before - self.extents.len()
     }
 }
@@ -208,15 +205,15 @@ impl Default for AccessTable {
     }
 }
 
-/// The bytes a verb touches.
-fn touched(verb: &Verb) -> (RemoteAddr, u64) {
+/// The bytes a verb touches, and whether it may change them.
+fn touched(verb: &Verb) -> (RemoteAddr, u64, bool) {
     let len = match verb {
         Verb::Read { len, .. } => u64::from(*len),
         Verb::Write { data, .. } => data.len() as u64,
         Verb::Cas { .. } | Verb::Faa { .. } | Verb::MaskedCas { .. } | Verb::MaskedFaa { .. } => 8,
         Verb::ExtCas { .. } | Verb::ExtFaa { .. } => 16,
     };
-    (verb.addr(), len)
+    (verb.addr(), len, !matches!(verb, Verb::Read { .. }))
 }
 
 impl AccessTable {
@@ -255,7 +252,7 @@ impl AccessTable {
         let Some(c) = self.clients.read().by_number.get(&client).cloned() else { return Vec::new() };
         let g = c.grants.read();
         g.extents
-            .iter()
+            .keys()
             .map(|&(region, start, stop)| Extent { region, offset: start, len: stop - start })
             .collect()
     }
@@ -306,12 +303,12 @@ impl AccessTable {
                 self.clients.write().by_number.entry(*client).or_default();
                 self.wake_waiters();
             }
-            AccessCommand::Grant { client, extents } => {
+            AccessCommand::Grant { client, extents, write } => {
                 let a = self.clients.write().by_number.entry(*client).or_default().clone();
                 {
                     let mut g = a.grants.write();
                     for e in extents {
-                        g.grant(e);
+                        g.grant(e, *write);
                     }
                 }
                 self.wake_waiters();
@@ -399,11 +396,11 @@ impl AccessTable {
             p if p.is_server() => return run(verb),
             Principal::Session(s) => s.client,
             _ => {
-                let (addr, len) = touched(verb);
+                let (addr, len, _) = touched(verb);
                 return Err(self.refuse(addr, len));
             }
         };
-        let (addr, len) = touched(verb);
+        let (addr, len, write) = touched(verb);
         let mut deadline = None;
         loop {
             let seen = self.generation();
@@ -415,7 +412,7 @@ impl AccessTable {
                 if access.fenced.load(Ordering::Acquire) {
                     return Err(self.refuse(addr, len));
                 }
-                if g.covers(addr, len) {
+                if g.covers(addr, len, write) {
                     // Executed under the read lock: a revocation waits for it.
                     return run(verb);
                 }
@@ -474,6 +471,7 @@ mod tests {
                 Extent { region: R, offset: 4096, len: 4096 },
                 Extent { region: R, offset: 8192, len: 64 },
             ],
+            write: true,
         });
         assert!(t.execute(&session(1), &read(4096, 4096), ok).is_ok());
         assert!(t.execute(&session(1), &read(8192 + 56, 8), ok).is_ok());
@@ -493,19 +491,41 @@ mod tests {
     }
 
     #[test]
+    fn read_only_grants_admit_reads_only_and_are_upgraded_not_downgraded() {
+        let t = table();
+        let e = Extent { region: R, offset: 0, len: 64 };
+        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e], write: false });
+        assert!(t.execute(&session(1), &read(0, 64), ok).is_ok());
+        let writes = [
+            Verb::Write { addr: RemoteAddr::new(R, 0), data: vec![1] },
+            Verb::Faa { addr: RemoteAddr::new(R, 8), add: 1 },
+            Verb::ExtCas { addr: RemoteAddr::new(R, 16), cmp: 0, cmp_mask: 0, swap: 1, swap_mask: 1 },
+        ];
+        for w in &writes {
+            assert!(matches!(t.execute(&session(1), w, ok), Err(VerbError::NotGranted { .. })), "{w:?}");
+        }
+        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e], write: true });
+        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e], write: false });
+        for w in &writes {
+            assert!(t.execute(&session(1), w, ok).is_ok(), "{w:?}");
+        }
+    }
+
+    #[test]
     fn commands_are_idempotent_and_everyone_loses_overlaps() {
         let t = table();
         let e = Extent { region: R, offset: 0, len: 64 };
-        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e, e] });
-        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e] });
+        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e, e], write: true });
+        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e], write: true });
         t.apply(&AccessCommand::Revoke { client: 1, extents: vec![e] });
         assert!(t.execute(&session(1), &read(0, 8), ok).is_err(), "a grant applied twice is one grant");
         t.apply(&AccessCommand::Revoke { client: 1, extents: vec![e] });
         t.apply(&AccessCommand::Admit { client: 2 });
-        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e] });
+        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e], write: true });
         t.apply(&AccessCommand::Grant {
             client: 2,
             extents: vec![Extent { region: R, offset: 32, len: 64 }],
+            write: true,
         });
         t.apply(&AccessCommand::RevokeEveryone { extents: vec![Extent { region: R, offset: 60, len: 1 }] });
         assert!(t.grants_of(1).is_empty() && t.grants_of(2).is_empty());
@@ -523,6 +543,7 @@ mod tests {
                 t.apply(&AccessCommand::Grant {
                     client: 1,
                     extents: vec![Extent { region: R, offset: 0, len: 8 }],
+                    write: true,
                 });
             })
         };
@@ -535,7 +556,7 @@ mod tests {
     fn a_revocation_waits_for_the_verb_in_flight() {
         let t = Arc::new(table());
         let e = Extent { region: R, offset: 0, len: 8 };
-        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e] });
+        t.apply(&AccessCommand::Grant { client: 1, extents: vec![e], write: true });
         let (inside, go) = (Arc::new(std::sync::Barrier::new(2)), Arc::new(AtomicBool::new(false)));
         let verb = {
             let (t, inside, go) = (t.clone(), inside.clone(), go.clone());
@@ -558,7 +579,11 @@ mod tests {
     #[test]
     fn fencing_ends_grants_and_admission_and_a_new_incarnation_forgets_all() {
         let t = table();
-        t.apply(&AccessCommand::Grant { client: 1, extents: vec![Extent { region: R, offset: 0, len: 8 }] });
+        t.apply(&AccessCommand::Grant {
+            client: 1,
+            extents: vec![Extent { region: R, offset: 0, len: 8 }],
+            write: true,
+        });
         assert_eq!(t.admit(&session(1)), Ok(()));
         t.apply(&AccessCommand::Fence { client: 1 });
         assert!(t.grants_of(1).is_empty());
