@@ -120,6 +120,8 @@ struct Ledger {
 
 /// The meta-server's grants. See the module comment.
 pub struct Access {
+    /// How long NICs hold a verb for its grant, in milliseconds.
+    hold_ms: u64,
     /// This meta-server's incarnation: part of every session id, so a
     /// session of an earlier run is worthless.
     incarnation: u64,
@@ -133,14 +135,18 @@ pub struct Access {
 
 impl Access {
     /// Grants of a meta-server with `keyring` (or none), whose own NIC's
-    /// table is `local`.
-    pub fn new(keyring: Option<Arc<Keyring>>, local: Arc<AccessTable>) -> Self {
+    /// table is `local`; every NIC holds a verb that outruns its grant for
+    /// at most `hold`.
+    pub fn new(keyring: Option<Arc<Keyring>>, local: Arc<AccessTable>, hold: Duration) -> Self {
         use rand::RngCore;
         let incarnation = rand::rngs::OsRng.next_u64();
+        let hold_ms = hold.as_millis().min(u128::from(u64::MAX)) as u64;
         if keyring.is_some() {
             local.apply(&AccessCommand::Reset { incarnation });
+            local.apply(&AccessCommand::SetHold { millis: hold_ms });
         }
         Self {
+            hold_ms,
             incarnation,
             keyring,
             local,
@@ -186,7 +192,10 @@ impl Access {
         let Some(ring) = &self.keyring else { return };
         let Some(key) = ring.cluster_key() else { return };
         let pusher = Pusher::spawn(id, nic, Credentials::new(Credential::Key(key.clone())));
-        let mut first = vec![AccessCommand::Reset { incarnation: self.incarnation }];
+        let mut first = vec![
+            AccessCommand::Reset { incarnation: self.incarnation },
+            AccessCommand::SetHold { millis: self.hold_ms },
+        ];
         first.extend(self.ledger.lock().admitted.iter().map(|c| AccessCommand::Admit { client: c.0 }));
         pusher.send(first, None);
         self.remotes.lock().insert(id, pusher);
@@ -273,6 +282,16 @@ impl Access {
             self.grant(c, &gained, w);
             self.revoke(c, &lost);
         }
+    }
+
+    /// Whether `client` has `ino` open (and, with `write`, any of its opens
+    /// writes). Always true without keys (nothing is enforced then).
+    pub fn holds_open(&self, client: ClientId, ino: Ino, write: bool) -> bool {
+        if !self.enforcing() {
+            return true;
+        }
+        let ledger = self.ledger.lock();
+        matches!(ledger.files.get(&ino).and_then(|f| f.openers.get(&client)), Some(&w) if w || !write)
     }
 
     /// `client` closed `ino`; `still_open` if it has other opens of it.

@@ -132,6 +132,19 @@ impl Checks {
         }
     }
 
+    /// Setting or removing the extended attribute `name`: `trusted.*` is
+    /// root's; the others need write permission, as Linux's
+    /// `xattr_permission` has it.
+    pub fn xattr_write(self, ns: &Namespace, caller: Caller, ino: Ino, name: &[u8]) -> Result<(), FsError> {
+        if !self.0 {
+            return Ok(());
+        }
+        if name.starts_with(b"trusted.") {
+            return if caller.uid == 0 { Ok(()) } else { Err(FsError::Perm) };
+        }
+        check(&ns.attr(ino)?, caller, MAY_WRITE)
+    }
+
     /// `access(2)`: `mask` on `ino` (existence only when off).
     pub fn access(self, ns: &Namespace, caller: Caller, ino: Ino, mask: u32) -> Result<(), FsError> {
         let attr = ns.attr(ino)?;

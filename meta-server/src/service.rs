@@ -141,6 +141,9 @@ pub struct MetaServerConfig {
     /// The cluster's keys (`--key-file`); `None`: no keys, anyone who
     /// reaches the ports is let in (loopback clusters, tests).
     pub keyring: Option<Arc<Keyring>>,
+    /// How long a NIC holds a verb that arrives before its grant (or a
+    /// session before its admission) before refusing it.
+    pub grant_hold: Duration,
 }
 
 impl MetaServerConfig {
@@ -161,6 +164,7 @@ impl MetaServerConfig {
             root_owner: Caller::ROOT,
             shm: None,
             keyring: None,
+            grant_hold: citron_lock::rdma::tcp::access::DEFAULT_HOLD,
         }
     }
 }
@@ -342,6 +346,21 @@ impl MetaService {
         use MetaRequest as R;
         use MetaResponse as A;
         let checks = if matches!(asker, Asker::Client(..)) { Checks::ON } else { Checks::OFF };
+        // A registered client changes a file's memory only through its own
+        // opens: writes (allocation) through a writing open, lock-record
+        // tables through any.
+        let must_hold = |ino: Ino, write: bool| match asker {
+            Asker::Client(client, _) if !self.access.holds_open(*client, ino, write) => {
+                log::warn!(
+                    "client {} acts on inode {} it has not opened{}",
+                    client.0,
+                    ino.0,
+                    if write { " for writing" } else { "" }
+                );
+                Err(FsError::Perm)
+            }
+            _ => Ok(()),
+        };
         Ok(match request {
             R::RegisterClient { hostname, pid } => {
                 let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
@@ -491,6 +510,7 @@ impl MetaService {
                 A::Done
             }
             R::GrowLockTable { ino, last } => {
+                must_hold(ino, false)?;
                 let mut ns = self.ns.lock();
                 let first = ns.grow_lock_table(ino, last)?;
                 self.access.file_changed(ino, ns.file_memory(ino));
@@ -504,6 +524,7 @@ impl MetaService {
                     .collect(),
             ),
             R::AllocChunks { ino, chunks } => {
+                must_hold(ino, true)?;
                 let allocation = self.with_space(|ns| ns.alloc_chunks(ino, &chunks))?;
                 self.reclaim(&allocation.zero)?;
                 self.zero(&allocation.zero)?;
@@ -515,6 +536,7 @@ impl MetaService {
                 A::Chunks(allocation.chunks)
             }
             R::Fallocate { ino, offset, len, keep_size } => {
+                must_hold(ino, true)?;
                 let zero = self.with_space(|ns| ns.fallocate(ino, offset, len, keep_size))?;
                 self.reclaim(&zero)?;
                 self.zero(&zero)?;
@@ -522,14 +544,18 @@ impl MetaService {
                 A::Done
             }
             R::StatFs => A::Stats(self.ns.lock().stats()),
-            R::SetXattr { ino, name, value, mode, .. } => {
-                self.ns.lock().set_xattr(ino, &name, &value, mode)?;
+            R::SetXattr { caller, ino, name, value, mode } => {
+                let mut ns = self.ns.lock();
+                checks.xattr_write(&ns, caller, ino, &name)?;
+                ns.set_xattr(ino, &name, &value, mode)?;
                 A::Done
             }
             R::GetXattr { ino, name, .. } => A::Xattr(self.ns.lock().get_xattr(ino, &name)?),
             R::ListXattr { ino, .. } => A::XattrNames(self.ns.lock().list_xattr(ino)?),
-            R::RemoveXattr { ino, name, .. } => {
-                self.ns.lock().remove_xattr(ino, &name)?;
+            R::RemoveXattr { caller, ino, name } => {
+                let mut ns = self.ns.lock();
+                checks.xattr_write(&ns, caller, ino, &name)?;
+                ns.remove_xattr(ino, &name)?;
                 A::Done
             }
         })
@@ -653,7 +679,7 @@ impl MetaServer {
         }
         let authority = Authority::from_keyring(config.keyring.clone());
         let nic_access = Arc::new(AccessTable::default());
-        let access = Arc::new(Access::new(config.keyring.clone(), nic_access.clone()));
+        let access = Arc::new(Access::new(config.keyring.clone(), nic_access.clone(), config.grant_hold));
         let nic = TcpHost::spawn_with(config.nic_listen, regions.clone(), authority.clone(), nic_access)
             .map_err(io)?;
         let mut lock_memory = LockMemory::below(locks.clone(), tree_start);

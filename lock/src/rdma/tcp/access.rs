@@ -106,6 +106,9 @@ pub enum AccessCommand {
     RevokeEveryone { extents: Vec<Extent> },
     /// The client is gone: its grants, its admission and its connections.
     Fence { client: ClientNumber },
+    /// How long a verb or a session may wait for its grant or admission
+    /// (the meta-server's setting, so every NIC of a cluster holds alike).
+    SetHold { millis: u64 },
 }
 
 /// One client's grants: extents by (region, start, end), each writable or
@@ -183,7 +186,8 @@ pub struct AccessTable {
     /// Bumped (and waiters woken) whenever a grant or admission is added.
     generation: Mutex<u64>,
     changed: Condvar,
-    hold: Duration,
+    /// The hold, in nanoseconds (set by the meta-server).
+    hold_nanos: AtomicU64,
     /// The NIC's connections, to cut a fenced client's.
     connections: OnceLock<Connections>,
     stats: AccessStats,
@@ -223,14 +227,15 @@ impl AccessTable {
             clients: RwLock::new(Clients::default()),
             generation: Mutex::new(0),
             changed: Condvar::new(),
-            hold,
+            hold_nanos: AtomicU64::new(hold.as_nanos().min(u128::from(u64::MAX)) as u64),
             connections: OnceLock::new(),
             stats: AccessStats::default(),
         }
     }
 
     pub fn hold(&self) -> Duration {
-        self.hold
+        // Relaxed: a lone setting, read afresh by every wait.
+        Duration::from_nanos(self.hold_nanos.load(Ordering::Relaxed))
     }
 
     pub fn stats(&self) -> &AccessStats {
@@ -329,6 +334,10 @@ impl AccessTable {
                     }
                 }
             }
+            AccessCommand::SetHold { millis } => {
+                let nanos = Duration::from_millis(*millis).as_nanos().min(u128::from(u64::MAX)) as u64;
+                self.hold_nanos.store(nanos, Ordering::Relaxed);
+            }
             AccessCommand::Fence { client } => {
                 let Some(a) = self.clients.write().by_number.remove(client) else {
                     self.cut(|c| c == *client);
@@ -362,7 +371,7 @@ impl AccessTable {
         match principal {
             p if p.is_server() => Ok(()),
             Principal::Session(s) => {
-                let deadline = Instant::now() + self.hold;
+                let deadline = Instant::now() + self.hold();
                 loop {
                     let seen = self.generation();
                     {
@@ -419,7 +428,7 @@ impl AccessTable {
             }
             let deadline = *deadline.get_or_insert_with(|| {
                 self.stats.held.fetch_add(1, Ordering::Relaxed);
-                Instant::now() + self.hold
+                Instant::now() + self.hold()
             });
             if Instant::now() >= deadline {
                 return Err(self.refuse(addr, len));
