@@ -418,3 +418,19 @@ fn the_meta_server_checks_permissions_and_squashes_root_per_key() {
     client.setattr(alice, f, chmod).unwrap();
     client.unlink(alice, public, b"alice").unwrap();
 }
+
+/// The shm backend cannot check anything (processes map the memory), so
+/// its files are its owner's alone: it serves one trusted host.
+#[test]
+fn shm_fabrics_are_private_to_their_owner() {
+    let fabric = citronfs_tests::TestFabric::new(citronfs_tests::Backend::Shm, 64 * 1024);
+    let dir = fabric.shm_host().unwrap().dir().to_path_buf();
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let entry = entry.unwrap();
+        let meta = entry.metadata().unwrap();
+        if meta.is_file() {
+            assert_eq!(meta.permissions().mode() & 0o077, 0, "{} is open to others", entry.path().display());
+        }
+    }
+}

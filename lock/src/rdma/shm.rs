@@ -13,6 +13,13 @@
 //!
 //! Two-sided messages are Unix datagrams, one per message, so a send is one
 //! system call and needs no connection.
+//!
+//! Nothing can be checked here: a process that maps a region file can touch
+//! every byte of it, and keys and grants (the tcp backend's
+//! [`super::tcp::access`]) do not apply. The shm backend therefore serves
+//! processes of one trusted host, as one user: the fabric directory is
+//! created mode 700 and its files mode 600, so only the user that runs the
+//! servers (root, for a file system) can map them or send messages.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -71,6 +78,11 @@ impl ShmHost {
             fs::remove_dir_all(&dir).map_err(|e| shm_err("cannot remove", &dir, e))?;
         }
         fs::create_dir_all(&dir).map_err(|e| shm_err("cannot create", &dir, e))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| shm_err("cannot restrict", &dir, e))?;
+        }
         let host = Self { dir, regions: Arc::new(RegionTable::new()) };
         let control = host.dir.join("control");
         create_sized(&control, CONTROL_LEN)?;
@@ -143,10 +155,12 @@ fn open_rw(path: &Path) -> Result<File, TransportError> {
 }
 
 fn create_sized(path: &Path, len: u64) -> Result<(), TransportError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let f = OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(path)
         .map_err(|e| shm_err("cannot create", path, e))?;
     f.set_len(len).map_err(|e| shm_err("cannot size", path, e))

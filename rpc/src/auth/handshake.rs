@@ -97,12 +97,19 @@ impl CredentialId {
 }
 
 /// What a client proves: a credential id and its secret.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Credential {
+    #[default]
     Anonymous,
     Key(Key),
-    Session { id: SessionId, secret: Secret },
-    Member { incarnation: u64, secret: Secret },
+    Session {
+        id: SessionId,
+        secret: Secret,
+    },
+    Member {
+        incarnation: u64,
+        secret: Secret,
+    },
 }
 
 impl Credential {
@@ -130,12 +137,6 @@ impl Credential {
 /// Connections opened after [`Credentials::set`] prove the new one.
 #[derive(Clone, Default)]
 pub struct Credentials(Arc<RwLock<Credential>>);
-
-impl Default for Credential {
-    fn default() -> Self {
-        Credential::Anonymous
-    }
-}
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
