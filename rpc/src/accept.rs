@@ -74,7 +74,13 @@ pub(crate) fn accept_connections<A: Accepting>(
                     server.serve(connection, stream, principal)
                 }
                 Err(status) => {
-                    log::warn!("{thread_name}: refused connection from {peer}: {status}");
+                    // A peer that hung up or went silent before a word
+                    // (a port probe, a client giving up) is no intruder.
+                    if status == Status::Broken {
+                        log::info!("{thread_name}: refused connection from {peer}: {status}");
+                    } else {
+                        log::warn!("{thread_name}: refused connection from {peer}: {status}");
+                    }
                     server.refused();
                 }
             }

@@ -299,6 +299,8 @@ struct Conn {
     reader: BufReader<TcpStream>,
     writer: BufWriter<TcpStream>,
     body: Vec<u8>,
+    /// The version of the credentials its handshake proved.
+    proved: u64,
 }
 
 impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
@@ -347,7 +349,8 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         let mut stream = TcpStream::connect_timeout(&self.server, self.timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(self.timeout))?;
-        client_handshake(&mut stream, &self.credentials.get(), self.timeout).map_err(|e| {
+        let (credential, proved) = self.credentials.versioned();
+        client_handshake(&mut stream, &credential, self.timeout).map_err(|e| {
             if e.is_timeout() {
                 RpcError::Timeout(self.timeout)
             } else {
@@ -359,6 +362,7 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
             reader: BufReader::with_capacity(64 * 1024, stream.try_clone()?),
             writer: BufWriter::with_capacity(64 * 1024, stream),
             body: Vec::new(),
+            proved,
         })
     }
 
@@ -370,7 +374,8 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
             None => self.connect()?,
         };
         let result = self.call_on(&mut conn, request);
-        if result.is_ok() {
+        // A connection that proved replaced credentials is not reused.
+        if result.is_ok() && conn.proved == self.credentials.version() {
             self.idle.lock().push(conn);
         }
         result

@@ -136,17 +136,17 @@ impl Credential {
 /// register, then its session; again its key after it was fenced).
 /// Connections opened after [`Credentials::set`] prove the new one.
 #[derive(Clone, Default)]
-pub struct Credentials(Arc<RwLock<Credential>>);
+pub struct Credentials(Arc<RwLock<(Credential, u64)>>);
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Credentials").field(&self.0.read().id()).finish()
+        f.debug_tuple("Credentials").field(&self.0.read().0.id()).finish()
     }
 }
 
 impl Credentials {
     pub fn new(credential: Credential) -> Self {
-        Self(Arc::new(RwLock::new(credential)))
+        Self(Arc::new(RwLock::new((credential, 0))))
     }
 
     /// No credential: for clusters without keys.
@@ -155,11 +155,22 @@ impl Credentials {
     }
 
     pub fn get(&self) -> Credential {
+        self.0.read().0.clone()
+    }
+
+    /// The credential and its version (bumped by every [`Credentials::set`]),
+    /// so a connection can tell it proved an older one.
+    pub fn versioned(&self) -> (Credential, u64) {
         self.0.read().clone()
     }
 
+    pub fn version(&self) -> u64 {
+        self.0.read().1
+    }
+
     pub fn set(&self, credential: Credential) {
-        *self.0.write() = credential;
+        let mut c = self.0.write();
+        *c = (credential, c.1 + 1);
     }
 }
 

@@ -393,7 +393,11 @@ fn listen_loop(
             let proved = server_handshake(&mut stream, &authority, |_| Ok(()));
             drop(pass);
             if let Err(status) = proved {
-                log::warn!("mailbox: refused connection from {peer}: {status}");
+                if status == Status::Broken {
+                    log::info!("mailbox: refused connection from {peer}: {status}");
+                } else {
+                    log::warn!("mailbox: refused connection from {peer}: {status}");
+                }
                 return;
             }
             let mut reader = BufReader::new(stream);
