@@ -47,7 +47,7 @@
 //! table and of the client's grant set, and one ordered-map lookup (the
 //! grant whose start is nearest below the address). No verb is added on
 //! the client side, and no message: verbs per lock and per I/O stay what
-//! they were (see the report of `citronfs bench verbs --grants`).
+//! they were (`citronfs bench auth` measures both).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
