@@ -68,6 +68,12 @@ impl From<citron_lock::rdma::TransportError> for FsError {
     }
 }
 
+impl From<citron_lock::rdma::tcp::RpcError> for FsError {
+    fn from(e: citron_lock::rdma::tcp::RpcError) -> Self {
+        FsError::Io(e.to_string())
+    }
+}
+
 impl From<citron_lock::rwlock::LockError> for FsError {
     fn from(e: citron_lock::rwlock::LockError) -> Self {
         FsError::Io(format!("lock: {e}"))

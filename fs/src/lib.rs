@@ -15,6 +15,7 @@ pub mod error;
 pub mod layout;
 pub mod locks;
 pub mod proto;
+pub mod session;
 pub mod status;
 pub mod types;
 

@@ -116,6 +116,9 @@ pub struct ClusterInfo {
     pub lock_params: ClusterLockParams,
     /// The lock host's services (ShiftLock recovery, RPC lock server).
     pub lock_host: citron_lock::lock_host::LockHostInfo,
+    /// In a keyed cluster: the client's session and member secrets,
+    /// wrapped under the key it registered with.
+    pub session: Option<crate::session::SessionKeys>,
 }
 
 /// A registered client, as `citronfs locks` and `status` show it.
@@ -240,8 +243,11 @@ pub enum MetaRequest {
     /// Opens a regular file for I/O and returns its layout. The meta-server
     /// counts opens, so an unlinked file's data lives until its last release.
     Open {
+        caller: Caller,
         client: ClientId,
         ino: Ino,
+        /// open(2) flags (the access mode and `O_TRUNC` are checked).
+        flags: i32,
     },
     /// The layout again (after an epoch change), without counting an open.
     Layout {

@@ -214,6 +214,17 @@ impl LockHost {
     /// `area`: [`LockHostConfig::area_bytes`] of zeroed host memory, aligned
     /// to [`LockHostConfig::AREA_ALIGN`], that nothing else uses.
     pub fn start(node: &Node, area: RemoteAddr, config: LockHostConfig) -> Result<Self, LockError> {
+        Self::start_with(node, area, config, citron_rpc::auth::Authority::Open)
+    }
+
+    /// [`LockHost::start`] whose RPC lock server lets in only whom
+    /// `authority` does.
+    pub fn start_with(
+        node: &Node,
+        area: RemoteAddr,
+        config: LockHostConfig,
+        authority: citron_rpc::auth::Authority,
+    ) -> Result<Self, LockError> {
         if !area.is_aligned(LockHostConfig::AREA_ALIGN) {
             return Err(LockError::Misuse("the lock host's area must be 64-aligned"));
         }
@@ -223,7 +234,7 @@ impl LockHost {
         if let Some(lease) = config.rpc_lease {
             rpc_config = rpc_config.with_lease(lease);
         }
-        let rpc = RpcLockServer::spawn(config.rpc_listen, rpc_config)
+        let rpc = RpcLockServer::spawn_with(config.rpc_listen, rpc_config, authority)
             .map_err(|e| LockError::Host(format!("cannot start the RPC lock server: {e}")))?;
         let info = LockHostInfo { shiftlock: recovery.locator(), rpc_server: rpc.local_addr() };
         log::info!(
@@ -260,6 +271,8 @@ pub struct LockContext {
     alock: Arc<AlockPostbox>,
     /// One connection to the RPC lock server, opened on first use.
     rpc: parking_lot::Mutex<Option<Arc<RpcLockSession>>>,
+    /// What that connection proves (the endpoint's node's credentials).
+    credentials: citron_rpc::auth::Credentials,
 }
 
 impl std::fmt::Debug for LockContext {
@@ -276,7 +289,14 @@ impl LockContext {
         let alock = Arc::new(AlockPostbox::sharing(foreign));
         let bound = shiftlock.bind(ep) && dql.bind(ep) && alock.bind(ep);
         debug_assert!(bound, "a fresh postbox binds to any endpoint");
-        Self { endpoint: ep.addr(), shiftlock, dql, alock, rpc: parking_lot::Mutex::new(None) }
+        Self {
+            endpoint: ep.addr(),
+            shiftlock,
+            dql,
+            alock,
+            rpc: parking_lot::Mutex::new(None),
+            credentials: ep.node().credentials().host.clone(),
+        }
     }
 
     /// The session to the RPC lock server at `server` (connected once).
@@ -289,7 +309,7 @@ impl LockContext {
         if let Some(session) = s.as_ref() {
             return Ok(session.clone());
         }
-        let session = RpcLockSession::connect(server, config)?;
+        let session = RpcLockSession::connect_as(server, config, self.credentials.clone())?;
         *s = Some(session.clone());
         Ok(session)
     }

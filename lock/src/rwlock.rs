@@ -63,6 +63,12 @@ impl From<TransportError> for LockError {
     }
 }
 
+impl From<crate::rdma::tcp::RpcError> for LockError {
+    fn from(e: crate::rdma::tcp::RpcError) -> Self {
+        TransportError::from(e).into()
+    }
+}
+
 impl From<crate::rdma::VerbError> for LockError {
     fn from(e: crate::rdma::VerbError) -> Self {
         LockError::Rdma(RdmaError::Verb(e))

@@ -15,7 +15,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use citron_lock::rdma::shm::fabric_dir;
-use citron_lock::rdma::{Endpoint, Node, RegionId, RemoteAddr, TcpOptions};
+use citron_lock::rdma::{Endpoint, Node, NodeCredentials, RegionId, RemoteAddr, TcpOptions};
 use citronfs_core::proto::DataServerInfo;
 use citronfs_core::FsError;
 use parking_lot::Mutex;
@@ -36,15 +36,22 @@ pub struct DataServerLink {
     /// server's NIC (never its shm fabric, whose mapping outlives a dead
     /// server), and since when probes have failed.
     prober: Mutex<(Option<Endpoint>, Option<Instant>)>,
+    /// What the meta-server proves to the server (a keyed cluster).
+    credentials: NodeCredentials,
 }
 
 impl DataServerLink {
-    /// Joins the data server of `info`, whose memory is region `region`.
-    pub fn connect(info: DataServerInfo, region: RegionId) -> Result<Self, FsError> {
+    /// Joins the data server of `info`, whose memory is region `region`,
+    /// proving `credentials`.
+    pub fn connect(
+        info: DataServerInfo,
+        region: RegionId,
+        credentials: NodeCredentials,
+    ) -> Result<Self, FsError> {
         let local = info.shm.as_deref().map(fabric_dir).filter(|d| d.exists());
         let (node, region_file) = match (&info.shm, local) {
             (Some(name), Some(dir)) => {
-                let node = Node::join_shm(name)?;
+                let node = Node::join_shm_as(name, credentials.clone())?;
                 let path = dir.join(format!("region-{}", region.0));
                 let file = std::fs::OpenOptions::new().read(true).write(true).open(&path);
                 let file = file
@@ -52,7 +59,7 @@ impl DataServerLink {
                     .ok();
                 (node, file)
             }
-            _ => (Node::join_tcp(info.nic, TcpOptions::default())?, None),
+            _ => (Node::join_tcp_as(info.nic, TcpOptions::default(), credentials.clone())?, None),
         };
         Ok(Self {
             info,
@@ -60,6 +67,7 @@ impl DataServerLink {
             region_file,
             region,
             prober: Mutex::new((None, None)),
+            credentials,
         })
     }
 
@@ -73,7 +81,9 @@ impl DataServerLink {
         let (endpoint, failing_since) = &mut *prober;
         let answered = endpoint.as_ref().is_some_and(|ep| ep.read_u64(word).is_ok()) || {
             let options = TcpOptions { connect_timeout: wait, reply_timeout: wait };
-            match Node::join_tcp(self.info.nic, options).and_then(|n| n.endpoint()) {
+            match Node::join_tcp_as(self.info.nic, options, self.credentials.clone())
+                .and_then(|n| n.endpoint())
+            {
                 Ok(fresh) if fresh.read_u64(word).is_ok() => {
                     *endpoint = Some(fresh);
                     true

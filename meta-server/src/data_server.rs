@@ -8,13 +8,19 @@
 //! published as shm lives in `/dev/shm`, a tmpfs of its own size: a write
 //! past that file system's free space would kill the writer with SIGBUS, so
 //! a capacity beyond it is refused.
+//!
+//! With a key file the data server proves the cluster key to the
+//! meta-server, lets in only holders of the key and registered clients'
+//! sessions, and its NIC enforces the grants the meta-server pushes to it
+//! ([`citron_lock::rdma::tcp::access`]).
 
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use citron_lock::rdma::tcp::RpcClient;
+use citron_lock::rdma::tcp::{AccessTable, RpcClient};
 use citron_lock::rdma::{IbDevice, IbHost, RegionId, RegionMemory, RegionTable, ShmHost, TcpHost};
+use citron_rpc::auth::{Authority, Credential, Credentials, Keyring};
 use citronfs_core::proto::{MetaRequest, MetaResponse};
 use citronfs_core::types::DataServerId;
 use citronfs_core::FsError;
@@ -41,7 +47,7 @@ impl DataServer {
         capacity: u64,
         shm: Option<&str>,
     ) -> Result<Self, FsError> {
-        Self::start_with_ib(listen, meta, capacity, shm, None)
+        Self::start_with(listen, meta, capacity, shm, None, None)
     }
 
     /// As [`DataServer::start`], also serving the memory to RDMA clients on
@@ -53,6 +59,40 @@ impl DataServer {
         shm: Option<&str>,
         ib: Option<&IbDevice>,
     ) -> Result<Self, FsError> {
+        Self::start_with(listen, meta, capacity, shm, ib, None)
+    }
+
+    /// [`DataServer::start`] in a cluster with keys: `keyring` must hold
+    /// the cluster key.
+    pub fn start_keyed(
+        listen: SocketAddr,
+        meta: SocketAddr,
+        capacity: u64,
+        shm: Option<&str>,
+        keyring: Option<Arc<Keyring>>,
+    ) -> Result<Self, FsError> {
+        Self::start_with(listen, meta, capacity, shm, None, keyring)
+    }
+
+    /// [`DataServer::start`] with everything: an RNIC to serve `ib`
+    /// clients on, and the cluster's keys.
+    pub fn start_with(
+        listen: SocketAddr,
+        meta: SocketAddr,
+        capacity: u64,
+        shm: Option<&str>,
+        ib: Option<&IbDevice>,
+        keyring: Option<Arc<Keyring>>,
+    ) -> Result<Self, FsError> {
+        let credentials = match &keyring {
+            Some(ring) => {
+                let key = ring.cluster_key().ok_or_else(|| {
+                    FsError::Invalid("a data server's key file needs the cluster key (role=server)".into())
+                })?;
+                Credentials::new(Credential::Key(key.clone()))
+            }
+            None => Credentials::anonymous(),
+        };
         let io = |e: std::io::Error| FsError::Io(e.to_string());
         if capacity < 1 << 20 {
             return Err(FsError::Invalid(format!("capacity {capacity} is below 1 MiB")));
@@ -83,7 +123,9 @@ impl DataServer {
             Some(device) => Some(IbHost::spawn(device, SocketAddr::new(listen.ip(), 0), regions.clone())?),
             None => None,
         };
-        let nic = TcpHost::spawn(listen, regions).map_err(io)?;
+        let access = Arc::new(AccessTable::default());
+        let nic =
+            TcpHost::spawn_with(listen, regions, Authority::from_keyring(keyring), access).map_err(io)?;
         let mut advertised = nic.local_addr();
         let mut advertised_ib = ib_host.as_ref().map(IbHost::local_addr);
         if advertised.ip().is_unspecified() {
@@ -95,7 +137,8 @@ impl DataServer {
                 a.set_ip(ip);
             }
         }
-        let rpc: RpcClient<MetaRequest, MetaResponse> = RpcClient::new(meta, Duration::from_secs(10));
+        let rpc: RpcClient<MetaRequest, MetaResponse> =
+            RpcClient::new(meta, Duration::from_secs(10)).with_credentials(credentials);
         let request = MetaRequest::RegisterDataServer {
             nic: advertised,
             shm: shm.map(str::to_string),
@@ -127,6 +170,16 @@ impl DataServer {
 
     pub fn nic_addr(&self) -> SocketAddr {
         self.nic.local_addr()
+    }
+
+    /// Who may touch which memory through this server's NIC.
+    pub fn access(&self) -> &Arc<AccessTable> {
+        self.nic.access()
+    }
+
+    /// Connections its NIC refused in the handshake.
+    pub fn refused_handshakes(&self) -> u64 {
+        self.nic.stats().refused_handshakes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Cuts every connection, as a crash would.

@@ -4,14 +4,17 @@
 //! NIC; its CPU does no per-I/O work). Memory lent to clients comes back
 //! through one reclamation point ([`reclaim`]).
 
+pub mod access;
 pub mod buddy;
 pub mod data_link;
 pub mod data_server;
 pub mod extents;
+pub mod identity;
 pub mod lock_areas;
 pub mod lock_cleanup;
 pub mod lock_memory;
 pub mod namespace;
+pub mod permissions;
 pub mod reclaim;
 pub mod service;
 

@@ -36,6 +36,9 @@ use crate::extents::ExtentAllocator;
 use crate::lock_areas::{FileLockMemory, LockAreas};
 use crate::reclaim::{Cause, Reclamation};
 
+mod memory;
+pub use memory::extent_memory;
+
 /// Cookies 1 and 2 are "." and ".." in listings; entries start after them.
 const FIRST_COOKIE: u64 = 3;
 

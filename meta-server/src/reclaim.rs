@@ -58,6 +58,10 @@ use citronfs_core::types::{ChunkLoc, ClientId, Ino};
 use citronfs_core::FsError;
 use parking_lot::{Mutex, RwLock};
 
+use citron_lock::rdma::tcp::Extent;
+use citronfs_core::locks::record::BLOCK_BYTES;
+
+use crate::access::{Class, Placed, ServerRef};
 use crate::extents::ExtentAllocator;
 use crate::lock_areas::{FileLockMemory, LockAreas};
 
@@ -84,6 +88,11 @@ pub enum Cause {
 pub trait Revocation: Send + Sync {
     /// Returns once every NIC of the cluster refuses verbs of `client`.
     fn revoke_client(&self, client: ClientId) -> Result<(), FsError>;
+    /// Returns once no client keeps a grant on `memory` at any NIC: it is
+    /// about to be reused. Honest clients no longer use it (the contract of
+    /// a free); this keeps a client that kept the address from touching
+    /// what the memory will hold next.
+    fn revoke_memory(&self, memory: &[Placed]) -> Result<(), FsError>;
 }
 
 /// What the reclamation point has done.
@@ -143,9 +152,18 @@ impl Reclamation {
         }
     }
 
-    /// Gives back a file's lock memory.
+    /// Gives back a file's lock memory, first revoking every grant on it
+    /// (lock memory is on the meta-server's own NIC: that is local).
     pub fn lock_memory(&self, areas: &mut LockAreas, ino: Ino, mem: FileLockMemory, cause: Cause) {
         self.count(cause, |s| s.lock_memory_frees += 1);
+        if let Some(r) = self.revocation.read().clone() {
+            let lock = |start, len| Placed::new(ServerRef::Meta, Extent::new(start, len), Class::Lock);
+            let mut memory = vec![lock(mem.area.base, mem.area.bytes)];
+            memory.extend(mem.blocks.iter().map(|b| lock(*b, BLOCK_BYTES)));
+            if let Err(e) = r.revoke_memory(&memory) {
+                log::error!("revoking the grants on the lock memory of inode {}: {e}", ino.0);
+            }
+        }
         areas.release(ino, mem);
     }
 
@@ -185,6 +203,9 @@ mod tests {
             } else {
                 Ok(())
             }
+        }
+        fn revoke_memory(&self, _: &[Placed]) -> Result<(), FsError> {
+            Ok(())
         }
     }
 

@@ -70,18 +70,20 @@ use citron_lock::citron::geometry::TreeGeometry;
 use citron_lock::citron::host::{HostScaleStats, InstanceId, LockMemoryHost, TreeHost, TreeHostServer};
 use citron_lock::citron::tree::TreeShape;
 use citron_lock::lock_host::{LockHost, LockHostConfig, LockHostInfo};
-use citron_lock::range_lock::rpc::{spawn_range_server, RangeLockServer, RangeServerConfig};
+use citron_lock::range_lock::rpc::{spawn_range_server_with, RangeLockServer, RangeServerConfig};
 use citron_lock::range_lock::RangeAlgorithm;
 use citron_lock::range_lock::RangeLockSite;
-use citron_lock::rdma::tcp::{RpcServer, RpcService};
+use citron_lock::rdma::tcp::{AccessTable, Connections, Extent, Peer, RpcServer, RpcService};
 use citron_lock::rdma::{
-    Endpoint, FabricAddr, IbDevice, IbHost, Node, RegionId, RegionMemory, RegionTable, RemoteAddr, ShmHost,
-    TcpHost,
+    Endpoint, FabricAddr, IbDevice, IbHost, Node, NodeCredentials, RegionId, RegionMemory, RegionTable,
+    RemoteAddr, ShmHost, TcpHost, TcpOptions,
 };
+use citron_rpc::auth::{Authority, Credential, Credentials, KeyOptions, Keyring, Principal, Status};
 use citronfs_core::locks::area::LockChoice;
 use citronfs_core::locks::table::TableGrowth;
 use citronfs_core::locks::{ClusterLockParams, LockTiming, WaitsFor};
 use citronfs_core::proto::{AttrSlot, ClientInfo, ClusterInfo, DataServerInfo, MetaRequest, MetaResponse};
+use citronfs_core::session::SessionKeys;
 use citronfs_core::status::{
     ClientStatus, ClusterStatus, DataServerStatus, FileStatus, LockMemoryStatus, ReclaimStatus,
 };
@@ -89,13 +91,16 @@ use citronfs_core::types::{Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId,
 use citronfs_core::FsError;
 use parking_lot::Mutex;
 
+use crate::access::{Access, Class, Placed, ServerRef};
 use crate::data_link::DataServerLink;
 use crate::extents::ExtentAllocator;
+use crate::identity::{self, Asker};
 use crate::lock_areas::LockAreas;
 use crate::lock_cleanup;
 use crate::lock_memory::LockMemory;
 use crate::namespace::{ExtentPlan, FileLocking, Namespace, NewInode, TreeHosting, ZeroRange};
-use crate::reclaim::{Cause, Reclamation};
+use crate::permissions::Checks;
+use crate::reclaim::{Cause, Reclamation, Revocation};
 
 /// The region of the meta-server's NIC that holds attribute slots.
 pub const SLOT_REGION: RegionId = RegionId(1);
@@ -153,6 +158,12 @@ pub struct MetaServerConfig {
     /// Also serve the meta-server's memory to RDMA clients on this device
     /// (the `ib` backend; its control channel listens beside the NIC).
     pub ib: Option<IbDevice>,
+    /// The cluster's keys (`--key-file`); `None`: no keys, anyone who
+    /// reaches the ports is let in (loopback clusters, tests).
+    pub keyring: Option<Arc<Keyring>>,
+    /// How long a NIC holds a verb that arrives before its grant (or a
+    /// session before its admission) before refusing it.
+    pub grant_hold: Duration,
 }
 
 impl MetaServerConfig {
@@ -173,7 +184,47 @@ impl MetaServerConfig {
             root_owner: Caller::ROOT,
             shm: None,
             ib: None,
+            keyring: None,
+            grant_hold: citron_lock::rdma::tcp::access::DEFAULT_HOLD,
         }
+    }
+}
+
+/// Who a keyed meta-server's own connections prove: the cluster key to
+/// NICs and lock services, the members' secret to clients' mailboxes.
+fn server_credentials(access: &Access) -> NodeCredentials {
+    let (Some(ring), Some(member)) = (access.keyring(), access.member_secret()) else {
+        return NodeCredentials::default();
+    };
+    let Some(key) = ring.cluster_key() else { return NodeCredentials::default() };
+    NodeCredentials {
+        host: Credentials::new(Credential::Key(key.clone())),
+        peers: Credentials::new(Credential::Member { incarnation: access.incarnation(), secret: member }),
+        mailbox: Authority::Keyring(ring.clone()),
+    }
+}
+
+/// The reclamation point's revocation ([`Revocation`]): the grants at every
+/// NIC ([`Access`]) and the client's connections to the meta-server's RPC
+/// service.
+struct NicRevocation {
+    access: Arc<Access>,
+    connections: Arc<std::sync::OnceLock<Connections>>,
+}
+
+impl Revocation for NicRevocation {
+    fn revoke_client(&self, client: ClientId) -> Result<(), FsError> {
+        // Its grants end and its connections are cut everywhere before
+        // anything it held is handed to others.
+        self.access.fence(client).map_err(|e| FsError::Io(e.to_string()))?;
+        if let Some(conns) = self.connections.get() {
+            conns.close_where(|p| matches!(p, Principal::Session(s) if s.client == client.0));
+        }
+        Ok(())
+    }
+
+    fn revoke_memory(&self, memory: &[Placed]) -> Result<(), FsError> {
+        self.access.revoke_everyone(memory).map_err(|e| FsError::Io(e.to_string()))
     }
 }
 
@@ -200,6 +251,10 @@ pub struct MetaService {
     waits_for: WaitsFor,
     lock_params: ClusterLockParams,
     lock_host: LockHostInfo,
+    /// Who may touch which server memory (grants at every NIC).
+    access: Arc<Access>,
+    /// The RPC service's connections, to cut a fenced client's.
+    connections: Arc<std::sync::OnceLock<Connections>>,
 }
 
 /// A registered client and when it last renewed its lease.
@@ -209,6 +264,8 @@ struct ClientLease {
     leaving: bool,
     hostname: String,
     pid: u32,
+    /// The options of the key it registered with (root squash).
+    options: KeyOptions,
 }
 
 /// Grows a file's lock-record table from inside the meta-server.
@@ -256,7 +313,10 @@ impl MetaService {
     ) -> Result<MetaResponse, FsError> {
         let mut links = self.data_servers.lock();
         let id = DataServerId(self.next_data_server.fetch_add(1, Ordering::Relaxed) as u32);
-        let link = DataServerLink::connect(DataServerInfo { id, nic, shm, ib }, RegionId(region))?;
+        let credentials = server_credentials(&self.access);
+        let link =
+            DataServerLink::connect(DataServerInfo { id, nic, shm, ib }, RegionId(region), credentials)?;
+        self.access.add_data_server(id, nic);
         self.ns.lock().extents.add_server(id, RegionId(region), capacity, link.discard());
         links.push(Arc::new(link));
         log::info!("data server {} at {nic}: {capacity} bytes", id.0);
@@ -319,12 +379,26 @@ impl MetaService {
             self.ns.lock().abandon_extents(plan);
             return Err(e);
         }
-        self.ns.lock().commit_extents(plan)
+        let mut ns = self.ns.lock();
+        let chunks = ns.commit_extents(plan)?;
+        if self.access.enforcing() {
+            // Openers gain the new extents and lose a moved chunk's old one.
+            let memory = ns.file_memory(ino);
+            drop(ns);
+            self.access.file_changed(ino, memory);
+        }
+        Ok(chunks)
     }
 
     /// Makes a plan's new extents ready for clients: a moving chunk's bytes
-    /// copied, memory that may hold old bytes zeroed.
+    /// copied, memory that may hold old bytes zeroed. Memory that held
+    /// another file's bytes may still be granted to its former openers, so
+    /// first nobody keeps a grant on it, as its NIC confirms (one round trip
+    /// per data server, and only in a keyed cluster).
     fn fill(&self, plan: &ExtentPlan) -> Result<(), FsError> {
+        let reused: Vec<Placed> =
+            plan.steps.iter().filter(|s| s.zero).map(|s| crate::namespace::extent_memory(s.new)).collect();
+        self.access.revoke_everyone(&reused).map_err(|e| FsError::Io(e.to_string()))?;
         for step in &plan.steps {
             let dest = self.link(step.new.server)?;
             if let Some(old) = step.old {
@@ -463,9 +537,32 @@ impl MetaService {
         self.trees.as_ref().map_or(0, |h| self.tree_bytes.saturating_sub(h.free_bytes()))
     }
 
-    fn dispatch(&self, request: MetaRequest) -> Result<MetaResponse, FsError> {
+    fn dispatch(&self, asker: &Asker, request: MetaRequest) -> Result<MetaResponse, FsError> {
         use MetaRequest as R;
         use MetaResponse as A;
+        let checks = if matches!(asker, Asker::Client(..)) { Checks::ON } else { Checks::OFF };
+        // A registered client changes a file's memory only through its own
+        // opens: writes (allocation) through a writing open, lock-record
+        // tables through any.
+        let must_hold = |ino: Ino, write: bool| match asker {
+            Asker::Client(client, _) if !self.access.holds_open(*client, ino, write) => {
+                log::warn!(
+                    "client {} acts on inode {} it has not opened{}",
+                    client.0,
+                    ino.0,
+                    if write { " for writing" } else { "" }
+                );
+                Err(FsError::Perm)
+            }
+            _ => Ok(()),
+        };
+        // Openers of `ino` follow its memory (chunks freed or added).
+        let memory_changed = |ino: Ino| {
+            if self.access.enforcing() {
+                let memory = self.ns.lock().file_memory(ino);
+                self.access.file_changed(ino, memory);
+            }
+        };
         Ok(match request {
             R::RegisterClient { hostname, pid } => {
                 let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
@@ -473,10 +570,34 @@ impl MetaService {
                     // Claimed lock slots carry 24 bits of the claimer.
                     return Err(FsError::Invalid("client ids are exhausted; restart the meta-server".into()));
                 }
+                let (session, options) = match asker {
+                    Asker::Registering(key) => {
+                        let secrets = self.access.session_credential(client).zip(self.access.member_secret());
+                        let session = secrets.and_then(|(s, member)| match s {
+                            Credential::Session { secret, .. } => Some(SessionKeys::wrap(
+                                key,
+                                self.access.incarnation(),
+                                client,
+                                &secret,
+                                &member,
+                            )),
+                            _ => None,
+                        });
+                        (session, key.options)
+                    }
+                    _ => (None, KeyOptions::default()),
+                };
                 self.clients.lock().insert(
                     client,
-                    ClientLease { renewed: Instant::now(), leaving: false, hostname: hostname.clone(), pid },
+                    ClientLease {
+                        renewed: Instant::now(),
+                        leaving: false,
+                        hostname: hostname.clone(),
+                        pid,
+                        options,
+                    },
                 );
+                self.access.admit(client);
                 log::info!("client {} registered: {hostname} pid {pid}", client.0);
                 A::Registered(ClusterInfo {
                     client,
@@ -489,6 +610,7 @@ impl MetaService {
                     waits_for: self.waits_for,
                     lock_params: self.lock_params,
                     lock_host: self.lock_host.clone(),
+                    session,
                 })
             }
             R::DataServers => {
@@ -520,8 +642,15 @@ impl MetaService {
             }
             R::Lookup { parent, name, .. } => A::Attr(self.ns.lock().lookup(parent, &name)?),
             R::GetAttr { ino } => A::Attr(self.ns.lock().attr(ino)?),
-            R::SetAttr { ino, set, .. } => {
-                let (attr, zero) = self.ns.lock().setattr(ino, &set)?;
+            R::SetAttr { caller, ino, set } => {
+                let (attr, zero) = {
+                    let mut ns = self.ns.lock();
+                    checks.setattr(&ns, caller, ino, &set)?;
+                    ns.setattr(ino, &set)?
+                };
+                if set.size.is_some() {
+                    memory_changed(ino);
+                }
                 self.zero(&zero)?;
                 A::Attr(attr)
             }
@@ -530,42 +659,55 @@ impl MetaService {
                     return Err(FsError::Invalid("symlinks are made with Symlink".into()));
                 }
                 let new = NewInode { kind, perm, rdev, symlink_target: None };
-                A::Attr(self.ns.lock().create(caller, parent, &name, new)?)
+                let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, parent)?;
+                A::Attr(ns.create(caller, parent, &name, new)?)
             }
             R::Symlink { caller, parent, name, target } => {
                 let new =
                     NewInode { kind: FileKind::Symlink, perm: 0o777, rdev: 0, symlink_target: Some(target) };
-                A::Attr(self.ns.lock().create(caller, parent, &name, new)?)
+                let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, parent)?;
+                A::Attr(ns.create(caller, parent, &name, new)?)
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
-            R::Link { ino, new_parent, new_name, .. } => {
-                A::Attr(self.ns.lock().link(ino, new_parent, &new_name)?)
+            R::Link { caller, ino, new_parent, new_name } => {
+                let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, new_parent)?;
+                A::Attr(ns.link(ino, new_parent, &new_name)?)
             }
-            R::Unlink { parent, name, .. } => {
-                self.ns.lock().unlink(parent, &name)?;
+            R::Unlink { caller, parent, name } => {
+                let mut ns = self.ns.lock();
+                checks.remove_entry(&ns, caller, parent, &name)?;
+                ns.unlink(parent, &name)?;
                 A::Done
             }
-            R::Rmdir { parent, name, .. } => {
-                self.ns.lock().rmdir(parent, &name)?;
+            R::Rmdir { caller, parent, name } => {
+                let mut ns = self.ns.lock();
+                if name != b"." && name != b".." {
+                    checks.remove_entry(&ns, caller, parent, &name)?;
+                }
+                ns.rmdir(parent, &name)?;
                 A::Done
             }
-            R::Rename { parent, name, new_parent, new_name, flags, .. } => {
-                self.ns.lock().rename(parent, &name, new_parent, &new_name, flags)?;
+            R::Rename { caller, parent, name, new_parent, new_name, flags } => {
+                let mut ns = self.ns.lock();
+                checks.rename(&ns, caller, (parent, &name), (new_parent, &new_name))?;
+                ns.rename(parent, &name, new_parent, &new_name, flags)?;
                 A::Done
             }
             R::ReadDir { ino, after, max, .. } => {
                 A::Entries(self.ns.lock().readdir(ino, after, max.min(4096))?)
             }
-            R::Access { ino, .. } => {
-                // Permission checks are the kernel's (default_permissions);
-                // this answers existence.
-                self.ns.lock().attr(ino)?;
+            R::Access { caller, ino, access } => {
+                checks.access(&self.ns.lock(), caller, ino, access)?;
                 A::Done
             }
             R::CreateOpen { caller, client, parent, name, perm, exclusive } => {
                 let new = NewInode { kind: FileKind::File, perm, rdev: 0, symlink_target: None };
                 let mut ns = self.ns.lock();
-                match ns.create(caller, parent, &name, new) {
+                checks.add_entry(&ns, caller, parent)?;
+                let opened = match ns.create(caller, parent, &name, new) {
                     Ok(attr) => match ns.open(client, attr.ino) {
                         Ok(layout) => A::Opened(attr, layout),
                         Err(e) => {
@@ -589,16 +731,37 @@ impl MetaService {
                         A::OpenedExisting(attr, layout)
                     }
                     Err(e) => return Err(e),
+                };
+                if let A::Opened(attr, _) | A::OpenedExisting(attr, _) = &opened {
+                    // Pushed before the answer leaves (a NIC holds a verb that
+                    // outruns its grant).
+                    self.access.opened(client, attr.ino, ns.file_memory(attr.ino), true);
                 }
+                opened
             }
             R::KillSuidGid { ino, groups } => A::Attr(self.ns.lock().kill_suidgid(ino, &groups)?),
-            R::Open { client, ino } => A::Layout(self.ns.lock().open(client, ino)?),
+            R::Open { caller, client, ino, flags } => {
+                let mut ns = self.ns.lock();
+                checks.open(&ns, caller, ino, flags)?;
+                let layout = ns.open(client, ino)?;
+                let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+                self.access.opened(client, ino, ns.file_memory(ino), write);
+                A::Layout(layout)
+            }
             R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
             R::Release { client, ino } => {
-                self.ns.lock().release(client, ino)?;
+                let mut ns = self.ns.lock();
+                ns.release(client, ino)?;
+                self.access.closed(client, ino, ns.is_open_by(ino, client));
                 A::Done
             }
-            R::GrowLockTable { ino, last } => A::LockTable(self.ns.lock().grow_lock_table(ino, last)?),
+            R::GrowLockTable { ino, last } => {
+                must_hold(ino, false)?;
+                let mut ns = self.ns.lock();
+                let first = ns.grow_lock_table(ino, last)?;
+                self.access.file_changed(ino, ns.file_memory(ino));
+                A::LockTable(first)
+            }
             R::Clients => A::Clients(
                 self.clients
                     .lock()
@@ -607,12 +770,15 @@ impl MetaService {
                     .collect(),
             ),
             R::AllocChunks { ino, chunks } => {
+                must_hold(ino, true)?;
                 A::Chunks(self.with_extents(ino, |ns| ns.plan_extents(ino, &chunks, false))?)
             }
             R::GrowExtents { ino, chunks } => {
+                must_hold(ino, true)?;
                 A::Chunks(self.with_extents(ino, |ns| ns.plan_extents(ino, &chunks, true))?)
             }
             R::Fallocate { ino, offset, len, keep_size } => {
+                must_hold(ino, true)?;
                 self.with_extents(ino, |ns| ns.plan_fallocate(ino, offset, len))?;
                 self.ns.lock().fallocate_size(ino, offset, len, keep_size)?;
                 A::Done
@@ -623,14 +789,18 @@ impl MetaService {
                 A::Stats(ns.stats())
             }
             R::Status => A::Status(Box::new(self.status())),
-            R::SetXattr { ino, name, value, mode, .. } => {
-                self.ns.lock().set_xattr(ino, &name, &value, mode)?;
+            R::SetXattr { caller, ino, name, value, mode } => {
+                let mut ns = self.ns.lock();
+                checks.xattr_write(&ns, caller, ino, &name)?;
+                ns.set_xattr(ino, &name, &value, mode)?;
                 A::Done
             }
             R::GetXattr { ino, name, .. } => A::Xattr(self.ns.lock().get_xattr(ino, &name)?),
             R::ListXattr { ino, .. } => A::XattrNames(self.ns.lock().list_xattr(ino)?),
-            R::RemoveXattr { ino, name, .. } => {
-                self.ns.lock().remove_xattr(ino, &name)?;
+            R::RemoveXattr { caller, ino, name } => {
+                let mut ns = self.ns.lock();
+                checks.xattr_write(&ns, caller, ino, &name)?;
+                ns.remove_xattr(ino, &name)?;
                 A::Done
             }
         })
@@ -641,12 +811,42 @@ impl RpcService for MetaService {
     type Request = MetaRequest;
     type Response = MetaResponse;
 
-    fn handle(&self, request: MetaRequest, _peer: SocketAddr) -> MetaResponse {
-        self.dispatch(request).unwrap_or_else(MetaResponse::Failed)
+    fn handle(&self, request: MetaRequest, peer: SocketAddr) -> MetaResponse {
+        self.handle_from(request, &Peer { addr: peer, principal: Principal::Anonymous, connection: 0 })
+    }
+
+    fn handle_from(&self, mut request: MetaRequest, peer: &Peer) -> MetaResponse {
+        let key_of = |name: &str| self.access.keyring().and_then(|r| r.get(name).cloned());
+        let options = |c: ClientId| self.clients.lock().get(&c).map(|l| l.options);
+        match identity::vet(&peer.principal, &mut request, key_of, options) {
+            Ok(asker) => self.dispatch(&asker, request).unwrap_or_else(MetaResponse::Failed),
+            Err(e) => {
+                log::warn!("meta: {} ({:?}) may not ask {request:?}: {e}", peer.addr, peer.principal);
+                MetaResponse::Failed(e)
+            }
+        }
     }
 
     fn malformed(&self, error: String) -> MetaResponse {
         MetaResponse::Failed(FsError::Invalid(format!("malformed request: {error}")))
+    }
+
+    /// A session may connect while its client is registered (not fenced)
+    /// with this incarnation; mailbox members never.
+    fn admit(&self, principal: &Principal) -> Result<(), Status> {
+        match principal {
+            Principal::Session(s) => {
+                let live = s.incarnation == self.access.incarnation()
+                    && self.clients.lock().contains_key(&ClientId(s.client));
+                if live {
+                    Ok(())
+                } else {
+                    Err(Status::NotAdmitted)
+                }
+            }
+            Principal::Member { .. } => Err(Status::NotAdmitted),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -720,7 +920,16 @@ impl MetaServer {
         } / 4096
             * 4096;
         let tree_start = lock_bytes - tree_bytes;
-        let nic = TcpHost::spawn(config.nic_listen, regions.clone()).map_err(io)?;
+        if config.keyring.as_ref().is_some_and(|r| r.cluster_key().is_none()) {
+            return Err(FsError::Invalid(
+                "the meta-server's key file has no cluster key (role=server)".into(),
+            ));
+        }
+        let authority = Authority::from_keyring(config.keyring.clone());
+        let nic_access = Arc::new(AccessTable::default());
+        let access = Arc::new(Access::new(config.keyring.clone(), nic_access.clone(), config.grant_hold));
+        let nic = TcpHost::spawn_with(config.nic_listen, regions.clone(), authority.clone(), nic_access)
+            .map_err(io)?;
         let ib = match &config.ib {
             Some(device) => {
                 Some(IbHost::spawn(device, SocketAddr::new(config.nic_listen.ip(), 0), regions.clone())?)
@@ -760,7 +969,13 @@ impl MetaServer {
             (None, Some(name)) => FabricAddr::Shm(name.clone()),
             (None, None) => FabricAddr::Tcp(nic.local_addr()),
         };
-        let node = Node::join(&own_fabric)?;
+        let node = match &own_fabric {
+            FabricAddr::Shm(name) => Node::join_shm_as(name, server_credentials(&access))?,
+            FabricAddr::Tcp(addr) => {
+                Node::join_tcp_as(*addr, TcpOptions::default(), server_credentials(&access))?
+            }
+            ib => Node::join(ib)?,
+        };
         // The lock host: ShiftLock's recovery service and the RPC lock
         // server (`--inode-lock rpc`).
         let host_config = LockHostConfig {
@@ -769,12 +984,17 @@ impl MetaServer {
             ..LockHostConfig::default()
         };
         let host_area = fixed(host_config.area_bytes())?;
-        let lock_host = LockHost::start(&node, host_area, host_config).map_err(lock_err)?;
+        let lock_host =
+            LockHost::start_with(&node, host_area, host_config, authority.clone()).map_err(lock_err)?;
         // The RPC range lock server, when files use it (`--range-lock rpc`).
         let range_server = match config.lock_choice.range {
             RangeAlgorithm::Rpc => Some(
-                spawn_range_server(SocketAddr::new(config.listen.ip(), 0), RangeServerConfig::default())
-                    .map_err(io)?,
+                spawn_range_server_with(
+                    SocketAddr::new(config.listen.ip(), 0),
+                    RangeServerConfig::default(),
+                    authority.clone(),
+                )
+                .map_err(io)?,
             ),
             _ => None,
         };
@@ -786,18 +1006,31 @@ impl MetaServer {
             if grow {
                 let probe = node.endpoint()?;
                 let rtt = probe.measure_rtt(waits_for.base, 16).unwrap_or(Duration::from_micros(10));
-                let timing = LockTiming::new(rtt, config.lock_params);
+                let timing = LockTiming::new_as(rtt, config.lock_params, node.credentials().host.clone());
                 let host =
                     Arc::new(
                         LockMemoryHost::new(regions.clone(), LOCK_REGION, tree_start, lock_bytes)
                             .with_scaler(node.clone(), timing.ranges.citron, timing.ranges.dslr),
                     );
-                let server = host.serve(SocketAddr::new(config.listen.ip(), 0)).map_err(io)?;
+                let server =
+                    host.serve_with(SocketAddr::new(config.listen.ip(), 0), authority.clone()).map_err(io)?;
                 let arena = host.free_bytes();
                 Some((host, server, arena))
             } else {
                 None
             };
+        // What every registered client may touch of lock memory: the
+        // waits-for table, the lock host's area, the tree host's arena.
+        let lock_extent =
+            |start: RemoteAddr, len| Placed::new(ServerRef::Meta, Extent::new(start, len), Class::Lock);
+        let mut membership = vec![
+            lock_extent(waits_for.base, WaitsFor::bytes(config.max_waiting_owners)),
+            lock_extent(host_area, host_config.area_bytes()),
+        ];
+        if tree_bytes > 0 {
+            membership.push(lock_extent(RemoteAddr::new(LOCK_REGION, tree_start), tree_bytes));
+        }
+        access.set_membership(membership);
         let max_depth = TreeShape::covering(config.max_tree_units.max(1)).depth();
         let tree_hosting = trees.as_ref().map(|(host, server, _)| TreeHosting {
             host: host.clone(),
@@ -817,6 +1050,11 @@ impl MetaServer {
             lock_bytes,
         );
         let reclaim = Arc::new(Reclamation::new());
+        let connections = Arc::new(std::sync::OnceLock::new());
+        reclaim.set_revocation(Arc::new(NicRevocation {
+            access: access.clone(),
+            connections: connections.clone(),
+        }));
         let (reaper_wake, reaper_woken) = std::sync::mpsc::channel();
         let service = Arc::new(MetaService {
             // The lookup-then-open window an orphan's grace covers is
@@ -846,8 +1084,11 @@ impl MetaServer {
             waits_for,
             lock_params: config.lock_params,
             lock_host: lock_host.info().clone(),
+            access,
+            connections,
         });
-        let rpc = RpcServer::spawn(config.listen, service.clone(), "meta").map_err(io)?;
+        let rpc = RpcServer::spawn_with(config.listen, service.clone(), "meta", authority).map_err(io)?;
+        let _ = service.connections.set(rpc.connections());
         let stop = Arc::new(AtomicBool::new(false));
         let lock_params = config.lock_params;
         let reaper = {
@@ -865,7 +1106,7 @@ impl MetaServer {
                         }
                     };
                     let rtt = ep.measure_rtt(waits_for.base, 16).unwrap_or(Duration::from_micros(10));
-                    let timing = LockTiming::new(rtt, lock_params);
+                    let timing = LockTiming::new_as(rtt, lock_params, node.credentials().host.clone());
                     while !stop.load(Ordering::Relaxed) {
                         // A tick, or sooner: a client left, or shutdown.
                         let _ = reaper_woken.recv_timeout(tick);
@@ -970,6 +1211,23 @@ impl MetaServer {
 
     pub fn nic_addr(&self) -> SocketAddr {
         self.nic.local_addr()
+    }
+
+    /// Who may touch which memory through the meta-server's own NIC.
+    pub fn nic_access(&self) -> &Arc<AccessTable> {
+        self.nic.access()
+    }
+
+    /// The grants of the whole cluster (diagnostics, tests).
+    pub fn access(&self) -> &Arc<Access> {
+        &self.rpc.service().access
+    }
+
+    /// Connections refused in the handshake by the meta-server's RPC
+    /// service and its NIC.
+    pub fn refused_handshakes(&self) -> u64 {
+        let rpc = self.rpc.stats().refused_handshakes.load(Ordering::Relaxed);
+        rpc + self.nic.stats().refused_handshakes.load(Ordering::Relaxed)
     }
 
     /// Cuts every connection and stops serving, as a crash would.

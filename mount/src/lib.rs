@@ -195,8 +195,8 @@ impl CitronFuse {
         }
     }
 
-    fn open_fh(&self, ino: Ino, flags: i32) -> Result<FileHandle, FsError> {
-        self.client.open(ino)?;
+    fn open_fh(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, FsError> {
+        self.client.open_as(caller, ino, flags)?;
         Ok(self.track_open(ino, flags))
     }
 
@@ -532,10 +532,10 @@ impl Filesystem for CitronFuse {
         self.entry(reply, self.client.link(caller(req), Ino(ino.0), Ino(newparent.0), name(newname)))
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         // One round trip: the meta-server's Open refuses directories (EISDIR)
         // itself, and the kernel opens devices, fifos and sockets without us.
-        match self.open_fh(Ino(ino.0), flags.0) {
+        match self.open_fh(caller(req), Ino(ino.0), flags.0) {
             Ok(fh) => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(errno(&e)),
         }

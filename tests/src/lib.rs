@@ -215,7 +215,23 @@ impl TestMount {
     ) -> Self {
         let mut config = citronfs_core::client::ClientConfig::new(meta);
         config.transport = transport;
-        config.timeout = std::time::Duration::from_secs(3);
+        Self::with_config_and_options(config, options)
+    }
+
+    /// A mount of a client made with `config` (a 3 s timeout if it has the
+    /// default).
+    pub fn with_config(config: citronfs_core::client::ClientConfig) -> Self {
+        Self::with_config_and_options(config, citronfs_mount::MountOptions::default())
+    }
+
+    /// A mount of a client made with `config`, with mount `options`.
+    pub fn with_config_and_options(
+        mut config: citronfs_core::client::ClientConfig,
+        options: citronfs_mount::MountOptions,
+    ) -> Self {
+        if config.timeout == citronfs_core::client::ClientConfig::new(config.meta).timeout {
+            config.timeout = std::time::Duration::from_secs(3);
+        }
         let client = citronfs_core::client::FsClient::connect(config).expect("join the cluster");
         let fs = citronfs_mount::CitronFuse::new(client, options);
         let dir = tempfile::tempdir().expect("temp dir");
@@ -248,6 +264,8 @@ pub const TEST_LEASE: std::time::Duration = std::time::Duration::from_secs(2);
 pub struct TestCluster {
     pub meta: citronfs_meta_server::MetaServer,
     pub data: Vec<citronfs_meta_server::DataServer>,
+    /// The cluster's keys, if it has any.
+    pub keyring: Option<std::sync::Arc<citron_rpc::auth::Keyring>>,
 }
 
 impl TestCluster {
@@ -295,6 +313,7 @@ impl TestCluster {
         capacity: u64,
     ) -> Self {
         let ip = cfg.listen.ip();
+        let keyring = cfg.keyring.clone();
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let unique = format!("{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
         cfg.shm = Some(format!("meta-{unique}"));
@@ -302,26 +321,49 @@ impl TestCluster {
         let data = (0..data_servers)
             .map(|i| {
                 let shm = format!("data-{unique}-{i}");
-                citronfs_meta_server::DataServer::start(
+                citronfs_meta_server::DataServer::start_keyed(
                     std::net::SocketAddr::new(ip, 0),
                     meta.local_addr(),
                     capacity,
                     Some(&shm),
+                    keyring.clone(),
                 )
                 .expect("data server")
             })
             .collect();
-        Self { meta, data }
+        Self { meta, data, keyring }
+    }
+
+    /// A cluster with keys (on loopback, the test defaults otherwise).
+    pub fn keyed(keyring: std::sync::Arc<citron_rpc::auth::Keyring>, data_servers: usize) -> Self {
+        let mut cfg = citronfs_meta_server::MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
+        cfg.chunk_size = 1 << 20;
+        cfg.lease = TEST_LEASE;
+        cfg.keyring = Some(keyring);
+        Self::start_with(cfg, data_servers, 64 << 20)
+    }
+
+    /// The client configuration of a mount of this cluster that proves
+    /// `key` (none: the cluster's first key, if it has keys) over `transport`.
+    pub fn client_config(
+        &self,
+        key: Option<citron_rpc::auth::Key>,
+        transport: citronfs_core::client::Transport,
+    ) -> citronfs_core::client::ClientConfig {
+        let mut config = citronfs_core::client::ClientConfig::new(self.meta.local_addr());
+        config.transport = transport;
+        config.key = key.or_else(|| self.keyring.as_ref().map(|r| r.first().clone()));
+        config
     }
 
     /// A mount on the shm backend (servers and mount share this host).
     pub fn mount(&self) -> TestMount {
-        TestMount::new(self.meta.local_addr())
+        TestMount::with_config(self.client_config(None, citronfs_core::client::Transport::Auto))
     }
 
     /// A mount that reaches server memory only through the tcp NICs.
     pub fn mount_tcp(&self) -> TestMount {
-        TestMount::with_transport(self.meta.local_addr(), citronfs_core::client::Transport::Tcp)
+        TestMount::with_config(self.client_config(None, citronfs_core::client::Transport::Tcp))
     }
 }
 

@@ -218,3 +218,34 @@ fn sqlite_from_four_processes_on_two_mounts_keeps_every_row() {
     assert_eq!(text.trim(), format!("{want}|{want}\nok"), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     eprintln!("sqlite: {want} transactions in {elapsed:?} ({:.0} tx/s)", want as f64 / elapsed.as_secs_f64());
 }
+
+/// The same guarantees in a keyed cluster whose mounts reach server memory
+/// over tcp: every lock service and NIC admits the mounts' sessions, and
+/// no verb any algorithm issues falls outside the mounts' grants.
+#[test]
+fn every_lock_choice_works_for_keyed_mounts_over_tcp() {
+    let choices = [
+        (RangeAlgorithm::Citron, Algorithm::ShiftLock),
+        (RangeAlgorithm::Segments, Algorithm::Dslr),
+        (RangeAlgorithm::Rpc, Algorithm::Dql),
+        (RangeAlgorithm::Rpc, Algorithm::Rpc),
+        (RangeAlgorithm::Citron, Algorithm::ALock),
+    ];
+    for (range, inode) in choices {
+        let mut cfg = citronfs_meta_server::MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
+        cfg.chunk_size = 1 << 20;
+        cfg.lease = citronfs_tests::TEST_LEASE;
+        cfg.lock_choice = LockChoice { range, inode, ..LockChoice::default() };
+        cfg.keyring = Some(std::sync::Arc::new(citron_rpc::auth::Keyring::generate("cluster").unwrap()));
+        let c = TestCluster::start_with(cfg, 1, 64 << 20);
+        let (a, b) = (c.mount_tcp(), c.mount_tcp());
+        eprintln!("--range-lock {range} --inode-lock {inode}");
+        let checked = overlapping_writes_never_tear(&a, &b, Duration::from_millis(600));
+        assert!(checked > 10, "{range}/{inode}: too few reads: {checked}");
+        appends_from_two_mounts_are_atomic(&a, &b, 60);
+        counter_under_setlkw(&a, &b, 25);
+        let refused = c.meta.nic_access().stats().refused.load(Ordering::Relaxed)
+            + c.data[0].access().stats().refused.load(Ordering::Relaxed);
+        assert_eq!(refused, 0, "{range}/{inode}: verbs refused");
+    }
+}

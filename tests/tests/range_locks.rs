@@ -191,7 +191,14 @@ fn rpc_server_drops_what_killed_clients_held_and_queued() {
 #[test]
 fn rpc_server_refuses_bad_input_and_goes_on() {
     let server = server();
-    let stream = TcpStream::connect(server.local_addr()).unwrap();
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    // A server without keys: the anonymous handshake, then frames.
+    citron_rpc::auth::client_handshake(
+        &mut stream,
+        &citron_rpc::auth::Credential::Anonymous,
+        Duration::from_secs(10),
+    )
+    .unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut writer = BufWriter::new(stream);

@@ -14,6 +14,7 @@ use citron_lock::rdma::tcp::wire::{self, Request, Response};
 use citron_lock::rdma::{
     FabricAddr, Node, RdmaError, RegionId, RemoteAddr, TcpOptions, TransportError, Verb, VerbError, VerbReply,
 };
+use citron_rpc::auth::{client_handshake, Credential};
 use citronfs_tests::{Backend, TestFabric, TEST_REGION};
 
 const REGION_LEN: u64 = 64 * 1024;
@@ -30,6 +31,14 @@ fn frame(seq: u64, body: &[u8]) -> Vec<u8> {
 
 fn verb_frame(seq: u64, verb: Verb) -> Vec<u8> {
     frame(seq, &codec::encode(&Request::Verb(verb)))
+}
+
+/// A raw connection to the NIC at `addr`, past the handshake of a host
+/// without keys.
+fn connect(addr: std::net::SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    client_handshake(&mut s, &Credential::Anonymous, Duration::from_secs(10)).unwrap();
+    s
 }
 
 fn read_response(s: &mut TcpStream) -> (u64, Response) {
@@ -83,7 +92,7 @@ fn host_addr(f: &TestFabric) -> std::net::SocketAddr {
 fn undecodable_body_is_refused_and_the_connection_goes_on() {
     let fabric = tcp_fabric();
     let by = Bystander::start(&fabric.addr, at(4096));
-    let mut s = TcpStream::connect(host_addr(&fabric)).unwrap();
+    let mut s = connect(host_addr(&fabric));
     // Garbage, then a body with an unknown enum variant, then a truncated body.
     s.write_all(&frame(5, &[0xFF; 10])).unwrap();
     s.write_all(&frame(6, &[200])).unwrap();
@@ -107,7 +116,7 @@ fn undecodable_body_is_refused_and_the_connection_goes_on() {
 fn verbs_outside_regions_get_errors_and_touch_nothing() {
     let fabric = tcp_fabric();
     let by = Bystander::start(&fabric.addr, at(4096));
-    let mut s = TcpStream::connect(host_addr(&fabric)).unwrap();
+    let mut s = connect(host_addr(&fabric));
     let cases = [
         Verb::Read { addr: RemoteAddr::new(RegionId(7), 0), len: 8 },
         Verb::Write { addr: at(REGION_LEN - 4), data: vec![1; 8] },
@@ -135,7 +144,7 @@ fn verbs_outside_regions_get_errors_and_touch_nothing() {
 fn impossible_length_closes_only_that_connection() {
     let fabric = tcp_fabric();
     let by = Bystander::start(&fabric.addr, at(4096));
-    let mut s = TcpStream::connect(host_addr(&fabric)).unwrap();
+    let mut s = connect(host_addr(&fabric));
     s.write_all(&[0xFF, 0xFF, 0xFF, 0xFF, 1, 0, 0, 0, 0, 0, 0, 0]).unwrap();
     let (_, resp) = read_response(&mut s);
     assert!(matches!(resp, Response::Refused(VerbError::Malformed(_))));
@@ -152,20 +161,20 @@ fn truncated_frames_and_clients_vanishing_mid_batch_leave_the_host_serving() {
     let addr = host_addr(&fabric);
     // A header promising 100 bytes, 10 delivered, then gone.
     {
-        let mut s = TcpStream::connect(addr).unwrap();
+        let mut s = connect(addr);
         let mut f = frame(1, &[0u8; 92]);
         f.truncate(22);
         s.write_all(&f).unwrap();
     }
     // Half a header, then gone.
     {
-        let mut s = TcpStream::connect(addr).unwrap();
+        let mut s = connect(addr);
         s.write_all(&[4, 0, 0]).unwrap();
     }
     // A long pipelined batch of increments, then gone without reading a reply.
     let sent = 2000u64;
     {
-        let mut s = TcpStream::connect(addr).unwrap();
+        let mut s = connect(addr);
         let mut all = Vec::new();
         for i in 0..sent {
             all.extend(verb_frame(i, Verb::Faa { addr: at(0), add: 1 }));

@@ -3,6 +3,7 @@
 mod bench;
 mod daemon;
 mod install_units;
+mod keys;
 mod locks_cmd;
 mod mount_cmd;
 mod mount_options;
@@ -45,6 +46,9 @@ enum Command {
     InstallUnits(install_units::InstallArgs),
     /// Space, files, lock memory, clients and leases of a cluster.
     Status(status_cmd::StatusArgs),
+    /// Make cluster keys (for --key-file).
+    #[command(subcommand)]
+    Key(keys::KeyCommand),
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -117,6 +121,7 @@ fn main() -> std::process::ExitCode {
         Command::Regions(a) => regions::run(a),
         Command::InstallUnits(a) => install_units::run(a),
         Command::Status(a) => status_cmd::run(a),
+        Command::Key(k) => keys::run(k),
         Command::Bench(b) => bench::run(b),
         Command::BenchLocksWorker => bench::locks::worker(),
     };

@@ -20,6 +20,7 @@ use citronfs_mount::{CitronFuse, MountOptions};
 use clap::Args;
 
 use crate::daemon::Readiness;
+use crate::keys::{EmbeddedKey, KeyArgs};
 use crate::mount_options::{self, VfsFlag};
 use crate::servers::{LockArgs, MetaServerArgs};
 use crate::size::ByteSize;
@@ -83,6 +84,10 @@ pub struct MountArgs {
     /// A VFS flag of the mount (from -o).
     #[arg(long = "vfs-flag", hide = true)]
     vfs_flags: Vec<VfsFlag>,
+    /// With --meta: the cluster's key. Embedded: the key file to use (made
+    /// there if missing); without it a new key is made for this cluster.
+    #[command(flatten)]
+    key: KeyArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -139,11 +144,12 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
         (_, Some(_)) => bail!("--ib-device is for --transport ib"),
         (_, None) => None,
     };
-    // Embedded servers live as long as this function.
-    let mut embedded: Option<(MetaServer, DataServer)> = None;
+    // Embedded servers (and their key) live as long as this function.
+    let mut embedded: Option<(MetaServer, DataServer, EmbeddedKey)> = None;
     let meta = match args.meta {
         Some(m) => m,
         None => {
+            let key = EmbeddedKey::obtain(args.key.key_file.as_deref())?;
             // The embedded servers also publish their memory as shm
             // fabrics, for mounts on this host.
             let pid = std::process::id();
@@ -155,8 +161,10 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
                 ib: ib_device.clone(),
                 max_files: args.max_files,
                 locks: args.locks.clone(),
+                key: KeyArgs::default(),
             };
-            let config = meta_args.config();
+            let mut config = meta_args.config();
+            config.keyring = Some(key.keyring.clone());
             // The meta-server's regions share /dev/shm with the data server's.
             let reserve = config.slot_bytes + config.lock_bytes;
             let meta = MetaServer::start(config).context("cannot start the embedded meta-server")?;
@@ -165,26 +173,31 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
                 .map_or_else(|| citronfs_meta_server::data_server::default_capacity(true, reserve), |c| c.0);
             let data_shm = format!("{pid}-data");
             let data_listen = SocketAddr::new(args.listen.ip(), 0);
-            let data = DataServer::start_with_ib(
+            let data = DataServer::start_with(
                 data_listen,
                 meta.local_addr(),
                 capacity,
                 Some(&data_shm),
                 ib_device.as_ref(),
+                Some(key.keyring.clone()),
             )
             .context("cannot start the embedded data server")?;
             log::info!("embedded data server: {}", ByteSize(capacity));
             let addr = meta.local_addr();
-            embedded = Some((meta, data));
+            embedded = Some((meta, data, key));
             addr
         }
+    };
+    let key = match &embedded {
+        Some((_, _, k)) => Some(k.keyring.first().clone()),
+        None => args.key.load()?.map(|ring| ring.first().clone()),
     };
     let transport = match args.transport {
         TransportArg::Auto => Transport::Auto,
         TransportArg::Tcp => Transport::Tcp,
         TransportArg::Ib => Transport::Ib,
     };
-    let client = FsClient::connect(ClientConfig { meta, timeout, transport, ib_device })
+    let client = FsClient::connect(ClientConfig { meta, timeout, transport, ib_device, key })
         .with_context(|| format!("cannot join the cluster at {meta}"))?;
     let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads: args.threads });
     let client = fs.client();
@@ -209,8 +222,13 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
     })
     .context("cannot install the signal handler")?;
     let mut message = format!("citronfs mounted at {} (meta-server {meta})\n", mountpoint.display());
-    if embedded.is_some() {
-        message += &format!("other mounts can join with: citronfs mount DIR --meta {meta}\n");
+    if let Some((_, _, key)) = &embedded {
+        let file = key.path.display();
+        let lifetime = if key.is_temporary() { "; removed when this mount ends" } else { "" };
+        message += &format!("cluster key: {file} (mode 600{lifetime})\n");
+        message += "other nodes join with a copy of that file (keep it mode 600):\n";
+        message += &format!("  citronfs mount DIR --meta {meta} --key-file {file}\n");
+        message += &format!("  citronfs data-server --meta {meta} --key-file {file} --listen ADDR:0\n");
     }
     match readiness.take() {
         Some(r) => {

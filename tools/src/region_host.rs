@@ -52,6 +52,10 @@ pub struct RegionHostArgs {
     /// A region to register, ID:SIZE; repeatable.
     #[arg(long = "region", default_value = "1:64MiB")]
     regions: Vec<RegionSpec>,
+    /// Let in only holders of the cluster key of this file (required to
+    /// listen on an address other hosts can reach).
+    #[command(flatten)]
+    key: crate::keys::KeyArgs,
 }
 
 pub fn run(args: RegionHostArgs) -> Result<()> {
@@ -79,7 +83,13 @@ pub fn run(args: RegionHostArgs) -> Result<()> {
     };
     let tcp = match args.listen {
         Some(addr) => {
-            Some(TcpHost::spawn(addr, table.clone()).with_context(|| format!("cannot listen on {addr}"))?)
+            let keyring = args.key.for_server(addr, "the region host")?;
+            let authority = citron_rpc::auth::Authority::from_keyring(keyring);
+            let access = Arc::new(citron_lock::rdma::tcp::AccessTable::default());
+            Some(
+                TcpHost::spawn_with(addr, table.clone(), authority, access)
+                    .with_context(|| format!("cannot listen on {addr}"))?,
+            )
         }
         None => None,
     };

@@ -19,6 +19,7 @@ use citronfs_core::locks::ClusterLockParams;
 use citronfs_meta_server::{DataServer, MetaServer, MetaServerConfig};
 use clap::Args;
 
+use crate::keys::KeyArgs;
 use crate::size::ByteSize;
 
 #[derive(Args, Debug)]
@@ -47,6 +48,8 @@ pub struct MetaServerArgs {
     pub max_files: u64,
     #[command(flatten)]
     pub locks: LockArgs,
+    #[command(flatten)]
+    pub key: KeyArgs,
 }
 
 /// The cluster's lock settings, which every client must share.
@@ -127,6 +130,8 @@ pub struct DataServerArgs {
     /// Also serve the memory to RDMA clients through this device.
     #[arg(long, value_name = "DEVICE")]
     ib: Option<IbDevice>,
+    #[command(flatten)]
+    key: KeyArgs,
 }
 
 /// Tells the service manager (if `$NOTIFY_SOCKET` names one) that the
@@ -155,8 +160,9 @@ pub fn wait_for_signal() -> Result<()> {
 }
 
 pub fn run_meta(args: MetaServerArgs) -> Result<()> {
-    let server =
-        MetaServer::start(args.config()).with_context(|| format!("cannot start on {}", args.listen))?;
+    let mut config = args.config();
+    config.keyring = args.key.for_server(args.listen, "the meta-server")?;
+    let server = MetaServer::start(config).with_context(|| format!("cannot start on {}", args.listen))?;
     let status = format!("meta-server listening on {} (nic {})", server.local_addr(), server.nic_addr());
     println!("{status}");
     notify_ready(&status);
@@ -167,12 +173,19 @@ pub fn run_meta(args: MetaServerArgs) -> Result<()> {
 }
 
 pub fn run_data(args: DataServerArgs) -> Result<()> {
+    let keyring = args.key.for_server(args.listen, "the data server")?;
     let capacity = args.capacity.unwrap_or_else(|| {
         ByteSize(citronfs_meta_server::data_server::default_capacity(args.shm.is_some(), 0))
     });
-    let mut server =
-        DataServer::start_with_ib(args.listen, args.meta, capacity.0, args.shm.as_deref(), args.ib.as_ref())
-            .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
+    let mut server = DataServer::start_with(
+        args.listen,
+        args.meta,
+        capacity.0,
+        args.shm.as_deref(),
+        args.ib.as_ref(),
+        keyring,
+    )
+    .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
     let status = format!("data server {} exporting {} on {}", server.id().0, capacity, server.nic_addr());
     println!("{status}");
     notify_ready(&status);

@@ -281,7 +281,7 @@ impl FsClient {
         if set.size.is_none() {
             return self.call_attr(&request);
         }
-        self.while_open(ino, |pin| {
+        self.while_open(caller, ino, libc::O_WRONLY, |pin| {
             self.with_endpoints(|eps| {
                 self.with_inode_lock(eps, pin.area, Mode::Exclusive, |_| self.call_attr(&request))
             })
@@ -289,17 +289,20 @@ impl FsClient {
     }
 
     /// Runs `f` with the file's lock addresses pinned, opening the file for
-    /// the call if it is not open here (its lock memory exists only while it
-    /// is open somewhere).
+    /// the call as `caller` with open(2) `flags` if it is not open here (its
+    /// lock memory exists only while it is open somewhere, and in a keyed
+    /// cluster a client may touch only the memory of files it has open).
     pub(super) fn while_open<R>(
         &self,
+        caller: Caller,
         ino: Ino,
+        flags: i32,
         f: impl FnOnce(&Pinned) -> Result<R, FsError>,
     ) -> Result<R, FsError> {
         if let Ok(pin) = self.pin(ino) {
             return f(&pin);
         }
-        self.open(ino)?;
+        self.open_as(caller, ino, flags)?;
         let result = self.pin(ino).and_then(|pin| f(&pin));
         let released = self.release(ino);
         let r = result?;

@@ -278,7 +278,11 @@ impl FsClient {
     /// lock: a snapshot for `citronfs locks`. A file not open here is opened
     /// for the call (its lock memory exists only while it is open).
     pub fn lock_records(&self, ino: Ino) -> Result<Vec<LockRecord>, FsError> {
-        self.while_open(ino, |pin| self.lock_records_pinned(pin, ino))
+        // Opened as root for reading: in a keyed cluster a client may touch
+        // the lock memory of files it has open only.
+        self.while_open(crate::types::Caller::ROOT, ino, libc::O_RDONLY, |pin| {
+            self.lock_records_pinned(pin, ino)
+        })
     }
 
     fn lock_records_pinned(&self, pin: &Pinned, ino: Ino) -> Result<Vec<LockRecord>, FsError> {

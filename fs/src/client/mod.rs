@@ -21,6 +21,7 @@
 //!
 //! Lock addresses are used only while the file is open here ([`opens`]).
 
+mod identity;
 mod io;
 mod locks;
 mod opens;
@@ -35,8 +36,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use citron_lock::range_lock::RangeLockSite;
-use citron_lock::rdma::tcp::RpcClient;
+use citron_lock::rdma::tcp::{RpcClient, RpcError};
 use citron_lock::rdma::{Endpoint, IbDevice, IbFabric, Node, TcpOptions, Verb, VerbCounts, VerbReply};
+use citron_rpc::auth::{HandshakeError, Status};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::FsError;
@@ -87,11 +89,14 @@ pub struct ClientConfig {
     pub transport: Transport,
     /// The RDMA device of this machine, for [`Transport::Ib`].
     pub ib_device: Option<IbDevice>,
+    /// The key this client proves (`--key-file`); `None` in a cluster
+    /// without keys.
+    pub key: Option<citron_rpc::auth::Key>,
 }
 
 impl ClientConfig {
     pub fn new(meta: SocketAddr) -> Self {
-        Self { meta, timeout: Duration::from_secs(5), transport: Transport::Auto, ib_device: None }
+        Self { meta, timeout: Duration::from_secs(5), transport: Transport::Auto, ib_device: None, key: None }
     }
 }
 
@@ -109,6 +114,7 @@ fn join_server(
     transport: Transport,
     ib_device: Option<&IbDevice>,
     options: TcpOptions,
+    credentials: citron_lock::rdma::NodeCredentials,
 ) -> Result<Node, FsError> {
     let ServerAddrs { nic, shm, ib } = server;
     if transport == Transport::Ib {
@@ -123,13 +129,13 @@ fn join_server(
     }
     if let (Transport::Auto, Some(name)) = (transport, shm) {
         if citron_lock::rdma::shm::fabric_dir(name).exists() {
-            match Node::join_shm(name) {
+            match Node::join_shm_as(name, credentials.clone()) {
                 Ok(node) => return Ok(node),
                 Err(e) => log::warn!("shm fabric {name} present but unusable ({e}); using tcp"),
             }
         }
     }
-    Ok(Node::join_tcp(nic, options)?)
+    Ok(Node::join_tcp_as(nic, options, credentials)?)
 }
 
 /// The endpoints one thread uses: one to the meta-server's NIC (lock memory
@@ -167,6 +173,8 @@ struct SlotWords {
 
 struct Shared {
     rpc: RpcClient<MetaRequest, MetaResponse>,
+    /// What our connections prove (key, then session).
+    identity: identity::Identity,
     client: AtomicU64,
     fenced: AtomicBool,
     /// Bumped at every registration after the first: locks and opens of an
@@ -216,7 +224,7 @@ pub struct FsClient {
     may_hold: Mutex<HashSet<locks::HoldKey>>,
 }
 
-fn answer(r: Result<MetaResponse, citron_lock::rdma::TransportError>) -> Result<MetaResponse, FsError> {
+fn answer(r: Result<MetaResponse, citron_lock::rdma::tcp::RpcError>) -> Result<MetaResponse, FsError> {
     match r? {
         MetaResponse::Failed(e) => Err(e),
         ok => Ok(ok),
@@ -243,7 +251,9 @@ impl FsClient {
         // Fail fast with a clear message if nobody listens there.
         TcpStream::connect_timeout(&config.meta, config.timeout)
             .map_err(|e| FsError::Io(format!("cannot reach the meta-server at {}: {e}", config.meta)))?;
-        let rpc = RpcClient::new(config.meta, config.timeout);
+        let identity = identity::Identity::new(config.key.clone());
+        let rpc =
+            RpcClient::new(config.meta, config.timeout).with_credentials(identity.credentials().clone());
         let hostname =
             std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
         let info = match answer(
@@ -252,6 +262,7 @@ impl FsClient {
             MetaResponse::Registered(info) => info,
             other => return Err(unexpected(other)),
         };
+        identity.registered(&rpc, &info)?;
         let ClusterInfo {
             client,
             chunk_size,
@@ -263,6 +274,7 @@ impl FsClient {
             waits_for,
             lock_params,
             lock_host,
+            session: _,
         } = info;
         let geometry = ChunkGeometry::new(chunk_size).map_err(FsError::Invalid)?;
         let options = TcpOptions { connect_timeout: config.timeout, reply_timeout: config.timeout };
@@ -271,9 +283,16 @@ impl FsClient {
             shm: meta_shm.as_deref(),
             ib: meta_ib.map(|a| reachable(a, config.meta)),
         };
-        let meta_node = join_server(meta_addrs, config.transport, config.ib_device.as_ref(), options)?;
+        let meta_node = join_server(
+            meta_addrs,
+            config.transport,
+            config.ib_device.as_ref(),
+            options,
+            identity.node_credentials(),
+        )?;
         let shared = Arc::new(Shared {
             rpc,
+            identity,
             client: AtomicU64::new(client.0),
             fenced: AtomicBool::new(false),
             registration: AtomicU64::new(0),
@@ -286,7 +305,7 @@ impl FsClient {
         // Timing of the lock algorithms comes from this fabric's RTT.
         let probe = meta_node.endpoint()?;
         let rtt = probe.measure_rtt(waits_for.base, 32)?;
-        let timing = LockTiming::new(rtt, lock_params);
+        let timing = LockTiming::new_as(rtt, lock_params, meta_node.credentials().host.clone());
         log::info!("lock-server RTT {rtt:?}");
         let mut c = Self {
             shared: shared.clone(),
@@ -363,7 +382,13 @@ impl FsClient {
                 shm: info.shm.as_deref(),
                 ib: info.ib.map(|a| reachable(a, meta)),
             };
-            let node = join_server(addrs, self.transport, self.ib_device.as_ref(), options)?;
+            let node = join_server(
+                addrs,
+                self.transport,
+                self.ib_device.as_ref(),
+                options,
+                self.shared.identity.node_credentials(),
+            )?;
             nodes.insert(info.id, (info, node));
         }
         Ok(())
@@ -508,12 +533,19 @@ impl FsClient {
 
     // ---- data ----
 
-    /// Opens a regular file for I/O (counted by the meta-server until
-    /// [`FsClient::release`]); the answer lends the file's lock memory.
+    /// Opens a regular file for reading and writing as root (counted by the
+    /// meta-server until [`FsClient::release`]); the answer lends the
+    /// file's lock memory.
     pub fn open(&self, ino: Ino) -> Result<(), FsError> {
+        self.open_as(Caller::ROOT, ino, libc::O_RDWR)
+    }
+
+    /// Opens a regular file for I/O as `caller` with open(2) `flags` (the
+    /// meta-server checks the caller may).
+    pub fn open_as(&self, caller: Caller, ino: Ino, flags: i32) -> Result<(), FsError> {
         self.shared.opens.with_entry(ino, |e| {
             let registration = self.registration();
-            match self.call(&MetaRequest::Open { client: self.client_id(), ino })? {
+            match self.call(&MetaRequest::Open { caller, client: self.client_id(), ino, flags })? {
                 MetaResponse::Layout(l) => {
                     self.count_open(e, registration, &l);
                     self.install_layout(l);
@@ -959,14 +991,28 @@ fn heartbeat_loop(shared: &Shared) {
         let client = ClientId(shared.client.load(Ordering::Relaxed));
         match shared.rpc.call(&MetaRequest::Heartbeat { client }) {
             Ok(MetaResponse::Done) => *shared.renewed.lock() = sent,
-            Ok(MetaResponse::Failed(e)) => {
-                log::warn!("lease of client {} lost: {e}", client.0);
+            Ok(MetaResponse::Failed(_))
+            | Err(RpcError::Handshake(HandshakeError::Refused(Status::NotAdmitted))) => {
+                log::warn!("lease of client {} lost", client.0);
                 shared.fenced.store(true, Ordering::Relaxed);
+                shared.identity.registering(&shared.rpc);
                 let again = shared.rpc.call(&MetaRequest::RegisterClient {
                     hostname: shared.hostname.clone(),
                     pid: std::process::id(),
                 });
-                if let Ok(MetaResponse::Registered(info)) = again {
+                let registered = match again {
+                    Ok(MetaResponse::Registered(info)) => {
+                        match shared.identity.registered(&shared.rpc, &info) {
+                            Ok(()) => Some(info),
+                            Err(e) => {
+                                log::warn!("cannot use the new registration: {e}");
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some(info) = registered {
                     shared.client.store(info.client.0, Ordering::Relaxed);
                     let now = shared.registration.fetch_add(1, Ordering::Relaxed) + 1;
                     shared.opens.drop_older_than(now);

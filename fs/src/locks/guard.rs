@@ -65,8 +65,18 @@ impl LockTiming {
     /// Timing for a client whose round trip to lock memory is `rtt`, under
     /// the cluster's shared parameters.
     pub fn new(rtt: Duration, cluster: ClusterLockParams) -> Self {
+        Self::new_as(rtt, cluster, citron_rpc::auth::Credentials::anonymous())
+    }
+
+    /// [`LockTiming::new`] for a client whose connections to range lock
+    /// servers prove `credentials` (its node's).
+    pub fn new_as(
+        rtt: Duration,
+        cluster: ClusterLockParams,
+        credentials: citron_rpc::auth::Credentials,
+    ) -> Self {
         let lease = Duration::from_millis(cluster.lease_ms);
-        let mut ranges = RangeLockContext::from_rtt(rtt);
+        let mut ranges = RangeLockContext::from_rtt(rtt).with_credentials(credentials);
         ranges.citron.t_wait = Duration::from_micros(cluster.t_wait_us);
         ranges.citron.lease = lease;
         ranges.dslr = ranges.dslr.with_lease(lease);

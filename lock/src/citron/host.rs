@@ -428,7 +428,16 @@ impl LockMemoryHost {
 
     /// Serves this host's instances over tcp.
     pub fn serve(self: &Arc<Self>, listen: SocketAddr) -> std::io::Result<TreeHostServer> {
-        let server = RpcServer::spawn(listen, self.clone(), "tree-host")?;
+        self.serve_with(listen, citron_rpc::auth::Authority::Open)
+    }
+
+    /// [`LockMemoryHost::serve`] letting in only whom `authority` does.
+    pub fn serve_with(
+        self: &Arc<Self>,
+        listen: SocketAddr,
+        authority: citron_rpc::auth::Authority,
+    ) -> std::io::Result<TreeHostServer> {
+        let server = RpcServer::spawn_with(listen, self.clone(), "tree-host", authority)?;
         log::info!("Citron tree host listening on {}", server.local_addr());
         Ok(TreeHostServer { server })
     }
@@ -820,7 +829,16 @@ fn unexpected(r: TreeHostResponse) -> TreeHostError {
 impl RemoteTreeHost {
     /// A client of the tree host at `server`; `timeout` bounds every call.
     pub fn connect(server: SocketAddr, timeout: Duration) -> Arc<TreeHostRpc> {
-        Arc::new(RpcClient::new(server, timeout))
+        Self::connect_as(server, timeout, citron_rpc::auth::Credentials::anonymous())
+    }
+
+    /// [`RemoteTreeHost::connect`] proving `credentials`.
+    pub fn connect_as(
+        server: SocketAddr,
+        timeout: Duration,
+        credentials: citron_rpc::auth::Credentials,
+    ) -> Arc<TreeHostRpc> {
+        Arc::new(RpcClient::new(server, timeout).with_credentials(credentials))
     }
 
     /// An existing instance. Whether the host runs scale-ups is asked (one

@@ -499,6 +499,8 @@ pub struct RangeLockContext {
     tree_hosts: Mutex<HashMap<SocketAddr, Arc<TreeHostRpc>>>,
     /// Configurations of scaled hosted trees.
     geometries: Arc<TreeGeometries>,
+    /// What connections to range lock servers and tree hosts prove.
+    credentials: citron_rpc::auth::Credentials,
 }
 
 impl RangeLockContext {
@@ -512,7 +514,15 @@ impl RangeLockContext {
             servers: Mutex::new(HashMap::new()),
             tree_hosts: Mutex::new(HashMap::new()),
             geometries: Arc::new(TreeGeometries::default()),
+            credentials: citron_rpc::auth::Credentials::anonymous(),
         }
+    }
+
+    /// Connections to lock servers prove `credentials` (a node's
+    /// [`crate::rdma::NodeCredentials::host`]).
+    pub fn with_credentials(mut self, credentials: citron_rpc::auth::Credentials) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     /// Sets the longest any acquisition waits before it gives up.
@@ -548,7 +558,9 @@ impl RangeLockContext {
                     .tree_hosts
                     .lock()
                     .entry(host)
-                    .or_insert_with(|| RemoteTreeHost::connect(host, self.rpc.call_timeout))
+                    .or_insert_with(|| {
+                        RemoteTreeHost::connect_as(host, self.rpc.call_timeout, self.credentials.clone())
+                    })
                     .clone();
                 let th: Arc<dyn TreeHost> = Arc::new(RemoteTreeHost::host_scaled(rpc, instance));
                 // No RPC: the newest configuration seen here, else the tree
@@ -578,7 +590,7 @@ impl RangeLockContext {
                     .servers
                     .lock()
                     .entry(server)
-                    .or_insert_with(|| RpcRangeClient::connect(server, self.rpc))
+                    .or_insert_with(|| RpcRangeClient::connect_as(server, self.rpc, self.credentials.clone()))
                     .clone();
                 Box::new(RpcRangeClient::new(rpc, instance, self.rpc))
             }

@@ -56,6 +56,7 @@ use serde::{Deserialize, Serialize};
 use super::interval_tree::{Interval, IntervalTree};
 use crate::rdma::tcp::rpc::{RpcClient, RpcServer, RpcService};
 use crate::rwlock::LockError;
+use citron_rpc::auth::{Authority, Credentials};
 
 /// Which lock instance (e.g. one per file) a request is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -379,7 +380,16 @@ pub type RangeLockServer = RpcServer<Arc<RangeLockService>>;
 
 /// Starts a range lock server on `listen` (e.g. `127.0.0.1:0`).
 pub fn spawn_range_server(listen: SocketAddr, config: RangeServerConfig) -> std::io::Result<RangeLockServer> {
-    RpcServer::spawn(listen, Arc::new(RangeLockService::new(config)), "range-lock")
+    spawn_range_server_with(listen, config, Authority::Open)
+}
+
+/// [`spawn_range_server`] that lets in only whom `authority` does.
+pub fn spawn_range_server_with(
+    listen: SocketAddr,
+    config: RangeServerConfig,
+    authority: Authority,
+) -> std::io::Result<RangeLockServer> {
+    RpcServer::spawn_with(listen, Arc::new(RangeLockService::new(config)), "range-lock", authority)
 }
 
 /// A process's connections to one range lock server, shared by its threads
@@ -433,7 +443,12 @@ impl RpcRangeClient {
 
     /// Connections to `server` with `config`'s call timeout.
     pub fn connect(server: SocketAddr, config: RpcRangeConfig) -> Arc<RangeRpc> {
-        Arc::new(RpcClient::new(server, config.call_timeout))
+        Self::connect_as(server, config, Credentials::anonymous())
+    }
+
+    /// [`RpcRangeClient::connect`] proving `credentials`.
+    pub fn connect_as(server: SocketAddr, config: RpcRangeConfig, credentials: Credentials) -> Arc<RangeRpc> {
+        Arc::new(RpcClient::new(server, config.call_timeout).with_credentials(credentials))
     }
 
     pub fn stats(&self) -> RpcRangeStats {

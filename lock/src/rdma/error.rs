@@ -18,6 +18,9 @@ pub enum VerbError {
     TooLarge { len: u64, max: u64 },
     #[error("the host could not decode the request: {0}")]
     Malformed(String),
+    /// No grant of this client covers the bytes (see `rdma::tcp::access`).
+    #[error("{addr} + {len} bytes is not granted to this client")]
+    NotGranted { addr: RemoteAddr, len: u64 },
 }
 
 /// Why a round trip (a verb, a batch or a message) could not be completed at
@@ -42,6 +45,22 @@ pub enum TransportError {
     /// completed with an error, or the build has no `rdma` feature.
     #[error("ib: {0}")]
     Ib(String),
+    /// The connection's handshake failed (no key, wrong key, not admitted).
+    #[error(transparent)]
+    Handshake(#[from] citron_rpc::auth::HandshakeError),
+}
+
+impl From<citron_rpc::RpcError> for TransportError {
+    fn from(e: citron_rpc::RpcError) -> Self {
+        use citron_rpc::RpcError;
+        match e {
+            RpcError::Io(e) => TransportError::Io(e),
+            RpcError::Disconnected => TransportError::Disconnected,
+            RpcError::Timeout(t) => TransportError::Timeout(t),
+            RpcError::Protocol(p) => TransportError::Protocol(p),
+            RpcError::Handshake(h) => TransportError::Handshake(h),
+        }
+    }
 }
 
 /// The error of a single-verb convenience call: either the round trip failed

@@ -58,7 +58,7 @@ pub use ib::{IbDevice, IbFabric, IbHost};
 pub use mailbox::{Message, MAX_MESSAGE};
 pub use memory::{RegionMemory, RegionTable};
 pub use shm::ShmHost;
-pub use tcp::{TcpHost, TcpOptions};
+pub use tcp::{NodeCredentials, TcpHost, TcpOptions};
 pub use verb::{Verb, VerbCounts, VerbKind, VerbReply, MAX_TRANSFER};
 
 #[cfg(feature = "rdma")]
@@ -120,6 +120,7 @@ struct NodeInner {
     id: NodeId,
     router: Arc<MailboxRouter>,
     kind: NodeKind,
+    credentials: NodeCredentials,
 }
 
 /// This process's membership of a fabric. Cheap to clone; endpoints keep it
@@ -162,15 +163,36 @@ impl Node {
     }
 
     pub fn join_shm(name: &str) -> Result<Node, TransportError> {
+        Self::join_shm_as(name, NodeCredentials::default())
+    }
+
+    /// Joins a shm fabric (where nothing is checked: processes map the
+    /// memory); `credentials` are what the node proves to the lock services
+    /// it calls over tcp ([`Node::credentials`]).
+    pub fn join_shm_as(name: &str, credentials: NodeCredentials) -> Result<Node, TransportError> {
         let router = Arc::new(MailboxRouter::default());
         let shm = Arc::new(ShmNode::join(name, router.clone())?);
-        Ok(Node { inner: Arc::new(NodeInner { id: shm.id, router, kind: NodeKind::Shm(shm) }) })
+        Ok(Node { inner: Arc::new(NodeInner { id: shm.id, router, kind: NodeKind::Shm(shm), credentials }) })
     }
 
     pub fn join_tcp(host: SocketAddr, options: TcpOptions) -> Result<Node, TransportError> {
+        Self::join_tcp_as(host, options, NodeCredentials::default())
+    }
+
+    /// Joins the tcp fabric of the NIC at `host`, proving `credentials`.
+    pub fn join_tcp_as(
+        host: SocketAddr,
+        options: TcpOptions,
+        credentials: NodeCredentials,
+    ) -> Result<Node, TransportError> {
         let router = Arc::new(MailboxRouter::default());
-        let tcp = Arc::new(TcpNode::join(host, options, router.clone())?);
-        Ok(Node { inner: Arc::new(NodeInner { id: tcp.id, router, kind: NodeKind::Tcp(tcp) }) })
+        let tcp = Arc::new(TcpNode::join(host, options, credentials.clone(), router.clone())?);
+        Ok(Node { inner: Arc::new(NodeInner { id: tcp.id, router, kind: NodeKind::Tcp(tcp), credentials }) })
+    }
+
+    /// What this node proves to hosts, lock services and other nodes.
+    pub fn credentials(&self) -> &NodeCredentials {
+        &self.inner.credentials
     }
 
     pub fn id(&self) -> NodeId {
@@ -190,7 +212,9 @@ impl Node {
     pub fn endpoint(&self) -> Result<Endpoint, TransportError> {
         let qp = match &self.inner.kind {
             NodeKind::Shm(shm) => Qp::Shm(ShmQp::new(shm.clone())),
-            NodeKind::Tcp(tcp) => Qp::Tcp(TcpQp::connect(tcp.host, tcp.options)?),
+            NodeKind::Tcp(tcp) => {
+                Qp::Tcp(TcpQp::connect(tcp.host, tcp.options, tcp.credentials.host.clone())?)
+            }
             #[cfg(feature = "rdma")]
             NodeKind::Ib(ib) => Qp::Ib(ib.qp()?),
         };

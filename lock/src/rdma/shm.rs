@@ -17,6 +17,13 @@
 //! The host holds a lock on the directory for as long as the fabric lives;
 //! a fabric whose lock nobody holds is an orphan that the next citronfs
 //! start removes ([`super::shm_owner`]).
+//!
+//! Nothing can be checked here: a process that maps a region file can touch
+//! every byte of it, and keys and grants (the tcp backend's
+//! [`super::tcp::access`]) do not apply. The shm backend therefore serves
+//! processes of one trusted host, as one user: the fabric directory is
+//! created mode 700 and its files mode 600, so only the user that runs the
+//! servers (root, for a file system) can map them or send messages.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -152,10 +159,12 @@ fn open_rw(path: &Path) -> Result<File, TransportError> {
 }
 
 fn create_sized(path: &Path, len: u64) -> Result<(), TransportError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let f = OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(path)
         .map_err(|e| shm_err("cannot create", path, e))?;
     f.set_len(len).map_err(|e| shm_err("cannot size", path, e))

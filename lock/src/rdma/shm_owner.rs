@@ -172,6 +172,12 @@ pub(crate) fn create_owned(dir: &Path) -> io::Result<OwnerLock> {
         fs::remove_dir_all(dir)?;
     }
     fs::create_dir(dir)?;
+    // Private to the user that runs the servers (see `shm`): nothing in a
+    // region can be checked once a process maps it.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
     let file = OpenOptions::new().read(true).write(true).create_new(true).open(dir.join(OWNER_FILE))?;
     if !flock(&file, libc::LOCK_EX | libc::LOCK_NB)? {
         // Only a second creator of the same name that won the race can hold it.

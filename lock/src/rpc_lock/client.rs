@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{RecvTimeoutError, Sender};
 
 use super::{HolderId, RpcLockId, RpcLockRefusal, RpcLockRequest, RpcLockResponse};
-use crate::rdma::tcp::{MuxChannel, MuxClient, RpcClient};
+use crate::rdma::tcp::{MuxChannel, MuxClient, RpcClient, RpcError};
 use crate::rdma::{Endpoint, TransportError};
 use crate::rwlock::{LockError, Mode, RwLockClient};
 
@@ -110,8 +110,17 @@ impl std::fmt::Debug for RpcLockSession {
 impl RpcLockSession {
     /// Connects to the server at `server` and starts the lease heartbeat.
     pub fn connect(server: SocketAddr, config: RpcLockConfig) -> Result<Arc<Self>, LockError> {
+        Self::connect_as(server, config, citron_rpc::auth::Credentials::anonymous())
+    }
+
+    /// [`RpcLockSession::connect`] proving `credentials`.
+    pub fn connect_as(
+        server: SocketAddr,
+        config: RpcLockConfig,
+        credentials: citron_rpc::auth::Credentials,
+    ) -> Result<Arc<Self>, LockError> {
         let inner = Arc::new(SessionInner {
-            client: MuxClient::new(server, config.call_timeout),
+            client: MuxClient::new(server, config.call_timeout).with_credentials(credentials),
             config,
             lease_nanos: AtomicU64::new(0),
             next_holder: AtomicU64::new(1),
@@ -269,7 +278,7 @@ impl RpcLockClient {
     ) -> Result<RpcLockResponse, TransportError> {
         self.stats.calls += 1;
         self.session.inner.count_call();
-        channel.call(request)
+        channel.call(request).map_err(TransportError::from)
     }
 
     /// Acquires in `mode`: one call, answered when the server grants it.
@@ -292,7 +301,7 @@ impl RpcLockClient {
             }
             Ok(RpcLockResponse::Refused(r)) => Err(LockError::Host(r.to_string())),
             Ok(other) => Err(LockError::Host(format!("unexpected reply to acquire: {other:?}"))),
-            Err(TransportError::Timeout(_)) => {
+            Err(RpcError::Timeout(_)) => {
                 drop(pending);
                 self.stats.timeouts += 1;
                 self.withdraw(&channel)?;

@@ -345,6 +345,15 @@ pub struct RpcLockServer {
 impl RpcLockServer {
     /// Serves on `listen` (port 0 picks one; see [`RpcLockServer::local_addr`]).
     pub fn spawn(listen: SocketAddr, config: RpcLockServerConfig) -> std::io::Result<Self> {
+        Self::spawn_with(listen, config, citron_rpc::auth::Authority::Open)
+    }
+
+    /// [`RpcLockServer::spawn`] letting in only whom `authority` does.
+    pub fn spawn_with(
+        listen: SocketAddr,
+        config: RpcLockServerConfig,
+        authority: citron_rpc::auth::Authority,
+    ) -> std::io::Result<Self> {
         let service = Arc::new(LockService {
             config,
             tables: Mutex::new(Tables::default()),
@@ -352,7 +361,7 @@ impl RpcLockServer {
             stopping: AtomicBool::new(false),
             counters: Counters::default(),
         });
-        let server = MuxServer::spawn(listen, service.clone(), "rpc-lock")?;
+        let server = MuxServer::spawn_with(listen, service.clone(), "rpc-lock", authority)?;
         let reaper = {
             let service = service.clone();
             std::thread::Builder::new().name("rpc-lock-reaper".into()).spawn(move || service.reap())?

@@ -1,6 +1,7 @@
 //! `citronfs bench …`: benchmarks that print tables and write CSV + PNG.
 
 pub mod alock;
+pub mod auth;
 pub mod citron_scale;
 pub mod fcntl;
 pub mod io;
@@ -15,6 +16,9 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// Latency and throughput of every verb kind, beside the transport's limit.
     Verbs(verbs::VerbsArgs),
+    /// What cluster keys and grants cost: per connection, per verb, per
+    /// file-system operation, beside the same without keys.
+    Auth(auth::AuthArgs),
     /// Sequential I/O and metadata rates beside bindfs and tmpfs.
     Io(io::IoArgs),
     /// Range locks side by side (Citron paper §4.2, §4.6, §4.7): Citron,
@@ -46,6 +50,7 @@ pub enum BenchCommand {
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Verbs(a) => verbs::run(a),
+        BenchCommand::Auth(a) => auth::run(a),
         BenchCommand::Io(a) => io::run(a),
         BenchCommand::Ranges(a) => ranges::run(a),
         BenchCommand::RangesWorker(a) => ranges::worker(a),

@@ -72,6 +72,10 @@ pub struct VerbsArgs {
     /// on this machine's loopback.
     #[arg(long)]
     fabric: Option<FabricAddr>,
+    /// With --fabric tcp:...: the key file of the region host (its first
+    /// key is proved).
+    #[command(flatten)]
+    key: crate::keys::KeyArgs,
     /// Directory for verbs-<backend>.csv and verbs-<backend>.png.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
@@ -137,7 +141,16 @@ pub fn run(args: VerbsArgs) -> Result<()> {
             (FabricAddr::Tcp(host.local_addr()), LocalHost::Tcp(host))
         }
     };
-    let node = Node::join(&fabric).with_context(|| format!("cannot join {fabric}"))?;
+    let node = match (&fabric, args.key.load()?) {
+        (FabricAddr::Tcp(addr), Some(ring)) => {
+            let host =
+                citron_rpc::auth::Credentials::new(citron_rpc::auth::Credential::Key(ring.first().clone()));
+            let creds = citron_lock::rdma::NodeCredentials { host, ..Default::default() };
+            Node::join_tcp_as(*addr, citron_lock::rdma::TcpOptions::default(), creds)
+        }
+        _ => Node::join(&fabric),
+    }
+    .with_context(|| format!("cannot join {fabric}"))?;
     let backend = node.backend_name();
     let chunk: u64 = if backend == "shm" { 256 } else { 1 };
     println!(

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use citron_rpc::auth::{client_handshake, server_handshake, Authority, Credentials, HandshakeGate, Status};
 use parking_lot::Mutex;
 use serde::Serialize;
 
@@ -33,6 +34,18 @@ impl Default for TcpOptions {
     fn default() -> Self {
         Self { connect_timeout: Duration::from_secs(3), reply_timeout: Duration::from_secs(10) }
     }
+}
+
+/// What a node proves, and to whom it listens: its queue pairs prove
+/// `host` to hosts' NICs (and, through [`crate::rdma::Node::credentials`],
+/// to the lock services it calls); its connections to other nodes'
+/// mailboxes prove `peers`; its own mailbox listener lets in whom
+/// `mailbox` does. The default is a cluster without keys.
+#[derive(Clone, Debug, Default)]
+pub struct NodeCredentials {
+    pub host: Credentials,
+    pub peers: Credentials,
+    pub mailbox: Authority,
 }
 
 /// Replies of at most this many bytes may be outstanding while we are still
@@ -63,13 +76,18 @@ struct Conn {
 pub(crate) struct TcpQp {
     host: SocketAddr,
     options: TcpOptions,
+    credentials: Credentials,
     conn: RefCell<Option<Conn>>,
     next_seq: Cell<u64>,
 }
 
 impl TcpQp {
-    pub fn connect(host: SocketAddr, options: TcpOptions) -> Result<Self, TransportError> {
-        let qp = Self { host, options, conn: RefCell::new(None), next_seq: Cell::new(1) };
+    pub fn connect(
+        host: SocketAddr,
+        options: TcpOptions,
+        credentials: Credentials,
+    ) -> Result<Self, TransportError> {
+        let qp = Self { host, options, credentials, conn: RefCell::new(None), next_seq: Cell::new(1) };
         qp.ensure_connected()?;
         Ok(qp)
     }
@@ -86,10 +104,17 @@ impl TcpQp {
         if self.conn.borrow().is_some() {
             return Ok(());
         }
-        let stream = TcpStream::connect_timeout(&self.host, self.options.connect_timeout)?;
+        let mut stream = TcpStream::connect_timeout(&self.host, self.options.connect_timeout)?;
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(self.options.reply_timeout))?;
         stream.set_write_timeout(Some(self.options.reply_timeout))?;
+        client_handshake(&mut stream, &self.credentials.get(), self.options.reply_timeout).map_err(|e| {
+            if e.is_timeout() {
+                TransportError::Timeout(self.options.reply_timeout)
+            } else {
+                e.into()
+            }
+        })?;
+        stream.set_read_timeout(Some(self.options.reply_timeout))?;
         let reader = BufReader::with_capacity(256 * 1024, stream.try_clone()?);
         let writer = BufWriter::with_capacity(256 * 1024, stream);
         *self.conn.borrow_mut() = Some(Conn { reader, writer, body: Vec::new(), out: Vec::new() });
@@ -225,15 +250,17 @@ pub(crate) struct TcpNode {
     stopping: Arc<AtomicBool>,
     pub host: SocketAddr,
     pub options: TcpOptions,
+    pub credentials: NodeCredentials,
 }
 
 impl TcpNode {
     pub fn join(
         host: SocketAddr,
         options: TcpOptions,
+        credentials: NodeCredentials,
         router: Arc<MailboxRouter>,
     ) -> Result<Self, TransportError> {
-        let control = TcpQp::connect(host, options)?;
+        let control = TcpQp::connect(host, options, credentials.host.clone())?;
         let listener = TcpListener::bind(SocketAddr::new(control.local_ip()?, 0))?;
         let listen = listener.local_addr()?;
         let id = match control.request(&RequestRef::Join { mailbox: listen })? {
@@ -244,9 +271,10 @@ impl TcpNode {
         {
             let router = router.clone();
             let stopping = stopping.clone();
+            let authority = credentials.mailbox.clone();
             std::thread::Builder::new()
                 .name(format!("tcp-mbox-{}", id.0))
-                .spawn(move || listen_loop(listener, router, stopping))?;
+                .spawn(move || listen_loop(listener, router, stopping, authority))?;
         }
         Ok(Self {
             id,
@@ -257,6 +285,7 @@ impl TcpNode {
             stopping,
             host,
             options,
+            credentials,
         })
     }
 
@@ -281,9 +310,10 @@ impl TcpNode {
             }
             other => return Err(TransportError::Protocol(format!("unexpected reply to resolve: {other:?}"))),
         };
-        let stream = TcpStream::connect_timeout(&addr, self.options.connect_timeout)?;
+        let mut stream = TcpStream::connect_timeout(&addr, self.options.connect_timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(self.options.reply_timeout))?;
+        client_handshake(&mut stream, &self.credentials.peers.get(), self.options.reply_timeout)?;
         let stream = Arc::new(Mutex::new(stream));
         self.peers.lock().insert(node, stream.clone());
         Ok(stream)
@@ -335,15 +365,41 @@ impl Drop for TcpNode {
     }
 }
 
-fn listen_loop(listener: TcpListener, router: Arc<MailboxRouter>, stopping: Arc<AtomicBool>) {
+/// Accepts peers' message connections: each proves itself
+/// ([`server_handshake`] under `authority`, at most
+/// [`citron_rpc::auth::MAX_PENDING_HANDSHAKES`] at once), then its frames
+/// are delivered to this node's mailboxes.
+fn listen_loop(
+    listener: TcpListener,
+    router: Arc<MailboxRouter>,
+    stopping: Arc<AtomicBool>,
+    authority: Authority,
+) {
+    let gate = Arc::new(HandshakeGate::default());
     for stream in listener.incoming() {
         if stopping.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(stream) = stream else { continue };
+        let Ok(mut stream) = stream else { continue };
+        let peer = stream.peer_addr().map_or_else(|_| "an unknown peer".to_string(), |a| a.to_string());
+        let Some(pass) = gate.enter() else {
+            log::warn!("mailbox: refused connection from {peer}: {}", Status::Busy);
+            continue;
+        };
         let router = router.clone();
         let stopping = stopping.clone();
+        let authority = authority.clone();
         let spawned = std::thread::Builder::new().name("tcp-mbox-peer".into()).spawn(move || {
+            let proved = server_handshake(&mut stream, &authority, |_| Ok(()));
+            drop(pass);
+            if let Err(status) = proved {
+                if status == Status::Broken {
+                    log::info!("mailbox: refused connection from {peer}: {status}");
+                } else {
+                    log::warn!("mailbox: refused connection from {peer}: {status}");
+                }
+                return;
+            }
             let mut reader = BufReader::new(stream);
             let mut body = Vec::new();
             while !stopping.load(Ordering::SeqCst) {

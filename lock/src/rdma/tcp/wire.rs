@@ -1,27 +1,21 @@
 //! The tcp backend's wire format, split from the code that drives it.
 //!
-//! Every frame is `[u32 len][u64 seq][body]`, little-endian, where `len`
-//! counts the `seq` and the body. The body is a bincode [`Request`] or
-//! [`Response`] (see [`crate::rdma::codec`]). The sequence number sits
-//! outside the body so that a host which cannot decode a body can still say
-//! which request it refuses.
+//! Frames are those of the project's RPC transport ([`citron_rpc::frame`]:
+//! `[u32 len][u64 seq][body]`), re-exported here; the body is a bincode
+//! [`Request`] or [`Response`] (see [`crate::rdma::codec`]).
 //!
 //! Messages between nodes use the same framing with a zero `seq` and an
 //! [`crate::rdma::mailbox::Envelope`] body.
 
-use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
 
+pub use citron_rpc::frame::{poll_readable, read_frame, write_frame, FrameError, HEADER_LEN};
 use serde::{Deserialize, Serialize};
 
+use super::access::AccessCommand;
 use crate::rdma::addr::{NodeId, RegionId};
-use crate::rdma::codec::MAX_FRAME;
 use crate::rdma::error::VerbError;
 use crate::rdma::verb::{Verb, VerbReply};
-
-/// Bytes before the body.
-pub const HEADER_LEN: usize = 12;
 
 /// Client to host.
 #[derive(Debug, Serialize, Deserialize)]
@@ -35,6 +29,8 @@ pub enum Request {
     /// The regions this host serves.
     ListRegions,
     Verb(Verb),
+    /// The meta-server changes who may touch what (servers only).
+    Access(Vec<AccessCommand>),
 }
 
 /// Host to client.
@@ -46,157 +42,6 @@ pub enum Response {
     Verb(Result<VerbReply, VerbError>),
     /// The request could not be decoded; the connection stays usable.
     Refused(VerbError),
-}
-
-/// What went wrong reading a frame.
-#[derive(Debug)]
-pub enum FrameError {
-    /// The peer closed the connection cleanly between frames.
-    Closed,
-    /// The stream failed or ended inside a frame.
-    Io(io::Error),
-    /// The length prefix is impossible; the stream cannot be resynchronised.
-    BadLength(u32),
-}
-
-/// Reads one frame into `body` and returns its sequence number.
-pub fn read_frame(r: &mut impl Read, body: &mut Vec<u8>) -> Result<u64, FrameError> {
-    let mut header = [0u8; HEADER_LEN];
-    // Distinguish a clean close (no byte of a new frame) from a truncated one.
-    let mut got = 0;
-    while got < HEADER_LEN {
-        match r.read(&mut header[got..]) {
-            Ok(0) if got == 0 => return Err(FrameError::Closed),
-            Ok(0) => return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into())),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(FrameError::Io(e)),
-        }
-    }
-    let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes"));
-    let seq = u64::from_le_bytes(header[4..12].try_into().expect("8 bytes"));
-    if (len as usize) < 8 || u64::from(len) > MAX_FRAME + 8 {
-        return Err(FrameError::BadLength(len));
-    }
-    body.clear();
-    body.resize(len as usize - 8, 0);
-    r.read_exact(body).map_err(FrameError::Io)?;
-    Ok(seq)
-}
-
-/// Busy-polls `stream` for up to `budget` until a byte can be read, without
-/// consuming it. Returns whether one can.
-///
-/// A thread that blocks in `read` right after sending a request pays the
-/// scheduler's wake-up on the reply (tens of microseconds on a virtual
-/// machine), which is most of a loopback round trip. Polling for a short
-/// while first keeps the thread running, as an RDMA client polls its
-/// completion queue; past the budget the caller blocks as usual.
-pub fn poll_readable(stream: &std::net::TcpStream, budget: std::time::Duration) -> bool {
-    use std::os::fd::AsRawFd;
-    if budget.is_zero() {
-        return false;
-    }
-    let start = std::time::Instant::now();
-    let mut byte = 0u8;
-    loop {
-        // SAFETY: `byte` is a valid 1-byte buffer; MSG_PEEK leaves the data in
-        // the socket and MSG_DONTWAIT makes the call return at once.
-        let n = unsafe {
-            libc::recv(
-                stream.as_raw_fd(),
-                (&mut byte as *mut u8).cast(),
-                1,
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
-        };
-        // n > 0: data; n == 0: orderly shutdown (reading will say so);
-        // n < 0 with EAGAIN: nothing yet; any other error: reading will say.
-        if n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock {
-            return true;
-        }
-        if start.elapsed() >= budget {
-            return false;
-        }
-        // Give the core to any runnable thread (with more threads than
-        // cores, pure spinning would starve the very thread we wait for).
-        std::thread::yield_now();
-    }
-}
-
-/// Appends one frame to `out` (a buffered writer or a byte vector).
-pub fn write_frame(out: &mut impl Write, seq: u64, body: &[u8]) -> io::Result<()> {
-    let len = u32::try_from(body.len() + 8).map_err(|_| io::Error::other("frame too large"))?;
-    let mut header = [0u8; HEADER_LEN];
-    header[0..4].copy_from_slice(&len.to_le_bytes());
-    header[4..12].copy_from_slice(&seq.to_le_bytes());
-    out.write_all(&header)?;
-    out.write_all(body)
-}
-
-/// The accept loop both TCP servers run ([`super::rpc`], [`super::mux`]):
-/// numbers the connections from 1, logs and skips a failed accept, and runs
-/// what `open` returns for a connection on its own thread named
-/// `{name}-{number}` (`open` returns `None` to drop the connection). Returns
-/// when `stopping` is set; the server wakes it with a connection of its own.
-pub(super) fn accept_connections<F>(
-    listener: TcpListener,
-    stopping: &AtomicBool,
-    name: &str,
-    mut open: impl FnMut(u64, TcpStream) -> Option<F>,
-) where
-    F: FnOnce() + Send + 'static,
-{
-    let mut next = 0u64;
-    for stream in listener.incoming() {
-        if stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        let stream = match stream {
-            Ok(s) => s,
-            Err(e) => {
-                log::warn!("{name}: accept failed: {e}");
-                continue;
-            }
-        };
-        next += 1;
-        let Some(serve) = open(next, stream) else { continue };
-        if let Err(e) = std::thread::Builder::new().name(format!("{name}-{next}")).spawn(serve) {
-            log::warn!("{name}: cannot start a connection thread: {e}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frame_round_trip() {
-        let mut buf = Vec::new();
-        write_frame(&mut buf, 42, b"hello").unwrap();
-        let mut body = Vec::new();
-        assert_eq!(read_frame(&mut buf.as_slice(), &mut body).unwrap(), 42);
-        assert_eq!(body, b"hello");
-    }
-
-    #[test]
-    fn truncated_and_closed_are_distinguished() {
-        let mut body = Vec::new();
-        assert!(matches!(read_frame(&mut &[][..], &mut body), Err(FrameError::Closed)));
-        let mut buf = Vec::new();
-        write_frame(&mut buf, 1, b"abcdef").unwrap();
-        buf.truncate(buf.len() - 2);
-        assert!(matches!(read_frame(&mut buf.as_slice(), &mut body), Err(FrameError::Io(_))));
-        assert!(matches!(read_frame(&mut &buf[..5], &mut body), Err(FrameError::Io(_))));
-    }
-
-    #[test]
-    fn impossible_lengths_are_refused() {
-        let mut body = Vec::new();
-        let huge = [0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0];
-        assert!(matches!(read_frame(&mut &huge[..], &mut body), Err(FrameError::BadLength(_))));
-        let tiny = [3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        assert!(matches!(read_frame(&mut &tiny[..], &mut body), Err(FrameError::BadLength(3))));
-    }
+    /// The access commands hold (revocations are complete).
+    AccessApplied,
 }

@@ -1,7 +1,8 @@
 //! Framed request/response over tcp, shared by every server of the project:
-//! the software NIC ([`super::host`]), the meta-server, lock-host services.
+//! the software NIC (`citron_lock::rdma::tcp::host`), the meta-server,
+//! lock-host services.
 //!
-//! Frames are those of [`super::wire`] with a bincode body. The server runs a
+//! Frames are those of [`crate::frame`] with a bincode body. The server runs a
 //! thread per connection, answers in arrival order, and flushes when no
 //! further request is already buffered (so a pipelined burst costs one write
 //! each way). A body that does not decode gets [`RpcService::malformed`]'s
@@ -22,13 +23,25 @@ use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::wire::{self, FrameError};
-use crate::rdma::codec;
-use crate::rdma::error::TransportError;
+use crate::accept;
+use crate::auth::{client_handshake, Authority, Credentials, Principal, Status};
+use crate::codec;
+use crate::error::RpcError;
+use crate::frame::{self, FrameError};
 
 /// How long a thread busy-polls its socket before blocking in `read`
-/// (see [`wire::poll_readable`]).
+/// (see [`frame::poll_readable`]).
 pub const POLL_BUDGET: Duration = Duration::from_micros(50);
+
+/// Who sent a request: the connection's address, number and what its
+/// handshake proved.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    pub principal: Principal,
+    /// The connection's number, unique for the server's lifetime.
+    pub connection: u64,
+}
 
 /// What a server does with requests.
 pub trait RpcService: Send + Sync + 'static {
@@ -36,8 +49,18 @@ pub trait RpcService: Send + Sync + 'static {
     type Response: Serialize;
     /// Answers one request from `peer`.
     fn handle(&self, request: Self::Request, peer: SocketAddr) -> Self::Response;
+    /// Answers one request from `peer`, for services that care who it is
+    /// (the default asks [`RpcService::handle`]).
+    fn handle_from(&self, request: Self::Request, peer: &Peer) -> Self::Response {
+        self.handle(request, peer.addr)
+    }
     /// The answer to a request that could not be decoded.
     fn malformed(&self, error: String) -> Self::Response;
+    /// Whether a peer that proved `principal` may connect (the default:
+    /// everyone the server's [`Authority`] lets in).
+    fn admit(&self, _principal: &Principal) -> Result<(), Status> {
+        Ok(())
+    }
     /// Called once when a connection from `peer` ends, however it ends.
     fn disconnected(&self, _peer: SocketAddr) {}
 }
@@ -50,11 +73,46 @@ impl<S: RpcService> RpcService for Arc<S> {
     fn handle(&self, request: Self::Request, peer: SocketAddr) -> Self::Response {
         (**self).handle(request, peer)
     }
+    fn handle_from(&self, request: Self::Request, peer: &Peer) -> Self::Response {
+        (**self).handle_from(request, peer)
+    }
     fn malformed(&self, error: String) -> Self::Response {
         (**self).malformed(error)
     }
+    fn admit(&self, principal: &Principal) -> Result<(), Status> {
+        (**self).admit(principal)
+    }
     fn disconnected(&self, peer: SocketAddr) {
         (**self).disconnected(peer)
+    }
+}
+
+/// The open connections of a server, by number, with who each one is: a
+/// handle the service may keep to cut connections (a fenced client's).
+#[derive(Clone, Default)]
+pub struct Connections(Arc<Mutex<HashMap<u64, (TcpStream, Principal)>>>);
+
+impl Connections {
+    /// Cuts every connection whose principal `cut` selects, as a crash
+    /// would; returns how many.
+    pub fn close_where(&self, cut: impl Fn(&Principal) -> bool) -> usize {
+        let mut n = 0;
+        for (stream, principal) in self.0.lock().values() {
+            if cut(principal) {
+                let _ = stream.shutdown(Shutdown::Both);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Connections open now.
+    pub fn len(&self) -> usize {
+        self.0.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -65,12 +123,15 @@ pub struct ServerStats {
     pub requests: AtomicU64,
     pub refused_frames: AtomicU64,
     pub broken_connections: AtomicU64,
+    /// Connections refused in the handshake (no key, wrong key, garbage,
+    /// too many at once).
+    pub refused_handshakes: AtomicU64,
 }
 
 struct Shared<S> {
     service: S,
     stopping: AtomicBool,
-    open: Mutex<HashMap<u64, TcpStream>>,
+    open: Connections,
     stats: ServerStats,
 }
 
@@ -82,21 +143,32 @@ pub struct RpcServer<S: RpcService> {
 }
 
 impl<S: RpcService> RpcServer<S> {
+    /// A server without keys ([`Authority::Open`]).
     pub fn spawn(listen: SocketAddr, service: S, name: &str) -> std::io::Result<Self> {
+        Self::spawn_with(listen, service, name, Authority::Open)
+    }
+
+    /// A server that lets in whom `authority` does.
+    pub fn spawn_with(
+        listen: SocketAddr,
+        service: S,
+        name: &str,
+        authority: Authority,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             service,
             stopping: AtomicBool::new(false),
-            open: Mutex::new(HashMap::new()),
+            open: Connections::default(),
             stats: ServerStats::default(),
         });
         let acceptor = {
             let shared = shared.clone();
             let name = name.to_string();
-            std::thread::Builder::new()
-                .name(format!("{name}-accept"))
-                .spawn(move || accept_loop(listener, shared, &name))?
+            std::thread::Builder::new().name(format!("{name}-accept")).spawn(move || {
+                accept::accept_connections(listener, &shared.stopping, &name, &authority, &shared)
+            })?
         };
         Ok(Self { addr, shared, acceptor: Some(acceptor) })
     }
@@ -113,6 +185,11 @@ impl<S: RpcService> RpcServer<S> {
         &self.shared.stats
     }
 
+    /// The open connections (to cut some of them).
+    pub fn connections(&self) -> Connections {
+        self.shared.open.clone()
+    }
+
     /// Stops accepting and cuts every open connection, as a crash would.
     pub fn shutdown(&mut self) {
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
@@ -123,7 +200,7 @@ impl<S: RpcService> RpcServer<S> {
         if let Some(h) = self.acceptor.take() {
             let _ = h.join();
         }
-        for (_, s) in self.shared.open.lock().drain() {
+        for (_, (s, _)) in self.shared.open.0.lock().drain() {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
@@ -135,26 +212,32 @@ impl<S: RpcService> Drop for RpcServer<S> {
     }
 }
 
-fn accept_loop<S: RpcService>(listener: TcpListener, shared: Arc<Shared<S>>, name: &str) {
-    wire::accept_connections(listener, &shared.stopping, name, |conn, stream| {
+impl<S: RpcService> accept::Accepting for Shared<S> {
+    fn admit(&self, principal: &Principal) -> Result<(), Status> {
+        self.service.admit(principal)
+    }
+
+    fn serve(&self, conn: u64, stream: TcpStream, principal: Principal) {
+        let Ok(addr) = stream.peer_addr() else { return };
         if let Ok(clone) = stream.try_clone() {
-            shared.open.lock().insert(conn, clone);
+            self.open.0.lock().insert(conn, (clone, principal.clone()));
         }
-        shared.stats.connections.fetch_add(1, Ordering::Relaxed);
-        let shared = shared.clone();
-        Some(move || {
-            let Ok(peer) = stream.peer_addr() else { return };
-            if let Err(e) = serve(stream, peer, &shared) {
-                shared.stats.broken_connections.fetch_add(1, Ordering::Relaxed);
-                log::debug!("connection {conn} from {peer} ended: {e}");
-            }
-            shared.open.lock().remove(&conn);
-            shared.service.disconnected(peer);
-        })
-    });
+        self.stats.connections.fetch_add(1, Ordering::Relaxed);
+        let peer = Peer { addr, principal, connection: conn };
+        if let Err(e) = serve(stream, &peer, self) {
+            self.stats.broken_connections.fetch_add(1, Ordering::Relaxed);
+            log::debug!("connection {conn} from {addr} ended: {e}");
+        }
+        self.open.0.lock().remove(&conn);
+        self.service.disconnected(addr);
+    }
+
+    fn refused(&self) {
+        self.stats.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
-fn serve<S: RpcService>(stream: TcpStream, peer: SocketAddr, shared: &Shared<S>) -> std::io::Result<()> {
+fn serve<S: RpcService>(stream: TcpStream, peer: &Peer, shared: &Shared<S>) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut reader = BufReader::with_capacity(256 * 1024, stream.try_clone()?);
     let mut writer = BufWriter::with_capacity(256 * 1024, stream);
@@ -164,9 +247,9 @@ fn serve<S: RpcService>(stream: TcpStream, peer: SocketAddr, shared: &Shared<S>)
         if reader.buffer().is_empty() {
             // Keep the thread on the CPU briefly: a pipelining client's next
             // request usually follows at once.
-            wire::poll_readable(reader.get_ref(), POLL_BUDGET);
+            frame::poll_readable(reader.get_ref(), POLL_BUDGET);
         }
-        let seq = match wire::read_frame(&mut reader, &mut body) {
+        let seq = match frame::read_frame(&mut reader, &mut body) {
             Ok(seq) => seq,
             Err(FrameError::Closed) => return Ok(()),
             Err(FrameError::Io(e)) => return Err(e),
@@ -178,14 +261,14 @@ fn serve<S: RpcService>(stream: TcpStream, peer: SocketAddr, shared: &Shared<S>)
                     &mut out,
                     &shared.service.malformed(format!("impossible frame length {len}")),
                 );
-                wire::write_frame(&mut writer, 0, &out)?;
+                frame::write_frame(&mut writer, 0, &out)?;
                 writer.flush()?;
                 return Err(std::io::Error::other(format!("bad frame length {len}")));
             }
         };
         shared.stats.requests.fetch_add(1, Ordering::Relaxed);
         let response = match codec::decode::<S::Request>(&body) {
-            Ok(request) => shared.service.handle(request, peer),
+            Ok(request) => shared.service.handle_from(request, peer),
             Err(e) => {
                 shared.stats.refused_frames.fetch_add(1, Ordering::Relaxed);
                 shared.service.malformed(e)
@@ -193,7 +276,7 @@ fn serve<S: RpcService>(stream: TcpStream, peer: SocketAddr, shared: &Shared<S>)
         };
         out.clear();
         codec::encode_into(&mut out, &response);
-        wire::write_frame(&mut writer, seq, &out)?;
+        frame::write_frame(&mut writer, seq, &out)?;
         if reader.buffer().is_empty() {
             writer.flush()?;
         }
@@ -206,6 +289,7 @@ fn serve<S: RpcService>(stream: TcpStream, peer: SocketAddr, shared: &Shared<S>)
 pub struct RpcClient<Req, Resp> {
     server: SocketAddr,
     timeout: Duration,
+    credentials: Credentials,
     idle: Mutex<Vec<Conn>>,
     next_seq: AtomicU64,
     _types: PhantomData<fn(Req) -> Resp>,
@@ -215,6 +299,8 @@ struct Conn {
     reader: BufReader<TcpStream>,
     writer: BufWriter<TcpStream>,
     body: Vec<u8>,
+    /// The version of the credentials its handshake proved.
+    proved: u64,
 }
 
 impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
@@ -225,10 +311,27 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         Self {
             server,
             timeout,
+            credentials: Credentials::anonymous(),
             idle: Mutex::new(Vec::new()),
             next_seq: AtomicU64::new(1),
             _types: PhantomData,
         }
+    }
+
+    /// Connections prove `credentials` in their handshake.
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
+    }
+
+    /// Closes the idle connections: the next calls connect again (and
+    /// prove the credentials as they are then).
+    pub fn reset(&self) {
+        self.idle.lock().clear();
     }
 
     pub fn server(&self) -> SocketAddr {
@@ -242,56 +345,64 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         self.next_seq.load(Ordering::Relaxed) - 1
     }
 
-    fn connect(&self) -> Result<Conn, TransportError> {
-        let stream = TcpStream::connect_timeout(&self.server, self.timeout)?;
+    fn connect(&self) -> Result<Conn, RpcError> {
+        let mut stream = TcpStream::connect_timeout(&self.server, self.timeout)?;
         stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(self.timeout))?;
         stream.set_write_timeout(Some(self.timeout))?;
+        let (credential, proved) = self.credentials.versioned();
+        client_handshake(&mut stream, &credential, self.timeout).map_err(|e| {
+            if e.is_timeout() {
+                RpcError::Timeout(self.timeout)
+            } else {
+                e.into()
+            }
+        })?;
+        stream.set_read_timeout(Some(self.timeout))?;
         Ok(Conn {
             reader: BufReader::with_capacity(64 * 1024, stream.try_clone()?),
             writer: BufWriter::with_capacity(64 * 1024, stream),
             body: Vec::new(),
+            proved,
         })
     }
 
     /// Sends `request` and waits for its answer.
-    pub fn call(&self, request: &Req) -> Result<Resp, TransportError> {
+    pub fn call(&self, request: &Req) -> Result<Resp, RpcError> {
         let pooled = self.idle.lock().pop();
         let mut conn = match pooled {
             Some(c) => c,
             None => self.connect()?,
         };
         let result = self.call_on(&mut conn, request);
-        if result.is_ok() {
+        // A connection that proved replaced credentials is not reused.
+        if result.is_ok() && conn.proved == self.credentials.version() {
             self.idle.lock().push(conn);
         }
         result
     }
 
-    fn call_on(&self, conn: &mut Conn, request: &Req) -> Result<Resp, TransportError> {
+    fn call_on(&self, conn: &mut Conn, request: &Req) -> Result<Resp, RpcError> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        wire::write_frame(&mut conn.writer, seq, &codec::encode(request))?;
+        frame::write_frame(&mut conn.writer, seq, &codec::encode(request))?;
         conn.writer.flush()?;
         if conn.reader.buffer().is_empty() {
-            wire::poll_readable(conn.reader.get_ref(), POLL_BUDGET);
+            frame::poll_readable(conn.reader.get_ref(), POLL_BUDGET);
         }
-        let got = match wire::read_frame(&mut conn.reader, &mut conn.body) {
+        let got = match frame::read_frame(&mut conn.reader, &mut conn.body) {
             Ok(s) => s,
-            Err(FrameError::Closed) => return Err(TransportError::Disconnected),
+            Err(FrameError::Closed) => return Err(RpcError::Disconnected),
             Err(FrameError::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return Err(TransportError::Timeout(self.timeout))
+                return Err(RpcError::Timeout(self.timeout))
             }
             Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
-                return Err(TransportError::Disconnected)
+                return Err(RpcError::Disconnected)
             }
-            Err(FrameError::Io(e)) => return Err(TransportError::Io(e)),
-            Err(FrameError::BadLength(n)) => {
-                return Err(TransportError::Protocol(format!("reply length {n}")))
-            }
+            Err(FrameError::Io(e)) => return Err(RpcError::Io(e)),
+            Err(FrameError::BadLength(n)) => return Err(RpcError::Protocol(format!("reply length {n}"))),
         };
         if got != seq {
-            return Err(TransportError::Protocol(format!("reply {got} where {seq} was due")));
+            return Err(RpcError::Protocol(format!("reply {got} where {seq} was due")));
         }
-        codec::decode(&conn.body).map_err(|e| TransportError::Protocol(format!("undecodable reply: {e}")))
+        codec::decode(&conn.body).map_err(|e| RpcError::Protocol(format!("undecodable reply: {e}")))
     }
 }

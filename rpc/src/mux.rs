@@ -1,8 +1,8 @@
 //! Multiplexed framed RPC: many calls in flight on one connection, each
 //! answered whenever its service decides, from any thread, in any order.
 //!
-//! Same frames as [`super::rpc`] (`[len][seq][bincode body]`, the sequence
-//! number pairing a reply with its call), so an [`super::rpc::RpcClient`]
+//! Same frames as [`crate::rpc`] (`[len][seq][bincode body]`, the sequence
+//! number pairing a reply with its call), so an [`crate::rpc::RpcClient`]
 //! that makes one call at a time can talk to a [`MuxServer`] too. What
 //! differs:
 //!
@@ -37,9 +37,11 @@ use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::wire::{self, FrameError};
-use crate::rdma::codec;
-use crate::rdma::error::TransportError;
+use crate::accept;
+use crate::auth::{client_handshake, Authority, Credentials, Principal, Status};
+use crate::codec;
+use crate::error::RpcError;
+use crate::frame::{self, FrameError};
 
 /// How long a server thread may block writing one reply to a client that
 /// does not read before the connection is cut.
@@ -53,6 +55,8 @@ pub struct ConnectionId(pub u64);
 pub struct Connection {
     id: ConnectionId,
     peer: SocketAddr,
+    /// Who the peer proved to be in the handshake.
+    principal: Principal,
     /// For `shutdown` without waiting for the writer's lock.
     stream: TcpStream,
     writer: Mutex<BufWriter<TcpStream>>,
@@ -72,6 +76,10 @@ impl Connection {
 
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    pub fn principal(&self) -> &Principal {
+        &self.principal
     }
 
     pub fn is_closed(&self) -> bool {
@@ -96,7 +104,7 @@ impl Connection {
         let body = codec::encode(response);
         let written = {
             let mut w = self.writer.lock();
-            wire::write_frame(&mut *w, seq, &body).and_then(|()| w.flush())
+            frame::write_frame(&mut *w, seq, &body).and_then(|()| w.flush())
         };
         if let Err(e) = written {
             log::debug!("connection {:?} to {}: reply {seq} not written: {e}", self.id, self.peer);
@@ -142,6 +150,11 @@ pub trait MuxService: Send + Sync + 'static {
     fn handle(&self, request: Self::Request, call: Call<Self::Response>);
     /// The answer to a request that could not be decoded.
     fn malformed(&self, error: String) -> Self::Response;
+    /// Whether a peer that proved `principal` may connect (the default:
+    /// everyone the server's [`Authority`] lets in).
+    fn admit(&self, _principal: &Principal) -> Result<(), Status> {
+        Ok(())
+    }
     /// Called once when a connection ends, however it ends.
     fn disconnected(&self, _conn: &Arc<Connection>) {}
 }
@@ -154,6 +167,9 @@ impl<S: MuxService> MuxService for Arc<S> {
     }
     fn malformed(&self, error: String) -> Self::Response {
         (**self).malformed(error)
+    }
+    fn admit(&self, principal: &Principal) -> Result<(), Status> {
+        (**self).admit(principal)
     }
     fn disconnected(&self, conn: &Arc<Connection>) {
         (**self).disconnected(conn)
@@ -175,7 +191,18 @@ pub struct MuxServer<S: MuxService> {
 }
 
 impl<S: MuxService> MuxServer<S> {
+    /// A server without keys ([`Authority::Open`]).
     pub fn spawn(listen: SocketAddr, service: S, name: &str) -> std::io::Result<Self> {
+        Self::spawn_with(listen, service, name, Authority::Open)
+    }
+
+    /// A server that lets in whom `authority` does.
+    pub fn spawn_with(
+        listen: SocketAddr,
+        service: S,
+        name: &str,
+        authority: Authority,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(listen)?;
         let addr = listener.local_addr()?;
         let shared =
@@ -183,9 +210,9 @@ impl<S: MuxService> MuxServer<S> {
         let acceptor = {
             let shared = shared.clone();
             let name = name.to_string();
-            std::thread::Builder::new()
-                .name(format!("{name}-accept"))
-                .spawn(move || accept_loop(listener, shared, &name))?
+            std::thread::Builder::new().name(format!("{name}-accept")).spawn(move || {
+                accept::accept_connections(listener, &shared.stopping, &name, &authority, &shared)
+            })?
         };
         Ok(Self { addr, shared, acceptor: Some(acceptor) })
     }
@@ -226,35 +253,41 @@ impl<S: MuxService> Drop for MuxServer<S> {
     }
 }
 
-fn accept_loop<S: MuxService>(listener: TcpListener, shared: Arc<Shared<S>>, name: &str) {
-    wire::accept_connections(listener, &shared.stopping, name, |n, stream| {
-        let (conn, reader) = match open_connection(stream, ConnectionId(n)) {
+impl<S: MuxService> accept::Accepting for Shared<S> {
+    fn admit(&self, principal: &Principal) -> Result<(), Status> {
+        self.service.admit(principal)
+    }
+
+    fn serve(&self, n: u64, stream: TcpStream, principal: Principal) {
+        let (conn, reader) = match open_connection(stream, ConnectionId(n), principal) {
             Ok(c) => c,
             Err(e) => {
-                log::warn!("{name}: cannot set up connection {n}: {e}");
-                return None;
+                log::warn!("cannot set up connection {n}: {e}");
+                return;
             }
         };
-        shared.open.lock().insert(conn.id, conn.clone());
-        let shared = shared.clone();
-        Some(move || {
-            if let Err(e) = serve(reader, &conn, &shared) {
-                log::debug!("connection {:?} from {} ended: {e}", conn.id, conn.peer);
-            }
-            conn.close();
-            shared.open.lock().remove(&conn.id);
-            shared.service.disconnected(&conn);
-        })
-    });
+        self.open.lock().insert(conn.id, conn.clone());
+        if let Err(e) = serve(reader, &conn, self) {
+            log::debug!("connection {:?} from {} ended: {e}", conn.id, conn.peer);
+        }
+        conn.close();
+        self.open.lock().remove(&conn.id);
+        self.service.disconnected(&conn);
+    }
 }
 
-fn open_connection(stream: TcpStream, id: ConnectionId) -> std::io::Result<(Arc<Connection>, TcpStream)> {
+fn open_connection(
+    stream: TcpStream,
+    id: ConnectionId,
+    principal: Principal,
+) -> std::io::Result<(Arc<Connection>, TcpStream)> {
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let peer = stream.peer_addr()?;
     let conn = Arc::new(Connection {
         id,
         peer,
+        principal,
         stream: stream.try_clone()?,
         writer: Mutex::new(BufWriter::with_capacity(16 * 1024, stream.try_clone()?)),
         closed: AtomicBool::new(false),
@@ -270,7 +303,7 @@ fn serve<S: MuxService>(
     let mut reader = BufReader::with_capacity(64 * 1024, stream);
     let mut body = Vec::new();
     while !conn.is_closed() {
-        let seq = match wire::read_frame(&mut reader, &mut body) {
+        let seq = match frame::read_frame(&mut reader, &mut body) {
             Ok(seq) => seq,
             Err(FrameError::Closed) => return Ok(()),
             Err(FrameError::Io(e)) => return Err(e),
@@ -291,7 +324,7 @@ fn serve<S: MuxService>(
     Ok(())
 }
 
-type Waiters<Resp> = Mutex<HashMap<u64, Sender<Result<Resp, TransportError>>>>;
+type Waiters<Resp> = Mutex<HashMap<u64, Sender<Result<Resp, RpcError>>>>;
 
 /// The client's end of one connection, shared by the threads that call.
 pub struct MuxChannel<Req, Resp> {
@@ -323,10 +356,21 @@ impl<Req, Resp> MuxChannel<Req, Resp> {
 }
 
 impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxChannel<Req, Resp> {
-    fn connect(server: SocketAddr, timeout: Duration) -> Result<Arc<Self>, TransportError> {
-        let stream = TcpStream::connect_timeout(&server, timeout)?;
+    fn connect(
+        server: SocketAddr,
+        timeout: Duration,
+        credentials: &Credentials,
+    ) -> Result<Arc<Self>, RpcError> {
+        let mut stream = TcpStream::connect_timeout(&server, timeout)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(timeout))?;
+        client_handshake(&mut stream, &credentials.get(), timeout).map_err(|e| {
+            if e.is_timeout() {
+                RpcError::Timeout(timeout)
+            } else {
+                e.into()
+            }
+        })?;
         let waiting: Arc<Waiters<Resp>> = Arc::new(Mutex::new(HashMap::new()));
         let open = Arc::new(AtomicBool::new(true));
         {
@@ -348,9 +392,9 @@ impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxChannel<Req, Re
     }
 
     /// Sends `request`; its answer arrives through the returned call.
-    pub fn start(&self, request: &Req) -> Result<PendingCall<Resp>, TransportError> {
+    pub fn start(&self, request: &Req) -> Result<PendingCall<Resp>, RpcError> {
         if !self.is_open() {
-            return Err(TransportError::Disconnected);
+            return Err(RpcError::Disconnected);
         }
         // Relaxed: the counter only hands out distinct numbers.
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
@@ -360,18 +404,18 @@ impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxChannel<Req, Re
         let body = codec::encode(request);
         let written = {
             let mut w = self.writer.lock();
-            wire::write_frame(&mut *w, seq, &body).and_then(|()| w.flush())
+            frame::write_frame(&mut *w, seq, &body).and_then(|()| w.flush())
         };
         if let Err(e) = written {
             self.waiting.lock().remove(&seq);
             self.close();
-            return Err(TransportError::Io(e));
+            return Err(RpcError::Io(e));
         }
         Ok(PendingCall { seq, rx, waiting: self.waiting.clone() })
     }
 
     /// Sends `request` and waits for its answer, at most the client's timeout.
-    pub fn call(&self, request: &Req) -> Result<Resp, TransportError> {
+    pub fn call(&self, request: &Req) -> Result<Resp, RpcError> {
         self.start(request)?.wait(self.timeout)
     }
 }
@@ -380,17 +424,17 @@ impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxChannel<Req, Re
 /// call: a late answer is discarded by the reader.
 pub struct PendingCall<Resp> {
     seq: u64,
-    rx: Receiver<Result<Resp, TransportError>>,
+    rx: Receiver<Result<Resp, RpcError>>,
     waiting: Arc<Waiters<Resp>>,
 }
 
 impl<Resp> PendingCall<Resp> {
     /// Waits up to `timeout` for the answer.
-    pub fn wait(&self, timeout: Duration) -> Result<Resp, TransportError> {
+    pub fn wait(&self, timeout: Duration) -> Result<Resp, RpcError> {
         match self.rx.recv_timeout(timeout) {
             Ok(r) => r,
-            Err(RecvTimeoutError::Timeout) => Err(TransportError::Timeout(timeout)),
-            Err(RecvTimeoutError::Disconnected) => Err(TransportError::Disconnected),
+            Err(RecvTimeoutError::Timeout) => Err(RpcError::Timeout(timeout)),
+            Err(RecvTimeoutError::Disconnected) => Err(RpcError::Disconnected),
         }
     }
 }
@@ -408,17 +452,16 @@ fn read_replies<Resp: DeserializeOwned>(
 ) {
     let mut body = Vec::new();
     let why = loop {
-        let seq = match wire::read_frame(&mut reader, &mut body) {
+        let seq = match frame::read_frame(&mut reader, &mut body) {
             Ok(seq) => seq,
-            Err(FrameError::Closed) => break TransportError::Disconnected,
+            Err(FrameError::Closed) => break RpcError::Disconnected,
             Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                break TransportError::Disconnected
+                break RpcError::Disconnected
             }
-            Err(FrameError::Io(e)) => break TransportError::Io(e),
-            Err(FrameError::BadLength(n)) => break TransportError::Protocol(format!("reply length {n}")),
+            Err(FrameError::Io(e)) => break RpcError::Io(e),
+            Err(FrameError::BadLength(n)) => break RpcError::Protocol(format!("reply length {n}")),
         };
-        let reply =
-            codec::decode(&body).map_err(|e| TransportError::Protocol(format!("undecodable reply: {e}")));
+        let reply = codec::decode(&body).map_err(|e| RpcError::Protocol(format!("undecodable reply: {e}")));
         match waiting.lock().remove(&seq) {
             // A full or closed channel means the caller gave up meanwhile.
             Some(tx) => {
@@ -431,7 +474,7 @@ fn read_replies<Resp: DeserializeOwned>(
     // Release: whoever sees the channel closed sees the waiters failed.
     open.store(false, Ordering::Release);
     for (_, tx) in waiting.lock().drain() {
-        let _ = tx.try_send(Err(TransportError::Disconnected));
+        let _ = tx.try_send(Err(RpcError::Disconnected));
     }
 }
 
@@ -440,13 +483,20 @@ fn read_replies<Resp: DeserializeOwned>(
 pub struct MuxClient<Req, Resp> {
     server: SocketAddr,
     timeout: Duration,
+    credentials: Credentials,
     current: Mutex<Option<Arc<MuxChannel<Req, Resp>>>>,
 }
 
 impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxClient<Req, Resp> {
     /// `timeout` bounds connecting, writing, and [`MuxChannel::call`].
     pub fn new(server: SocketAddr, timeout: Duration) -> Self {
-        Self { server, timeout, current: Mutex::new(None) }
+        Self { server, timeout, credentials: Credentials::anonymous(), current: Mutex::new(None) }
+    }
+
+    /// Connections prove `credentials` in their handshake.
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     pub fn server(&self) -> SocketAddr {
@@ -454,14 +504,14 @@ impl<Req: Serialize, Resp: DeserializeOwned + Send + 'static> MuxClient<Req, Res
     }
 
     /// The open connection, or a new one; `true` with a new one.
-    pub fn channel(&self) -> Result<(Arc<MuxChannel<Req, Resp>>, bool), TransportError> {
+    pub fn channel(&self) -> Result<(Arc<MuxChannel<Req, Resp>>, bool), RpcError> {
         let mut current = self.current.lock();
         if let Some(c) = current.as_ref() {
             if c.is_open() {
                 return Ok((c.clone(), false));
             }
         }
-        let c = MuxChannel::connect(self.server, self.timeout)?;
+        let c = MuxChannel::connect(self.server, self.timeout, &self.credentials)?;
         *current = Some(c.clone());
         Ok((c, true))
     }
@@ -523,19 +573,19 @@ mod tests {
         }
         // A call abandoned before its answer: the answer is dropped.
         let gone = ch.start(&(true, 7)).unwrap();
-        assert!(matches!(gone.wait(Duration::from_millis(20)), Err(TransportError::Timeout(_))));
+        assert!(matches!(gone.wait(Duration::from_millis(20)), Err(RpcError::Timeout(_))));
         drop(gone);
         assert_eq!(ch.call(&(false, 1)).unwrap(), 1);
         let (same, new) = client.channel().unwrap();
         assert!(!new && Arc::ptr_eq(&same, &ch));
         // Malformed bodies get the service's answer; the connection lives.
-        let raw: super::super::rpc::RpcClient<u8, u64> =
-            super::super::rpc::RpcClient::new(server.local_addr(), Duration::from_secs(5));
+        let raw: crate::rpc::RpcClient<u8, u64> =
+            crate::rpc::RpcClient::new(server.local_addr(), Duration::from_secs(5));
         assert_eq!(raw.call(&3u8).unwrap(), u64::MAX);
         // The server going away fails calls in flight instead of hanging them.
         let waiting = ch.start(&(true, 9)).unwrap();
         drop(server);
-        assert!(matches!(waiting.wait(Duration::from_secs(5)), Err(TransportError::Disconnected)));
+        assert!(matches!(waiting.wait(Duration::from_secs(5)), Err(RpcError::Disconnected)));
         assert!(!ch.is_open());
         assert!(client.current().is_none());
     }
