@@ -1173,6 +1173,11 @@ impl MetaServer {
         self.rpc.service().reclaim.clone()
     }
 
+    /// A file's lock area while it has lock memory (diagnostics, tests).
+    pub fn lock_area(&self, ino: Ino) -> Option<citronfs_core::locks::LockArea> {
+        self.rpc.service().ns.lock().lock_area(ino)
+    }
+
     /// Citron instances alive on the tree host.
     pub fn tree_instances(&self) -> usize {
         self.trees.as_ref().map_or(0, |(host, _, _)| host.instances())

@@ -276,7 +276,9 @@ fn a_client_with_the_key_touches_only_files_it_has_open() {
     assert!(not_granted(data.faa(chunk, 1)));
     assert!(not_granted(meta.read_u64(secret.slot.size())), "nor its size");
     assert!(not_granted(meta.faa(secret.slot.size(), 1 << 40)));
-    let area = secret.locks.expect("opened files have lock memory");
+    // (A client learns lock addresses only by opening; the test asks the
+    // meta-server where they are, as a client that guessed would know.)
+    let area = cluster.meta.lock_area(secret_file).expect("opened files have lock memory");
     assert!(not_granted(meta.cas(area.inode_mutex(), 0, u64::MAX)), "nor its locks");
     // Batches are checked verb by verb: the refused ones change nothing.
     let replies = data

@@ -390,10 +390,13 @@ fn hostile_frames_from_any_peer_change_nothing_while_honest_clients_work() {
     // Where the honest file lives, as a server may ask.
     let admin: RpcClient<MetaRequest, MetaResponse> = RpcClient::new(cluster.meta.local_addr(), TIMEOUT)
         .with_credentials(Credentials::new(Credential::Key(ring.first().clone())));
-    let layout = match admin.call(&MetaRequest::Layout { ino }).unwrap() {
+    let mut layout = match admin.call(&MetaRequest::Layout { ino }).unwrap() {
         MetaResponse::Layout(l) => l,
         other => panic!("{other:?}"),
     };
+    // Lock addresses are lent only with an open; the file is open, so it
+    // has them, and an attacker that guessed them would know them.
+    layout.locks = cluster.meta.lock_area(ino);
     let world = World {
         aim: Aim { honest: ino, layout, member, other },
         cluster_key: ring.first().clone(),

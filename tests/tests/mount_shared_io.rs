@@ -28,8 +28,14 @@ fn two_mounts(choice: LockChoice) -> (TestCluster, TestMount, TestMount) {
 
 /// Mount A writes 64 KiB at 0, mount B 64 KiB at 32 KiB, each write one byte
 /// value throughout; a reader on each mount reads the 32 KiB they share and
-/// must see one write's bytes, never a mix. Returns the reads checked.
-fn overlapping_writes_never_tear(a: &TestMount, b: &TestMount, run_for: Duration) -> u64 {
+/// must see one write's bytes, never a mix. Runs for `run_for` and until
+/// `min_reads` reads were checked (however slow the machine; a bound of
+/// minutes only guards against a hang). Returns the reads checked.
+/// Longest a stress loop below waits for its minimum of work: only a hang
+/// takes that long.
+const HANG: Duration = Duration::from_secs(120);
+
+fn overlapping_writes_never_tear(a: &TestMount, b: &TestMount, run_for: Duration, min_reads: u64) -> u64 {
     std::fs::write(a.path("torn"), vec![0u8; 96 * KIB]).unwrap();
     let stop = AtomicBool::new(false);
     let checked = AtomicU64::new(0);
@@ -60,7 +66,13 @@ fn overlapping_writes_never_tear(a: &TestMount, b: &TestMount, run_for: Duration
                 }
             });
         }
-        std::thread::sleep(run_for);
+        let start = Instant::now();
+        while (start.elapsed() < run_for || checked.load(Ordering::Relaxed) < min_reads)
+            && start.elapsed() < HANG
+            && !stop.load(Ordering::Relaxed)
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         stop.store(true, Ordering::Relaxed);
     });
     checked.load(Ordering::Relaxed)
@@ -130,7 +142,7 @@ fn counter_under_setlkw(a: &TestMount, b: &TestMount, rounds: u64) {
 #[test]
 fn overlapping_writes_from_two_mounts_never_tear() {
     let (_c, a, b) = two_mounts(LockChoice::default());
-    let checked = overlapping_writes_never_tear(&a, &b, Duration::from_secs(2));
+    let checked = overlapping_writes_never_tear(&a, &b, Duration::from_secs(2), 51);
     assert!(checked > 50, "too few reads to mean anything: {checked}");
 }
 
@@ -154,7 +166,7 @@ fn every_lock_choice_keeps_data_and_locks_exact() {
         let t = Instant::now();
         let choice = LockChoice { range, inode, ..LockChoice::default() };
         let (_c, a, b) = two_mounts(choice);
-        let checked = overlapping_writes_never_tear(&a, &b, Duration::from_millis(600));
+        let checked = overlapping_writes_never_tear(&a, &b, Duration::from_millis(600), 11);
         assert!(checked > 10, "{range}/{inode}: too few reads: {checked}");
         appends_from_two_mounts_are_atomic(&a, &b, 60);
         counter_under_setlkw(&a, &b, 25);
@@ -240,7 +252,7 @@ fn every_lock_choice_works_for_keyed_mounts_over_tcp() {
         let c = TestCluster::start_with(cfg, 1, 64 << 20);
         let (a, b) = (c.mount_tcp(), c.mount_tcp());
         eprintln!("--range-lock {range} --inode-lock {inode}");
-        let checked = overlapping_writes_never_tear(&a, &b, Duration::from_millis(600));
+        let checked = overlapping_writes_never_tear(&a, &b, Duration::from_millis(600), 11);
         assert!(checked > 10, "{range}/{inode}: too few reads: {checked}");
         appends_from_two_mounts_are_atomic(&a, &b, 60);
         counter_under_setlkw(&a, &b, 25);

@@ -26,6 +26,7 @@ impl Mount {
         let mut child = Command::new(EXE)
             .arg("mount")
             .arg(dir.path())
+            .arg("--foreground")
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -178,7 +178,10 @@ pub(crate) fn create_owned(dir: &Path) -> io::Result<OwnerLock> {
         use std::os::unix::fs::PermissionsExt;
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
     }
-    let file = OpenOptions::new().read(true).write(true).create_new(true).open(dir.join(OWNER_FILE))?;
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(dir.join(OWNER_FILE))?
+    };
     if !flock(&file, libc::LOCK_EX | libc::LOCK_NB)? {
         // Only a second creator of the same name that won the race can hold it.
         return Err(io::Error::new(

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use citron_lock::citron::host::InstanceId;
 use citron_lock::range_lock::RangeLockSite;
 use citron_lock::rdma::RemoteAddr;
+use citronfs_core::locks::LockArea;
 use citronfs_core::proto::FileLayout;
 use citronfs_core::types::{ClientId, Ino};
 use citronfs_core::FsError;
@@ -131,7 +132,12 @@ impl Namespace {
         self.maybe_free(ino);
     }
 
-    /// The hosted Citron tree of a file, if it has one now: its instance.
+    /// A file's lock area, while it has lock memory (diagnostics, tests).
+    pub fn lock_area(&self, ino: Ino) -> Option<LockArea> {
+        self.file(ino).ok()?.locks.as_ref().map(|l| l.area)
+    }
+
+    /// The hosted Citron tree of a file, if it has one: its instance.
     pub fn hosted_tree(&self, ino: Ino) -> Option<(InstanceId, RangeLockSite)> {
         self.file(ino).ok()?.locks.as_ref()?.hosted_tree()
     }
