@@ -135,6 +135,19 @@ impl TestMount {
     pub fn with_transport(meta: std::net::SocketAddr, transport: citronfs_core::client::Transport) -> Self {
         let mut config = citronfs_core::client::ClientConfig::new(meta);
         config.transport = transport;
+        Self::with_config(config)
+    }
+
+    /// A mount `added_rtt` farther from the servers than the others: every
+    /// round trip of its client (tcp only) takes that much longer.
+    pub fn far(meta: std::net::SocketAddr, added_rtt: std::time::Duration) -> Self {
+        let mut config = citronfs_core::client::ClientConfig::new(meta);
+        config.transport = citronfs_core::client::Transport::Tcp;
+        config.added_rtt = added_rtt;
+        Self::with_config(config)
+    }
+
+    fn with_config(mut config: citronfs_core::client::ClientConfig) -> Self {
         config.timeout = std::time::Duration::from_secs(3);
         let client = citronfs_core::client::FsClient::connect(config).expect("join the cluster");
         let fs = citronfs_mount::CitronFuse::new(client, citronfs_mount::MountOptions::default());
@@ -232,6 +245,11 @@ impl TestCluster {
     /// A mount that reaches server memory only through the tcp NICs.
     pub fn mount_tcp(&self) -> TestMount {
         TestMount::with_transport(self.meta.local_addr(), citronfs_core::client::Transport::Tcp)
+    }
+
+    /// A tcp mount `added_rtt` farther away than the others ([`TestMount::far`]).
+    pub fn mount_far(&self, added_rtt: std::time::Duration) -> TestMount {
+        TestMount::far(self.meta.local_addr(), added_rtt)
     }
 }
 

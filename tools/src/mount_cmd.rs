@@ -45,6 +45,10 @@ pub struct MountArgs {
     /// Seconds to wait for a server before answering EIO.
     #[arg(long, default_value_t = 5.0)]
     timeout: f64,
+    /// Test only: microseconds added to every round trip of this mount to
+    /// the servers, as if it were that much farther away (implies tcp).
+    #[arg(long, default_value_t = 0, hide = true)]
+    test_added_rtt_us: u64,
     /// Embedded mode: the cluster's lock settings.
     #[command(flatten)]
     locks: LockArgs,
@@ -110,8 +114,11 @@ pub fn run(args: MountArgs) -> Result<()> {
         TransportArg::Auto => Transport::Auto,
         TransportArg::Tcp => Transport::Tcp,
     };
-    let client = FsClient::connect(ClientConfig { meta, timeout, transport })
-        .with_context(|| format!("cannot join the cluster at {meta}"))?;
+    let mut config = ClientConfig::new(meta);
+    config.timeout = timeout;
+    config.transport = transport;
+    config.added_rtt = Duration::from_micros(args.test_added_rtt_us);
+    let client = FsClient::connect(config).with_context(|| format!("cannot join the cluster at {meta}"))?;
     let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads: args.threads });
     let session = citronfs_mount::spawn_mount(fs, &mountpoint)
         .with_context(|| format!("cannot mount at {}", mountpoint.display()))?;

@@ -60,11 +60,20 @@ pub struct ClientConfig {
     /// (EIO at the mount) after this, never a hang.
     pub timeout: Duration,
     pub transport: Transport,
+    /// **Test only**: time added to every round trip to the servers (verbs
+    /// and metadata calls), as if this client were that much farther away
+    /// (see [`TcpOptions::added_rtt`]). A client with a delay never uses the
+    /// shm backend.
+    pub added_rtt: Duration,
 }
 
 impl ClientConfig {
     pub fn new(meta: SocketAddr) -> Self {
-        Self { meta, timeout: Duration::from_secs(5), transport: Transport::Auto }
+        Self { meta, timeout: Duration::from_secs(5), transport: Transport::Auto, added_rtt: Duration::ZERO }
+    }
+
+    fn tcp_options(&self) -> TcpOptions {
+        TcpOptions { added_rtt: self.added_rtt, ..TcpOptions::with_timeouts(self.timeout, self.timeout) }
     }
 }
 
@@ -76,7 +85,8 @@ fn join_server(
     transport: Transport,
     options: TcpOptions,
 ) -> Result<Node, FsError> {
-    if let (Transport::Auto, Some(name)) = (transport, shm) {
+    // A client made far away for a test must not take the shortcut.
+    if let (Transport::Auto, Some(name), true) = (transport, shm, options.added_rtt.is_zero()) {
         if citron_lock::rdma::shm::fabric_dir(name).exists() {
             match Node::join_shm(name) {
                 Ok(node) => return Ok(node),
@@ -140,8 +150,9 @@ impl Shared {
 pub struct FsClient {
     shared: Arc<Shared>,
     geometry: ChunkGeometry,
-    timeout: Duration,
     transport: Transport,
+    /// How data servers are joined (timeouts, the test-only distance).
+    tcp_options: TcpOptions,
     meta_node: Node,
     data_nodes: RwLock<HashMap<DataServerId, (DataServerInfo, Node)>>,
     pool: Mutex<Vec<Endpoints>>,
@@ -209,7 +220,7 @@ impl FsClient {
             lock_host,
         } = info;
         let geometry = ChunkGeometry::new(chunk_size).map_err(FsError::Invalid)?;
-        let options = TcpOptions { connect_timeout: config.timeout, reply_timeout: config.timeout };
+        let options = config.tcp_options();
         let meta_node =
             join_server(reachable(meta_nic, config.meta), meta_shm.as_deref(), config.transport, options)?;
         let shared = Arc::new(Shared {
@@ -230,8 +241,8 @@ impl FsClient {
         let mut c = Self {
             shared: shared.clone(),
             geometry,
-            timeout: config.timeout,
             transport: config.transport,
+            tcp_options: options,
             meta_node,
             data_nodes: RwLock::new(HashMap::new()),
             pool: Mutex::new(Vec::new()),
@@ -276,7 +287,7 @@ impl FsClient {
     }
 
     fn add_data_servers(&self, servers: Vec<DataServerInfo>) -> Result<(), FsError> {
-        let options = TcpOptions { connect_timeout: self.timeout, reply_timeout: self.timeout };
+        let options = self.tcp_options;
         let mut nodes = self.data_nodes.write();
         for info in servers {
             if nodes.contains_key(&info.id) {
@@ -294,6 +305,9 @@ impl FsClient {
             return Err(FsError::Io(
                 "this client's lease expired; it is fenced until it re-registers".into(),
             ));
+        }
+        if !self.tcp_options.added_rtt.is_zero() {
+            std::thread::sleep(self.tcp_options.added_rtt);
         }
         answer(self.shared.rpc.call(request))
     }
