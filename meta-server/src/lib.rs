@@ -7,6 +7,7 @@ pub mod chunks;
 pub mod data_server;
 pub mod lock_cleanup;
 pub mod lock_memory;
+pub mod lock_tuning;
 pub mod namespace;
 pub mod service;
 

@@ -86,6 +86,7 @@ use parking_lot::Mutex;
 use crate::chunks::ChunkAllocator;
 use crate::lock_cleanup;
 use crate::lock_memory::LockMemory;
+use crate::lock_tuning::LockTuning;
 use crate::namespace::{FileLocking, Namespace, NewInode, TreeHosting, ZeroRange};
 
 /// The region of the meta-server's NIC that holds attribute slots.
@@ -173,6 +174,8 @@ pub struct MetaService {
     waits_for: WaitsFor,
     lock_params: ClusterLockParams,
     lock_host: LockHostInfo,
+    /// Citron's cluster-wide T_wait: the clients' needs.
+    tuning: Arc<LockTuning>,
 }
 
 /// A registered client and when it last renewed its lease.
@@ -271,6 +274,7 @@ impl MetaService {
                 .collect();
             for c in &dead {
                 clients.remove(c);
+                self.tuning.forget(*c);
             }
             dead
         };
@@ -415,6 +419,13 @@ impl MetaService {
                 self.ns.lock().remove_xattr(ino, &name)?;
                 A::Done
             }
+            R::ReportLockTiming { client, t_wait_us } => {
+                if !self.clients.lock().contains_key(&client) {
+                    return Err(FsError::Io("lease expired: client was fenced".into()));
+                }
+                self.tuning.report(client, Duration::from_micros(t_wait_us));
+                A::Done
+            }
         })
     }
 }
@@ -458,6 +469,8 @@ pub struct MetaServer {
     _shm: Option<ShmHost>,
     stop: Arc<AtomicBool>,
     reaper: Option<JoinHandle<()>>,
+    /// Publishes Citron's T_wait.
+    tuner: Option<JoinHandle<()>>,
 }
 
 impl MetaServer {
@@ -505,6 +518,12 @@ impl MetaServer {
             base: lock_memory.allocate(WaitsFor::bytes(config.max_waiting_owners))?,
             capacity: config.max_waiting_owners,
         };
+        // Citron's T_wait, published for every client (lock_tuning).
+        let tuning = Arc::new(LockTuning::new(
+            lock_memory.allocate(citron_lock::citron::tuning::TWAIT_WORD_BYTES)?,
+            Duration::from_micros(config.lock_params.t_wait_us),
+        ));
+        let lock_params = ClusterLockParams { published_t_wait: Some(tuning.word()), ..config.lock_params };
         let lock_err = |e: citron_lock::rwlock::LockError| FsError::Io(format!("lock host: {e}"));
         // The meta-server acts on its own lock memory as a client of its own
         // fabric (shm when published, else its NIC): the lease reaper's
@@ -539,7 +558,7 @@ impl MetaServer {
             if grow {
                 let probe = node.endpoint()?;
                 let rtt = probe.measure_rtt(waits_for.base, 16).unwrap_or(Duration::from_micros(10));
-                let timing = LockTiming::new(rtt, config.lock_params);
+                let timing = LockTiming::new(rtt, lock_params);
                 let host =
                     Arc::new(
                         LockMemoryHost::new(regions.clone(), LOCK_REGION, tree_start, lock_bytes)
@@ -590,12 +609,13 @@ impl MetaServer {
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
             waits_for,
-            lock_params: config.lock_params,
+            lock_params,
             lock_host: lock_host.info().clone(),
+            tuning: tuning.clone(),
         });
         let rpc = RpcServer::spawn(config.listen, service.clone(), "meta").map_err(io)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let lock_params = config.lock_params;
+        let tuner = tuning.spawn(node.endpoint()?, stop.clone()).map_err(io)?;
         let reaper = {
             let stop = stop.clone();
             let service = service.clone();
@@ -626,6 +646,7 @@ impl MetaServer {
             _shm: shm,
             stop,
             reaper: Some(reaper),
+            tuner: Some(tuner),
             _lock_host: lock_host,
             _range_server: range_server,
             trees,
@@ -691,6 +712,9 @@ impl MetaServer {
         self.nic.shutdown();
         if let Some(r) = self.reaper.take() {
             let _ = r.join();
+        }
+        if let Some(t) = self.tuner.take() {
+            let _ = t.join();
         }
     }
 }

@@ -67,6 +67,12 @@ pub fn run(ep: &Endpoint, iterations: u64, seed: u64) -> CitronStats {
     let rtt = ep.measure_rtt(unit_word(0), 5).expect("rtt");
     let mut config = CitronConfig::from_rtt(rtt);
     config.give_up = Duration::from_secs(10);
+    run_with(ep, config, iterations, seed)
+}
+
+/// [`run`] with a given configuration (clients of one tree must share
+/// `T_wait`: a cluster's value, or a published one).
+pub fn run_with(ep: &Endpoint, config: CitronConfig, iterations: u64, seed: u64) -> CitronStats {
     let mut client = CitronClient::new(layout(), config, Box::new(spillover(ep)));
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let n = layout().shape.units();

@@ -160,6 +160,53 @@ impl TestMount {
     pub fn path(&self, rel: &str) -> std::path::PathBuf {
         self.dir.path().join(rel)
     }
+
+    /// Guards against a hang: if the returned watchdog is still alive
+    /// after `after`, it aborts this mount's FUSE connection, so calls
+    /// blocked on the mount fail (ENOTCONN) and the test fails instead of
+    /// hanging. Only a hang ever trips it.
+    pub fn watchdog(&self, after: std::time::Duration) -> Watchdog {
+        Watchdog::arm(self.dir.path(), after)
+    }
+}
+
+/// See [`TestMount::watchdog`]; disarmed when dropped.
+pub struct Watchdog {
+    disarm: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn arm(mountpoint: &std::path::Path, after: std::time::Duration) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        // The FUSE connection's number is the minor of the mount's device
+        // (taken now, while the mount answers).
+        let dev = std::fs::metadata(mountpoint).expect("stat the mount point").dev();
+        let minor = libc::minor(dev);
+        let (disarm, armed) = std::sync::mpsc::channel::<()>();
+        let mountpoint = mountpoint.to_path_buf();
+        let thread = std::thread::spawn(move || {
+            if armed.recv_timeout(after) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                return;
+            }
+            eprintln!("watchdog: {} hung for {after:?}; aborting its FUSE connection", mountpoint.display());
+            let connections = std::path::Path::new("/sys/fs/fuse/connections");
+            if !connections.join(minor.to_string()).exists() {
+                let _ = Command::new("mount").args(["-t", "fusectl", "none"]).arg(connections).output();
+            }
+            let _ = std::fs::write(connections.join(minor.to_string()).join("abort"), b"1");
+        });
+        Self { disarm: Some(disarm), thread: Some(thread) }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.disarm.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Drop for TestMount {

@@ -309,3 +309,68 @@ fn a_leaf_escalation_leaves_live_bits_alone_and_clears_dead_ones() {
         citron_stress::check_idle_tree(&ep);
     }
 }
+
+/// Issue 12, a client far away: over tcp with 1 ms more per round trip, one
+/// client shares the tree with near ones, all under the near clients' T_wait,
+/// which its two round trips between t1 and t2 always exceed. Its attempts
+/// abort, back off and, after a bounded number of aborts, lock the root
+/// (which notifies nobody and cannot abort): every request completes and no
+/// unit is ever held twice. Then the same with a published T_wait that
+/// covers it (what the cluster manager does), changed while the clients run.
+#[test]
+fn a_far_client_gets_every_lock_beside_near_ones() {
+    use std::time::Duration;
+
+    use citron_lock::citron::lock::CitronConfig;
+    use citron_lock::citron::tuning::TWaitPublisher;
+    use citron_lock::rdma::{RemoteAddr, TcpOptions};
+    use citronfs_tests::{Backend, TEST_REGION};
+    let fabric = TestFabric::new(Backend::Tcp, 1 << 20);
+    let citron_lock::rdma::FabricAddr::Tcp(host) = fabric.addr.clone() else { unreachable!("a tcp fabric") };
+    let near = Node::join(&fabric.addr).unwrap();
+    let far_options = TcpOptions { added_rtt: Duration::from_millis(1), ..TcpOptions::default() };
+    let far = Node::join_tcp(host, far_options).unwrap();
+    let probe = RemoteAddr::new(TEST_REGION, citron_stress::ORACLE_AT);
+    let near_rtt = near.endpoint().unwrap().measure_rtt(probe, 5).unwrap();
+    let far_rtt = far.endpoint().unwrap().measure_rtt(probe, 5).unwrap();
+    println!("near RTT {near_rtt:?}, far RTT {far_rtt:?}");
+    let mut config = CitronConfig::from_rtt(near_rtt);
+    config.give_up = Duration::from_secs(60);
+    // The word the "cluster manager" publishes T_wait in: unused memory of
+    // the test region, zero until published.
+    let word = RemoteAddr::new(TEST_REGION, 1 << 19);
+    for published in [false, true] {
+        let mut config = config;
+        let mut publisher = None;
+        if published {
+            let ep = near.endpoint().unwrap();
+            publisher = Some((TWaitPublisher::start(&ep, word, config.t_wait).unwrap(), ep));
+            config.published_t_wait = Some(word);
+        }
+        let stats = std::thread::scope(|s| {
+            let mut near_threads = Vec::new();
+            for t in 0..2 {
+                let near = near.clone();
+                near_threads.push(s.spawn(move || {
+                    let ep = near.endpoint().unwrap();
+                    citron_stress::run_with(&ep, config, 150, 500 + t)
+                }));
+            }
+            let far_thread = s.spawn(|| {
+                let ep = far.endpoint().unwrap();
+                citron_stress::run_with(&ep, config, 40, 900)
+            });
+            // The cluster manager follows the far client up while they run.
+            if let Some((p, ep)) = publisher.as_mut() {
+                p.set(ep, far_rtt * 5).unwrap();
+            }
+            for t in near_threads {
+                t.join().unwrap();
+            }
+            far_thread.join().unwrap()
+        });
+        println!("far client, T_wait published: {published}: {stats:?}");
+        assert_eq!(stats.acquisitions, 40);
+        citron_stress::check_idle_tree(&near.endpoint().unwrap());
+    }
+}

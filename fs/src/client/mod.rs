@@ -17,6 +17,7 @@
 
 mod io;
 mod locks;
+mod tuning;
 
 pub use locks::LockCall;
 
@@ -160,6 +161,8 @@ pub struct FsClient {
     /// Verbs of endpoints returned to the pool and dropped, for statistics.
     retired_counts: Mutex<VerbCounts>,
     heartbeat: Option<std::thread::JoinHandle<()>>,
+    /// Reports the Citron T_wait this client needs ([`tuning`]).
+    tuning: Option<std::thread::JoinHandle<()>>,
     timing: LockTiming,
     waits_for: WaitsFor,
     /// The lock host's services (inode mutex recovery, RPC lock server).
@@ -249,6 +252,7 @@ impl FsClient {
             layouts: RwLock::new(HashMap::new()),
             retired_counts: Mutex::new(VerbCounts::default()),
             heartbeat: None,
+            tuning: None,
             timing,
             waits_for,
             lock_host,
@@ -256,6 +260,16 @@ impl FsClient {
             may_hold: Mutex::new(HashSet::new()),
         };
         c.add_data_servers(data_servers)?;
+        let site = tuning::TuningSite { probe: waits_for.base, word: lock_params.published_t_wait };
+        tuning::join(&shared, &probe, site, rtt)?;
+        let reporter = {
+            let (shared, ep) = (shared.clone(), c.meta_node.endpoint()?);
+            std::thread::Builder::new()
+                .name("citronfs-t-wait".into())
+                .spawn(move || tuning::run(shared, ep, site, rtt))
+                .map_err(|e| FsError::Io(e.to_string()))?
+        };
+        c.tuning = Some(reporter);
         c.start_waiters(probe)?;
         c.heartbeat = Some(
             std::thread::Builder::new()
@@ -794,6 +808,9 @@ impl Drop for FsClient {
         self.waiters.take();
         self.shared.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.tuning.take() {
             let _ = h.join();
         }
     }

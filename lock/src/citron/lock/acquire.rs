@@ -12,6 +12,7 @@ use super::{read_words, CitronClient, HeldNode, HeldRange, PASS_TICKET};
 use crate::citron::geometry::SegmentedTree;
 use crate::citron::scale::Anchor;
 use crate::citron::tree::{level_start, Cover, NodeIndex, TreeShape};
+use crate::citron::tuning::{TWaitWord, WaitWindow};
 use crate::citron::word::{
     Internal, Ticket, BOUNDARIES, COUNTER_BITS, DCNT_SHIFT, NOTIFY, OCCUPY, TAKE_TICKET,
 };
@@ -26,8 +27,8 @@ struct Others {
     restart: bool,
 }
 
-/// Sleeps a random time up to `*cap` and doubles the cap (up to 1 ms).
-fn backoff_for(cap: &mut Duration) {
+/// Sleeps a random time up to `*cap` and doubles the cap (up to `max`).
+fn backoff_for(cap: &mut Duration, max: Duration) {
     let nanos = cap.as_nanos().max(1) as u64;
     // A cheap random draw: the clock's nanoseconds, mixed.
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -35,7 +36,43 @@ fn backoff_for(cap: &mut Duration) {
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
         >> 16;
     std::thread::sleep(Duration::from_nanos(jitter % nanos));
-    *cap = (*cap * 2).min(Duration::from_millis(1));
+    *cap = (*cap * 2).min(max);
+}
+
+/// The longest backoff between two attempts of one request, restarts and
+/// aborts alike: 1 ms, or 16 `T_wait` if that is longer (a far client's
+/// attempts take several ms each, and so may its backoff).
+fn max_backoff(t_wait: Duration) -> Duration {
+    (t_wait * 16).max(Duration::from_millis(1))
+}
+
+/// Waits until `deadline`: sleeps while more than a timer slack is left
+/// (a published `T_wait` can be tens of ms, which must not be spun away on
+/// a loaded machine), then spins. Waiting longer than asked is always safe
+/// here.
+fn wait_until(deadline: Instant) {
+    const SLACK: Duration = Duration::from_micros(100);
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        let left = deadline - now;
+        if left > SLACK {
+            std::thread::sleep(left - SLACK / 2);
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// How locking one node of a request ended.
+enum NodeOutcome {
+    Held(HeldNode),
+    /// The tree changed (scale-up): start the request over.
+    Superseded,
+    /// Too many aborts: lock the root instead of the request's nodes.
+    ToRoot,
 }
 
 /// Where a requested range ends.
@@ -44,6 +81,31 @@ enum RangeEnd {
     At(u64),
     /// To infinity ([`CitronClient::acquire_to_end`]).
     Infinite,
+}
+
+/// The aborts of one node of a request, and the backoff between them.
+struct Aborts {
+    count: u32,
+    limit: u32,
+    cap: Duration,
+    max: Duration,
+}
+
+impl Aborts {
+    fn new(config: &super::CitronConfig) -> Self {
+        Self { count: 0, limit: config.max_aborts, cap: config.t_wait, max: max_backoff(config.t_wait) }
+    }
+
+    /// Counts an abort of an attempt at `node`; `true` if the request
+    /// should lock the root now, else after backing off.
+    fn one_more(&mut self, node: NodeIndex) -> bool {
+        self.count += 1;
+        if self.count >= self.limit && node != NodeIndex::ROOT {
+            return true;
+        }
+        backoff_for(&mut self.cap, self.max);
+        false
+    }
 }
 
 enum Attempt {
@@ -186,18 +248,33 @@ impl CitronClient {
         covers: &[Cover],
     ) -> Result<Option<Vec<HeldNode>>, LockError> {
         let mut backoff = self.config.t_wait;
+        let max = max_backoff(self.config.t_wait);
+        // Once the request has aborted too often, the root alone (the bounded
+        // path of the module comment).
+        let root = [Cover {
+            node: NodeIndex::ROOT,
+            start: covers.iter().map(|c| c.start).min().unwrap_or(0),
+            end: covers.iter().map(|c| c.end).max().unwrap_or(0),
+        }];
+        let mut covers = covers;
         loop {
             let mut others = Others::default();
             let mut outcome = Ok(true);
             for &cover in covers {
                 match self.lock_node(ep, cover, shape, &mut others) {
-                    Ok(Some(h)) => {
+                    Ok(NodeOutcome::Held(h)) => {
                         others.held.push(h);
                         if others.restart {
                             break;
                         }
                     }
-                    Ok(None) => {
+                    Ok(NodeOutcome::ToRoot) => {
+                        self.stats.root_escalations += 1;
+                        covers = &root;
+                        others.restart = true;
+                        break;
+                    }
+                    Ok(NodeOutcome::Superseded) => {
                         outcome = Ok(false);
                         break;
                     }
@@ -213,7 +290,7 @@ impl CitronClient {
                     // Gave way while holding: let go of everything, start over.
                     self.yield_held(ep, &mut others)?;
                     self.stats.restarts += 1;
-                    backoff_for(&mut backoff);
+                    backoff_for(&mut backoff, max);
                 }
                 Ok(false) => {
                     self.yield_held(ep, &mut others)?;
@@ -244,29 +321,44 @@ impl CitronClient {
         mut cover: Cover,
         shape: TreeShape,
         others: &mut Others,
-    ) -> Result<Option<HeldNode>, LockError> {
+    ) -> Result<NodeOutcome, LockError> {
+        let mut aborts = Aborts::new(&self.config);
         loop {
             // A release on the way may have followed a newer configuration:
             // `cover` is an index of the old tree, so start the request over.
             if self.current.tree.shape() != shape {
-                return Ok(None);
+                return Ok(NodeOutcome::Superseded);
             }
             match self.try_lock_node(ep, cover, others)? {
-                Attempt::Acquired(h) => return Ok(Some(h)),
-                Attempt::Superseded => return Ok(None),
-                Attempt::Aborted => self.stats.aborts += 1,
+                Attempt::Acquired(h) => return Ok(NodeOutcome::Held(h)),
+                Attempt::Superseded => return Ok(NodeOutcome::Superseded),
+                Attempt::Aborted => {
+                    self.stats.aborts += 1;
+                    if aborts.one_more(cover.node) {
+                        return Ok(NodeOutcome::ToRoot);
+                    }
+                }
                 Attempt::MoveToParent => {
                     self.stats.leaf_escalations += 1;
                     let leaf = cover.node;
                     cover.node = leaf.parent().expect("a leaf below the root has a parent");
                     let held = loop {
                         if self.current.tree.shape() != shape {
-                            return Ok(None);
+                            return Ok(NodeOutcome::Superseded);
                         }
                         match self.try_lock_node(ep, cover, others)? {
                             Attempt::Acquired(h) => break h,
-                            Attempt::Superseded => return Ok(None),
-                            Attempt::Aborted => self.stats.aborts += 1,
+                            Attempt::Superseded => return Ok(NodeOutcome::Superseded),
+                            Attempt::Aborted => {
+                                self.stats.aborts += 1;
+                                if aborts.one_more(cover.node) {
+                                    // The leaf's bits, if a dead client's,
+                                    // are cleared when the root is held:
+                                    // the root covers them and Line 22's
+                                    // watch runs from there on the next visit.
+                                    return Ok(NodeOutcome::ToRoot);
+                                }
+                            }
                             Attempt::MoveTo(a) => cover.node = a,
                             Attempt::MoveToParent => unreachable!("only leaves escalate"),
                         }
@@ -275,7 +367,7 @@ impl CitronClient {
                         let addr = self.current.tree.key(shape.key(leaf));
                         self.clear_dead_leaf_bits(ep, addr, leaf)?;
                     }
-                    return Ok(Some(held));
+                    return Ok(NodeOutcome::Held(held));
                 }
                 Attempt::MoveTo(ancestor) => cover.node = ancestor,
             }
@@ -364,6 +456,11 @@ impl CitronClient {
                     batch.push(Verb::MaskedFaa { addr: tree.node(a), add: NOTIFY, boundary_mask: BOUNDARIES })
                 })
                 .collect();
+            // The cluster's T_wait, read after our lock verb and our
+            // notifications: both our budget and our wait come from this
+            // reading (the argument is in `tuning`).
+            let tuning_slot =
+                self.config.published_t_wait.map(|word| batch.push(Verb::Read { addr: word, len: 8 }));
             let replies = batch.submit()?;
             let t2 = Instant::now();
             let children_taken: Vec<bool> =
@@ -394,6 +491,10 @@ impl CitronClient {
                 self.undo_partial(ep, tree, &held, &children_taken)?;
                 return Err(e.into());
             }
+            let window = match tuning_slot {
+                Some(slot) => WaitWindow::read(TWaitWord(replies.u64(slot)?), self.config.t_wait),
+                None => WaitWindow::fixed(self.config.t_wait),
+            };
             if let Some(mask) = leaf_mask {
                 if replies.old(lock_slot)? & mask != 0 {
                     // Line 26: the bits are taken. Roll back the notification
@@ -416,9 +517,10 @@ impl CitronClient {
                 return Ok(Attempt::Superseded);
             }
             // Inequation (1) (line 32): we finished notifying before any
-            // ancestor's holder could have stopped waiting for us.
-            let budget = self.config.t_wait.mul_f64(1.0 - self.config.drift);
-            if t2.duration_since(t1) > budget {
+            // ancestor's holder could have stopped waiting for us. A node
+            // that notifies nobody (the root) has nothing to be late for.
+            let budget = window.budget.mul_f64(1.0 - self.config.drift);
+            if !notified.is_empty() && t2.duration_since(t1) > budget {
                 self.undo_partial(ep, tree, &held, &children_taken)?;
                 return Ok(Attempt::Aborted);
             }
@@ -428,9 +530,7 @@ impl CitronClient {
                 // (the batch completed), so waiting from it is conservative.
                 self.clear_children(ep, tree, node, &children_taken)?;
                 let t0 = t2;
-                while t0.elapsed() < self.config.t_wait {
-                    std::hint::spin_loop();
-                }
+                wait_until(t0 + window.wait);
                 self.wait_for_descendants(ep, tree, node, others)?;
             }
             return Ok(Attempt::Acquired(held));

@@ -8,10 +8,28 @@
 //! maximizer (§3.9.1) so a client that scales the tree up knows how far.
 //!
 //! Choices where the paper leaves room, and why:
-//! * `T_wait` is derived from the transport's measured round trip: the paper
-//!   reserves 5 µs per 2 µs RTT for the three round trips between t1 and t2
-//!   (§3.5.5), so `T_wait = 3 × 2.5 × RTT`, with a floor of 2 µs because a
-//!   thread can be preempted between reading a clock and posting a verb.
+//! * `T_wait` is one value for the whole cluster (§3.5.5: a holder must wait
+//!   as long as any notifier may take). Standalone clients derive it from
+//!   the transport's measured round trip ([`CitronConfig::from_rtt`]: the
+//!   paper reserves 5 µs per 2 µs RTT for the three round trips between t1
+//!   and t2, so `3 × 2.5 × RTT`, with a floor of 2 µs because a thread can
+//!   be preempted between reading a clock and posting a verb), and every
+//!   client of one instance must be given the same. In a cluster the
+//!   cluster manager publishes it in lock memory, following the slowest
+//!   client, and changes it in two phases ([`super::tuning`]); each node
+//!   attempt reads it in its 2(c)+(d) batch (one more read, no more round
+//!   trips) and takes its abort budget and its wait from that reading.
+//! * **Aborts back off, and are bounded.** An attempt that fails
+//!   Inequation (1) undoes itself, sleeps a random time below a cap that
+//!   starts at `T_wait` and doubles, and tries again. After
+//!   [`CitronConfig::max_aborts`] aborts the request locks the root of the
+//!   tree instead: the root has no ancestor to notify, so Inequation (1)
+//!   does not apply to it and the attempt cannot abort; its bakery lock is
+//!   starvation-free and its wait for descendants ends when the requests
+//!   below finish or abort. So a client whose round trip exceeds `T_wait`
+//!   (while the cluster manager has not caught up with it, or a thread the
+//!   scheduler stalls between t1 and t2 again and again) still gets every
+//!   lock, only with less concurrency.
 //! * t1 is tracked per ancestor (the post time of the last read that found it
 //!   unoccupied) and Inequation (1) is checked against the oldest, as §3.5.5
 //!   requires ("record a t1 … for every ancestor"). Every Step 2(b) iteration
@@ -141,7 +159,7 @@ use super::scale::Anchor;
 use super::tree::{NodeIndex, NodeKey, TreeShape, MAX_DEPTH};
 use super::word::{Internal, COUNTER_BITS, TCNT_SHIFT};
 use crate::rdma::arith::field_delta;
-use crate::rdma::VerbReply;
+use crate::rdma::{RemoteAddr, VerbReply};
 use crate::rwlock::{LockError, RwLockClient};
 
 pub use acquire::notify_levels;
@@ -160,7 +178,15 @@ pub struct CitronConfig {
     pub k: usize,
     /// Meet-in-the-middle distance.
     pub m: u32,
+    /// `T_wait` when none is published (or no word is configured).
     pub t_wait: Duration,
+    /// Where the cluster manager publishes the cluster's `T_wait`
+    /// ([`super::tuning`]); every node attempt reads it in its 2(c)+(d)
+    /// batch. `None`: `t_wait` is the cluster's value.
+    pub published_t_wait: Option<RemoteAddr>,
+    /// Aborts (Inequation (1)) one request may suffer before it locks the
+    /// root instead, which notifies nobody and so never aborts.
+    pub max_aborts: u32,
     /// Bound of clock drift (Sundial's 10^-4).
     pub drift: f64,
     /// Failed masked-CAS attempts on a leaf before locking its parent.
@@ -180,9 +206,24 @@ impl CitronConfig {
         // never go below 1 s, because a holder here is a thread of an
         // ordinary process that the scheduler may stall for many ms.
         let lease = (rtt * 5000).max(Duration::from_secs(1));
-        Self { k: 2, m: 4, t_wait, drift: 1e-4, leaf_patience: 64, lease, give_up: Duration::from_secs(120) }
+        Self {
+            k: 2,
+            m: 4,
+            t_wait,
+            published_t_wait: None,
+            max_aborts: DEFAULT_MAX_ABORTS,
+            drift: 1e-4,
+            leaf_patience: 64,
+            lease,
+            give_up: Duration::from_secs(120),
+        }
     }
 }
+
+/// [`CitronConfig::max_aborts`] by default: after this many aborts, each
+/// preceded by a randomised backoff that doubles, a request is far more
+/// likely to face a round trip longer than `T_wait` than bad luck.
+pub const DEFAULT_MAX_ABORTS: u32 = 8;
 
 /// When a client scales the tree up on its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,6 +288,9 @@ pub struct CitronStats {
     pub acquisitions: u64,
     /// Node acquisitions aborted (Inequation (1)) and retried.
     pub aborts: u64,
+    /// Requests that aborted [`CitronConfig::max_aborts`] times and locked
+    /// the root instead.
+    pub root_escalations: u64,
     /// Multi-node requests started over rather than wait while holding.
     pub restarts: u64,
     /// Leaves given up for their parents (starvation avoidance).
@@ -451,7 +495,6 @@ impl CitronClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rdma::RemoteAddr;
 
     #[test]
     fn layout_offsets() {
