@@ -80,6 +80,11 @@ impl DataServer {
         self.nic.local_addr()
     }
 
+    /// Connections and requests the NIC has served.
+    pub fn nic_stats(&self) -> &citron_lock::rdma::tcp::ServerStats {
+        self.nic.stats()
+    }
+
     /// Cuts every connection, as a crash would.
     pub fn shutdown(&mut self) {
         self.nic.shutdown();

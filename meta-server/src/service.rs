@@ -702,6 +702,11 @@ impl MetaServer {
         self.nic.local_addr()
     }
 
+    /// Connections and requests the meta-server's NIC has served.
+    pub fn nic_stats(&self) -> &citron_lock::rdma::tcp::ServerStats {
+        self.nic.stats()
+    }
+
     /// Cuts every connection and stops serving, as a crash would.
     pub fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Relaxed);

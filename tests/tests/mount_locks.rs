@@ -356,3 +356,48 @@ fn fcntl_semantics_hold_between_a_near_and_a_far_mount() {
         eprintln!("+{ms} ms: fcntl semantics ok in {:?}", t.elapsed());
     }
 }
+
+/// Issue 12, "refusals cost nothing lasting", through FUSE: a mount that
+/// reaches the servers over tcp refuses F_SETLK thousands of times, with
+/// every inode mutex; it opens no connection at the NICs, and then writes,
+/// reads and locks normally. (A million below FUSE: `fs_refusals.rs`.)
+#[test]
+fn refused_setlk_through_a_mount_opens_nothing() {
+    use citron_lock::rwlock::Algorithm;
+    use citronfs_core::locks::area::LockChoice;
+    use std::sync::atomic::Ordering::Relaxed;
+    const N: usize = 2_000;
+    for inode in [
+        Algorithm::ShiftLock,
+        Algorithm::Dslr,
+        Algorithm::Dql,
+        Algorithm::Cas,
+        Algorithm::Rpc,
+        Algorithm::ALock,
+    ] {
+        let c = TestCluster::with_locks(LockChoice { inode, ..LockChoice::default() });
+        let near = c.mount();
+        let far = c.mount_tcp();
+        std::fs::write(near.path("f"), b"0123456789").unwrap();
+        let (mut p, pf) = probe_on(&near.path("f"));
+        let (mut q, qf) = probe_on(&far.path("f"));
+        assert_eq!(p.ask(&format!("setlk {pf} w 0 10")), "ok");
+        assert_eq!(q.ask(&format!("setlk {qf} w 0 10")), "err EAGAIN");
+        let connections = || {
+            c.meta.nic_stats().connections.load(Relaxed)
+                + c.data.iter().map(|d| d.nic_stats().connections.load(Relaxed)).sum::<u64>()
+        };
+        let before = connections();
+        for i in 0..N {
+            q.send(&format!("setlk {qf} {} 0 10", if i % 2 == 0 { "w" } else { "r" }));
+        }
+        for _ in 0..N {
+            assert_eq!(q.answer(), "err EAGAIN");
+        }
+        let opened = connections() - before;
+        assert_eq!(q.ask(&format!("write {qf} 0 abcd")), "ok", "{inode}: I/O after refusals");
+        assert_eq!(p.ask(&format!("setlk {pf} u 0 0")), "ok");
+        assert_eq!(q.ask(&format!("setlk {qf} w 0 10")), "ok", "{inode}");
+        assert_eq!(opened, 0, "--inode-lock {inode}: {N} refusals opened {opened} connections");
+    }
+}

@@ -570,7 +570,10 @@ impl FsClient {
             None => Endpoints::new(self.meta_node.endpoint()?),
         };
         let result = f(&mut eps);
-        if result.is_ok() {
+        // Expected errors (a refused lock, a missing file) leave the
+        // endpoints as they were: keep them, so refusals open no connection
+        // and use up no id. Only a failure may have broken them.
+        if !result.as_ref().is_err_and(FsError::may_break_endpoints) {
             self.pool.lock().push(eps);
         } else {
             let mut c = eps.meta.counts();
