@@ -7,14 +7,15 @@
 
 use std::time::{Duration, Instant};
 
-use super::recovery::Watch;
+use super::recovery::{Progress, Watch};
 use super::{read_words, CitronClient, HeldNode, HeldRange, PASS_TICKET};
 use crate::citron::geometry::SegmentedTree;
 use crate::citron::scale::Anchor;
 use crate::citron::tree::{level_start, Cover, NodeIndex, TreeShape};
 use crate::citron::tuning::{TWaitWord, WaitWindow};
 use crate::citron::word::{
-    Internal, Ticket, BOUNDARIES, COUNTER_BITS, DCNT_SHIFT, NOTIFY, OCCUPY, TAKE_TICKET,
+    Internal, Ticket, BOUNDARIES, COUNTER_BITS, DCNT_FIELD, DCNT_SHIFT, DMAX_FIELD, HEARTBEAT_BIT, NOTIFY,
+    OCCUPY, OCC_BIT, TAKE_TICKET,
 };
 use crate::rdma::{Endpoint, Verb};
 use crate::rwlock::{LockError, Mode};
@@ -363,9 +364,13 @@ impl CitronClient {
                             Attempt::MoveToParent => unreachable!("only leaves escalate"),
                         }
                     };
+                    let mut held = held;
                     if !held.children {
-                        let addr = self.current.tree.key(shape.key(leaf));
-                        self.clear_dead_leaf_bits(ep, addr, leaf)?;
+                        let cur = self.current.clone();
+                        let addr = cur.tree.key(shape.key(leaf));
+                        let mut marks = Progress::of_held(&cur.tree, &held, self.tick());
+                        self.clear_dead_leaf_bits(ep, addr, leaf, &mut marks)?;
+                        held.acquired_at = Instant::now();
                     }
                     return Ok(NodeOutcome::Held(held));
                 }
@@ -400,21 +405,26 @@ impl CitronClient {
         let posted = Instant::now();
         let replies = batch.submit()?;
         let mut prefetched = Some((posted, read_words(&replies.as_slice()[usize::from(!leaf)..])?));
+        let mut ticket = None;
         if let Some(slot) = ticket_slot {
             // Phase 2(a) (lines 10–11): the bakery lock of an internal node.
             let old = replies.old(slot)?;
-            let ticket = Ticket::from_old_word(old);
-            if !ticket.is_served(Internal(old)) {
+            let mine = Ticket::from_old_word(old);
+            if !mine.is_served(Internal(old)) {
                 // Not served at once: the ancestors read before we were is stale.
                 prefetched = None;
                 self.yield_held(ep, others)?;
-                self.wait_for_ticket(ep, addr, ticket)?;
+                self.wait_for_ticket(ep, addr, mine)?;
             }
+            ticket = Some(mine);
         }
+        // While we wait in 2(b) with our ticket served, the node's waiters
+        // must see us alive (the recovery module's progress marks).
+        let floor = ticket.map(|_| addr);
         let mut cas_failures = 0;
         loop {
             // Phase 2(b): wait for occupied ancestors (lines 12–19).
-            let t1 = match self.wait_for_ancestors(ep, tree, &ancestors, others, prefetched.take())? {
+            let t1 = match self.wait_for_ancestors(ep, tree, &ancestors, others, prefetched.take(), floor)? {
                 Ancestors::Clear(t1) => t1,
                 outcome => {
                     if !leaf {
@@ -485,6 +495,8 @@ impl CitronClient {
                 children: children_taken.iter().all(|&t| t) && children_are_leaves,
                 anchor,
                 anchor_marked,
+                ticket,
+                acquired_at: t2,
             };
             if let Some(e) = replies.first_error() {
                 let e = e.clone();
@@ -531,7 +543,9 @@ impl CitronClient {
                 self.clear_children(ep, tree, node, &children_taken)?;
                 let t0 = t2;
                 wait_until(t0 + window.wait);
-                self.wait_for_descendants(ep, tree, node, others)?;
+                let mut marks = Progress::of_held(tree, &held, self.tick());
+                self.wait_for_descendants(ep, tree, node, others, &mut marks)?;
+                held.acquired_at = Instant::now();
             }
             return Ok(Attempt::Acquired(held));
         }
@@ -589,6 +603,7 @@ impl CitronClient {
         ancestors: &[NodeIndex],
         others: &mut Others,
         mut prefetched: Option<(Instant, Vec<Internal>)>,
+        floor: Option<crate::rdma::RemoteAddr>,
     ) -> Result<Ancestors, LockError> {
         if ancestors.is_empty() {
             return Ok(Ancestors::Clear(Instant::now())); // the root has no ancestors
@@ -624,8 +639,11 @@ impl CitronClient {
             // Line 18: wait for it to be released.
             self.yield_held(ep, others)?;
             let addr = tree.node(ancestors[next]);
-            let tcnt = |w: u64| Internal(w).tcnt();
-            match self.watch(ep, addr, |w| !Internal(w).occupied(), tcnt, self.config.lease)? {
+            // Its holder's progress: TCnt, Occ, and HB while it waits.
+            let key = |w: u64| w & (super::TCNT_FIELD | OCC_BIT | HEARTBEAT_BIT);
+            let mut marks = Progress::holding(floor, &[], self.tick());
+            let released = |w: u64| !Internal(w).occupied();
+            match self.watch(ep, addr, released, key, self.stall(), &mut marks)? {
                 Watch::Done(seen) => {
                     t1[next] = Some(seen);
                     cleared = next + 1;
@@ -659,6 +677,7 @@ impl CitronClient {
         tree: &SegmentedTree,
         node: NodeIndex,
         others: &mut Others,
+        marks: &mut Progress,
     ) -> Result<(), LockError> {
         let shape = tree.shape();
         let level = shape.level_of(node);
@@ -690,15 +709,17 @@ impl CitronClient {
         if !pending.is_empty() {
             self.yield_held(ep, others)?;
         }
-        // §3.10, Line 36: a DCnt that does not move for H·T_lease (H: our
-        // height) belongs to dead clients; level it with DMax.
+        // §3.10, Line 36: DCnt and DMax that do not move for H·T_lease (H:
+        // our height; plus the half lease of the recovery module's margin)
+        // belong to dead clients: a live notifier that waits keeps them
+        // moving. Level DCnt with DMax.
         let height = shape.depth() - level;
-        let stall = self.config.lease * height;
+        let stall = self.config.lease * height + self.config.lease / 2;
         for desc in pending {
             let addr = tree.node(desc);
             loop {
-                let dcnt = |w: u64| Internal(w).dcnt();
-                match self.watch(ep, addr, |w| Internal(w).descendants_quiet(), dcnt, stall)? {
+                let counters = |w: u64| w & (DCNT_FIELD | DMAX_FIELD);
+                match self.watch(ep, addr, |w| Internal(w).descendants_quiet(), counters, stall, marks)? {
                     Watch::Done(_) => break,
                     Watch::Stalled(w) => {
                         let seen = Internal(w);

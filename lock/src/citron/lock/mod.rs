@@ -252,6 +252,11 @@ struct HeldNode {
     /// The anchor already bore its scale-up mark when we notified or
     /// occupied it: a scale-up had read it first and carried nothing of ours.
     anchor_marked: bool,
+    /// The ticket served to us (an internal node): what a release after the
+    /// lease compares before it vacates ([`recovery`]).
+    ticket: Option<super::word::Ticket>,
+    /// When the node's acquisition returned: its lease starts here.
+    acquired_at: Instant,
 }
 
 /// A range held on a Citron instance; give it back with [`CitronClient::release`].
@@ -297,6 +302,8 @@ pub struct CitronStats {
     pub leaf_escalations: u64,
     /// Words repaired after a dead client (§3.10).
     pub recoveries: u64,
+    /// Nodes released after their lease (guarded, and `Fenced`).
+    pub late_releases: u64,
     /// Requests started over because the tree had been scaled up.
     pub superseded: u64,
     /// Newer configurations learnt from the host.

@@ -1,11 +1,17 @@
 //! Releasing a range (citron-fast23.md Algorithm 3, §3.6): every verb of
 //! the held nodes in one batch, then the spillover mutex; and lines 10–12,
 //! following units a scale-up carried to new ancestors since acquisition.
+//!
+//! A node released after its lease ([`CitronClient::release_late`]) is
+//! guarded: the paper's Algorithm 3 applies a release whenever it comes,
+//! and a late one then undoes what a recovery set up (it clears the Occ of
+//! the client that took the node over and serves the next ticket while that
+//! one holds; it raises a DCnt that Line 36 already levelled).
 
-use super::{old_word, CitronClient, HeldNode, HeldRange, ScalePolicy};
+use super::{old_word, CitronClient, HeldNode, HeldRange, ScalePolicy, TCNT_FIELD};
 use crate::citron::geometry::SegmentedTree;
 use crate::citron::scale::{carried_to, Anchor};
-use crate::citron::word::{Internal, BOUNDARIES, DONE_BELOW, VACATE};
+use crate::citron::word::{Internal, BOUNDARIES, COUNTER_BITS, DONE_BELOW, OCC_BIT, TCNT_SHIFT, VACATE};
 use crate::rdma::{Endpoint, Verb, VerbReply};
 use crate::rwlock::LockError;
 
@@ -76,10 +82,30 @@ impl CitronClient {
 
     /// Algorithm 3 for `nodes`, after the verbs in `verbs`, in one batch;
     /// then lines 10–12: follow units a scale-up carried since acquisition.
+    /// Nodes held past their lease are released by
+    /// [`CitronClient::release_late`] instead, and the result is then
+    /// [`LockError::Fenced`].
     pub(super) fn release_nodes(
         &mut self,
         ep: &Endpoint,
         nodes: &[HeldNode],
+        verbs: Vec<Verb>,
+    ) -> Result<(), LockError> {
+        let on_time = self.on_time();
+        let (late, prompt): (Vec<&HeldNode>, Vec<&HeldNode>) =
+            nodes.iter().partition(|h| h.acquired_at.elapsed() >= on_time);
+        let released = self.release_prompt(ep, &prompt, verbs);
+        if late.is_empty() {
+            return released;
+        }
+        let late = self.release_late(ep, &late);
+        released.and(late)
+    }
+
+    fn release_prompt(
+        &mut self,
+        ep: &Endpoint,
+        nodes: &[&HeldNode],
         mut verbs: Vec<Verb>,
     ) -> Result<(), LockError> {
         let cur = self.current.clone();
@@ -108,6 +134,49 @@ impl CitronClient {
             Some(e) => Err(e.into()),
             None => Ok(()),
         }
+    }
+
+    /// Releases nodes held past their lease (§3.10), where recovery may have
+    /// taken them over. Only what can be told to be still ours is changed:
+    /// an internal node is vacated with a masked-CAS that compares our
+    /// ticket in TCnt and Occ (a Line 11 takeover changed them, and the CAS
+    /// then changes nothing), and the child leaves the §3.8 shortcut took
+    /// are cleared only after it succeeded. Leaf bits and notifications are
+    /// left alone: whether Line 22 cleared the bits (and someone took them
+    /// since) or Line 36 levelled the notifications cannot be read from the
+    /// words, and the recoveries that would have repaired them after a dead
+    /// client repair them now. Always [`LockError::Fenced`]: exclusion may
+    /// have ended while we held.
+    pub(super) fn release_late(&mut self, ep: &Endpoint, nodes: &[&HeldNode]) -> Result<(), LockError> {
+        let cur = self.current.clone();
+        let field = TCNT_FIELD | OCC_BIT;
+        for h in nodes {
+            self.stats.late_releases += 1;
+            let Some(ticket) = h.ticket else { continue };
+            let addr = cur.tree.key(h.key);
+            let ours = (ticket.0 << TCNT_SHIFT) | OCC_BIT;
+            let next = ((ticket.0 + 1) & ((1 << COUNTER_BITS) - 1)) << TCNT_SHIFT;
+            let old = ep.masked_cas(addr, ours, field, next, field)?;
+            if old & field != ours {
+                log::warn!("node {:?} was taken over after our lease ran out; left as it is", h.key);
+                continue;
+            }
+            if h.children {
+                let shape = cur.tree.shape();
+                let x = shape.index(h.key);
+                let clear: Vec<Verb> = (0..4)
+                    .map(|i| Verb::Write {
+                        addr: cur.tree.node(x.child(i)),
+                        data: 0u64.to_le_bytes().to_vec(),
+                    })
+                    .collect();
+                for r in ep.execute(&clear)? {
+                    r?;
+                }
+            }
+        }
+        log::warn!("a Citron range was released after its lease ({:?})", self.config.lease);
+        Err(LockError::Fenced)
     }
 
     /// Adds DCnt along the chain a scale-up carried `anchor`'s unit to, and
