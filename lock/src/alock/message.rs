@@ -70,10 +70,13 @@ impl Letter {
     }
 }
 
+/// A kept letter: its sender, its epoch, the handoff.
+type Kept = (ClientAddr, u8, Handoff);
+
 #[derive(Default)]
 struct Slots {
     owner: Option<ClientAddr>,
-    kept: HashMap<(RemoteAddr, HandoffKind), VecDeque<(ClientAddr, u8, Handoff)>>,
+    kept: HashMap<(RemoteAddr, HandoffKind), VecDeque<Kept>>,
 }
 
 /// The ALock messages that arrived at one endpoint before their handle
