@@ -7,7 +7,7 @@
 //! mount): the namespace checks what only it can know — names, types,
 //! emptiness, loops, limits.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
@@ -144,6 +144,9 @@ pub struct Namespace {
     attr_host: AlockHost,
     /// This namespace's handle on it (taken out while in use).
     attr_lock: Option<AlockLocal>,
+    /// Files whose attribute ALock the service holds for the request at
+    /// hand (taken before the namespace mutex: `MetaService::with_attr_locked`).
+    pub attr_held: HashSet<Ino>,
     /// Where files' Citron trees live when they grow.
     trees: Option<TreeHosting>,
 }
@@ -216,6 +219,7 @@ impl Namespace {
             range_server: locking.range_server,
             attr_lock: locking.attr_host.local().ok(),
             attr_host: locking.attr_host,
+            attr_held: HashSet::new(),
             trees: locking.trees.filter(|_| locking.choice.range == RangeAlgorithm::Citron),
         };
         let now = Timestamp::now();
@@ -844,10 +848,19 @@ impl Namespace {
         Ok(Allocation { chunks: out, zero })
     }
 
+    /// The attribute ALock of `ino`, if the file has lock memory (a file
+    /// never opened has no client that could race).
+    pub fn attr_lock_of(&self, ino: Ino) -> Option<RemoteAddr> {
+        self.file(ino).ok().and_then(|f| f.locks.as_ref()).map(|l| l.area.attr_lock())
+    }
+
     /// Runs `f` holding `ino`'s attribute ALock (if the file has lock
     /// memory; a file never opened has no client that could race), so the
     /// meta-server's changes to the size and mtime words and clients'
-    /// one-sided ones exclude each other (DESIGN.md §4).
+    /// one-sided ones exclude each other (DESIGN.md §4). The service takes
+    /// the lock before it locks the namespace (`attr_held`), so no request
+    /// waits for it under the namespace mutex; the wait below is what a
+    /// caller that did not gets.
     ///
     /// ALock has no recovery of its own (the paper assumes no failures): a
     /// client that died holding or queued on the lock would block it, so the
@@ -856,6 +869,9 @@ impl Namespace {
     /// that long, since live ones hold it for one batch of verbs — with a
     /// fresh handle (the timed-out one is poisoned by the lock crate).
     fn with_attr_lock<R>(&mut self, ino: Ino, f: impl FnOnce(&mut Self) -> R) -> R {
+        if self.attr_held.contains(&ino) {
+            return f(self);
+        }
         let lock = match &self.file(ino).ok().and_then(|f| f.locks.as_ref()) {
             Some(l) => l.area.attr_lock(),
             None => return f(self),

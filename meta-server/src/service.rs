@@ -176,6 +176,8 @@ pub struct MetaService {
     lock_host: LockHostInfo,
     /// Citron's cluster-wide T_wait: the clients' needs.
     tuning: Arc<LockTuning>,
+    /// Our cohort of the files' attribute ALocks.
+    attr_host: AlockHost,
 }
 
 /// A registered client and when it last renewed its lease.
@@ -202,6 +204,26 @@ impl MetaService {
     fn lock_word(&self, addr: RemoteAddr) -> Option<u64> {
         let ns = self.ns.lock();
         ns.lock_memory_word(addr)
+    }
+
+    /// Runs `op` with `ino`'s attribute ALock held, taken *before* the
+    /// namespace mutex (which `op` locks as it needs): waiting for the lock
+    /// — a client holds it, or died holding it and is being recovered —
+    /// never holds up the other requests.
+    fn with_attr_locked<T>(&self, ino: Ino, op: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
+        let Some(lock) = self.ns.lock().attr_lock_of(ino) else { return op() };
+        let lock_err = |e: citron_lock::rwlock::LockError| {
+            FsError::Io(format!("attribute lock of inode {}: {e}", ino.0))
+        };
+        let mut local = self.attr_host.local().map_err(lock_err)?;
+        let guard = local.lock(lock).map_err(lock_err)?;
+        self.ns.lock().attr_held.insert(ino);
+        let result = op();
+        self.ns.lock().attr_held.remove(&ino);
+        if let Err(e) = guard.unlock() {
+            log::error!("releasing the attribute ALock of inode {}: {e}", ino.0);
+        }
+        result
     }
 
     fn zero(&self, ranges: &[ZeroRange]) -> Result<(), FsError> {
@@ -336,7 +358,11 @@ impl MetaService {
             R::Lookup { parent, name, .. } => A::Attr(self.ns.lock().lookup(parent, &name)?),
             R::GetAttr { ino } => A::Attr(self.ns.lock().attr(ino)?),
             R::SetAttr { ino, set, .. } => {
-                let (attr, zero) = self.ns.lock().setattr(ino, &set)?;
+                let (attr, zero) = if set.size.is_some() || set.mtime.is_some() {
+                    self.with_attr_locked(ino, || self.ns.lock().setattr(ino, &set))?
+                } else {
+                    self.ns.lock().setattr(ino, &set)?
+                };
                 self.zero(&zero)?;
                 A::Attr(attr)
             }
@@ -404,7 +430,8 @@ impl MetaService {
                 A::Chunks(allocation.chunks)
             }
             R::Fallocate { ino, offset, len, keep_size } => {
-                let zero = self.with_space(|ns| ns.fallocate(ino, offset, len, keep_size))?;
+                let fallocate = || self.with_space(|ns| ns.fallocate(ino, offset, len, keep_size));
+                let zero = if keep_size { fallocate()? } else { self.with_attr_locked(ino, fallocate)? };
                 self.zero(&zero)?;
                 A::Done
             }
@@ -579,8 +606,14 @@ impl MetaServer {
         // The meta-server's cohort of every file's attribute ALock.
         let pool_slots = 64;
         let pool = lock_memory.allocate(AlockLayout::pool_bytes(pool_slots))?;
-        let alock_config = AlockConfig::from_rtt(Duration::from_micros(1)).with_give_up(config.lease * 2);
-        let attr_host = AlockHost::new(locks, pool, pool_slots, alock_config).map_err(lock_err)?;
+        // Clients hold it for one batch of verbs, within the cluster's lock
+        // lease; one that dies holding or queued is recovered by our threads
+        // through an endpoint of our own (ALock's "Recovery").
+        let alock_config = AlockConfig::from_rtt(Duration::from_micros(1))
+            .with_lease(Duration::from_millis(lock_params.lease_ms));
+        let attr_host = AlockHost::new(locks, pool, pool_slots, alock_config)
+            .map_err(lock_err)?
+            .with_recovery(node.endpoint()?);
         // Freed chunks stay unused for a lease: a client whose I/O was in
         // flight when a truncate freed them finishes long before, and every
         // later I/O sees the epoch change first.
@@ -595,7 +628,7 @@ impl MetaServer {
                     memory: lock_memory,
                     choice: config.lock_choice,
                     range_server: range_server.as_ref().map(|r| r.local_addr()),
-                    attr_host,
+                    attr_host: attr_host.clone(),
                     trees: tree_hosting,
                 },
                 config.root_owner,
@@ -612,6 +645,7 @@ impl MetaServer {
             lock_params,
             lock_host: lock_host.info().clone(),
             tuning: tuning.clone(),
+            attr_host,
         });
         let rpc = RpcServer::spawn(config.listen, service.clone(), "meta").map_err(io)?;
         let stop = Arc::new(AtomicBool::new(false));

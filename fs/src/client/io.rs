@@ -34,8 +34,9 @@ struct InodeHold {
 }
 
 impl FsClient {
-    /// The file's lock area, if it has one.
-    fn lock_area(&self, ino: Ino) -> Result<Option<LockArea>, FsError> {
+    /// The file's lock area, if it has one (where its locks live: also for
+    /// diagnostics and tests).
+    pub fn lock_area(&self, ino: Ino) -> Result<Option<LockArea>, FsError> {
         Ok(self.layout(ino)?.read().locks)
     }
 
