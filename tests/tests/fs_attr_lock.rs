@@ -22,10 +22,10 @@ fn client(cluster: &TestCluster) -> FsClient {
 #[test]
 fn a_client_dead_holding_the_attribute_lock_blocks_nothing_and_is_recovered() {
     // A lock lease of 3 s: the recovery takes 4.5 s, far longer than the
-    // other requests below need.
+    // other requests below need. (A long client lease: nobody is fenced.)
     let lease = Duration::from_secs(3);
     let mut cfg = citronfs_meta_server::MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.lease = citronfs_tests::TEST_LEASE;
+    cfg.lease = Duration::from_secs(20);
     cfg.lock_params.lease_ms = lease.as_millis() as u64;
     let cluster = TestCluster::start_with(cfg, 1, 64 << 20);
     let a = client(&cluster);
@@ -50,7 +50,9 @@ fn a_client_dead_holding_the_attribute_lock_blocks_nothing_and_is_recovered() {
         let g = a.create_open(Caller::ROOT, Ino(1), b"g", 0o644).unwrap().ino;
         a.getattr(g).unwrap();
         a.lookup(Caller::ROOT, Ino(1), b"f").unwrap();
-        assert!(!t.is_finished(), "the size change went ahead before the lock was recovered");
+        // (Had they waited behind the size change, it would be done now.)
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(!t.is_finished(), "the other requests waited for the size change, or it did not wait");
         let attr = t.join().unwrap().expect("the size change, once the lock is recovered");
         assert_eq!(attr.size, 100);
     });
