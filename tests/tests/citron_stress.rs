@@ -374,3 +374,50 @@ fn a_far_client_gets_every_lock_beside_near_ones() {
         citron_stress::check_idle_tree(&near.endpoint().unwrap());
     }
 }
+
+/// Bounded aborts (issue 12): with a T_wait no round trip can meet, every
+/// attempt below the root aborts, so after `max_aborts` each request locks
+/// the root (which notifies nobody and cannot abort) — and gets every lock,
+/// under the oracle. A leaf left full by a dead client, which a request
+/// gave up on before it escalated, is recovered from the root (Line 22).
+#[test]
+fn requests_that_keep_aborting_lock_the_root_and_still_recover_dead_leaves() {
+    use std::time::Duration;
+
+    use citron_lock::citron::lock::{CitronClient, CitronConfig};
+    use citron_lock::rdma::RemoteAddr;
+    use citronfs_tests::TEST_REGION;
+    for backend in BACKENDS {
+        let fabric = TestFabric::new(backend, 1 << 20);
+        let node = Node::join(&fabric.addr).unwrap();
+        let ep = node.endpoint().unwrap();
+        let mut config = CitronConfig::from_rtt(ep.measure_rtt(RemoteAddr::new(TEST_REGION, 0), 5).unwrap());
+        config.t_wait = Duration::from_nanos(1);
+        config.max_aborts = 2;
+        config.leaf_patience = 2;
+        config.lease = Duration::from_millis(200);
+        config.give_up = Duration::from_secs(30);
+        // A dead client's bits in the leaf of [0, 64) (set by hand: a
+        // client of this configuration would itself escalate to the root).
+        let shape = citron_lock::citron::tree::TreeShape::new(citron_stress::DEPTH);
+        ep.write_u64(citron_stress::layout().node(shape.node_at(2, 0)), u64::MAX).unwrap();
+        let mut c =
+            CitronClient::new(citron_stress::layout(), config, Box::new(citron_stress::spillover(&ep)));
+        let held = c.acquire(&ep, 10, 20).unwrap();
+        c.release(&ep, held).unwrap();
+        let st = c.stats();
+        assert!(st.root_escalations > 0 && st.recoveries > 0, "{backend:?}: {st:?}");
+        citron_stress::check_idle_tree(&ep);
+        // And the stress oracle holds with every request escalating.
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                let node = node.clone();
+                s.spawn(move || {
+                    let ep = node.endpoint().unwrap();
+                    citron_stress::run_with(&ep, config, 40, 700 + t)
+                });
+            }
+        });
+        citron_stress::check_idle_tree(&ep);
+    }
+}

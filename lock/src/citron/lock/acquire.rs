@@ -72,8 +72,10 @@ enum NodeOutcome {
     Held(HeldNode),
     /// The tree changed (scale-up): start the request over.
     Superseded,
-    /// Too many aborts: lock the root instead of the request's nodes.
-    ToRoot,
+    /// Too many aborts: lock the root instead of the request's nodes; and
+    /// the leaf that kept refusing its bits on the way, if any, whose
+    /// leftovers the root's holder clears (Line 22 from the root).
+    ToRoot(Option<NodeIndex>),
 }
 
 /// Where a requested range ends.
@@ -258,6 +260,7 @@ impl CitronClient {
             end: covers.iter().map(|c| c.end).max().unwrap_or(0),
         }];
         let mut covers = covers;
+        let mut refusing_leaf = None;
         loop {
             let mut others = Others::default();
             let mut outcome = Ok(true);
@@ -269,8 +272,9 @@ impl CitronClient {
                             break;
                         }
                     }
-                    Ok(NodeOutcome::ToRoot) => {
+                    Ok(NodeOutcome::ToRoot(leaf)) => {
                         self.stats.root_escalations += 1;
+                        refusing_leaf = refusing_leaf.or(leaf);
                         covers = &root;
                         others.restart = true;
                         break;
@@ -286,7 +290,18 @@ impl CitronClient {
                 }
             }
             match outcome {
-                Ok(true) if !others.restart => return Ok(Some(others.held)),
+                Ok(true) if !others.restart => {
+                    if let (Some(leaf), [held]) = (refusing_leaf, others.held.as_mut_slice()) {
+                        // Holding the root is holding the leaf's parent and
+                        // more: Line 22 applies as from the parent.
+                        let cur = self.current.clone();
+                        let addr = cur.tree.key(shape.key(leaf));
+                        let mut marks = Progress::of_held(&cur.tree, held, self.tick());
+                        self.clear_dead_leaf_bits(ep, addr, leaf, &mut marks)?;
+                        held.acquired_at = Instant::now();
+                    }
+                    return Ok(Some(others.held));
+                }
                 Ok(true) => {
                     // Gave way while holding: let go of everything, start over.
                     self.yield_held(ep, &mut others)?;
@@ -336,7 +351,7 @@ impl CitronClient {
                 Attempt::Aborted => {
                     self.stats.aborts += 1;
                     if aborts.one_more(cover.node) {
-                        return Ok(NodeOutcome::ToRoot);
+                        return Ok(NodeOutcome::ToRoot(None));
                     }
                 }
                 Attempt::MoveToParent => {
@@ -354,10 +369,8 @@ impl CitronClient {
                                 self.stats.aborts += 1;
                                 if aborts.one_more(cover.node) {
                                     // The leaf's bits, if a dead client's,
-                                    // are cleared when the root is held:
-                                    // the root covers them and Line 22's
-                                    // watch runs from there on the next visit.
-                                    return Ok(NodeOutcome::ToRoot);
+                                    // are cleared once the root is held.
+                                    return Ok(NodeOutcome::ToRoot(Some(leaf)));
                                 }
                             }
                             Attempt::MoveTo(a) => cover.node = a,
