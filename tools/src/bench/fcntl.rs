@@ -503,6 +503,21 @@ struct Throughput {
     rates: Vec<f64>,
 }
 
+/// What each process does inside each of its locks.
+#[derive(Clone, Copy, Debug)]
+struct Inside {
+    /// Holds it this long (a busy wait, inside the exclusion oracle).
+    hold_us: u64,
+    /// Adds one to the counter in the locked bytes (`worker`'s `--counter`).
+    counter: bool,
+}
+
+impl Inside {
+    const NOTHING: Inside = Inside { hold_us: 0, counter: false };
+    const HOLD_FOR_CHECK: Inside = Inside { hold_us: CHECK_HOLD_US, counter: false };
+    const COUNT: Inside = Inside { hold_us: 0, counter: true };
+}
+
 /// Runs `scenario`; every process locks `lock.1` bytes from its start
 /// ([`Scenario::start`] with offset `lock.0`).
 fn run_pairs(
@@ -511,8 +526,7 @@ fn run_pairs(
     scenario: Scenario,
     lock: (u64, u64),
     secs: f64,
-    hold_us: u64,
-    counter: bool,
+    inside: Inside,
     label: &str,
 ) -> Result<Throughput> {
     if dirs.len() < scenario.mounts() {
@@ -536,10 +550,10 @@ fn run_pairs(
         let who = format!("{label} worker {i}");
         let range = (scenario.start(i, lock.0), lock.1);
         let o = oracle.as_ref().map(|f| f.path());
-        workers.push(Worker::spawn(exe, &path, range, scenario.waits(), o, counter, who)?);
+        workers.push(Worker::spawn(exe, &path, range, scenario.waits(), o, inside.counter, who)?);
     }
     for w in &mut workers {
-        w.send(&format!("run {secs} {hold_us}"))?;
+        w.send(&format!("run {secs} {}", inside.hold_us))?;
     }
     let within = Duration::from_secs_f64(secs) + Duration::from_secs(60);
     let mut rates = Vec::new();
@@ -756,8 +770,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
                     scenario,
                     lock,
                     args.secs,
-                    0,
-                    false,
+                    Inside::NOTHING,
                     &format!("{label} {}", scenario.name()),
                 )?;
                 let cost = cluster.cost().since(before);
@@ -778,8 +791,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
                     Scenario::Shared,
                     lock,
                     args.check_secs,
-                    CHECK_HOLD_US,
-                    false,
+                    Inside::HOLD_FOR_CHECK,
                     &format!("{label} exclusion check"),
                 )?;
                 println!(
@@ -811,8 +823,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
                 Scenario::Shared,
                 lock,
                 args.check_secs,
-                CHECK_HOLD_US,
-                false,
+                Inside::HOLD_FOR_CHECK,
                 &label,
             )?;
             println!("  {label}: {} overlaps in {} locks", t.overlaps.unwrap_or(0), t.pairs);
@@ -824,7 +835,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
             .collect();
         for scenario in shapes {
             let label = format!("fuse-ceiling-{threads}t {}", scenario.name());
-            let t = run_pairs(&exe, &mounts.dirs, scenario, lock, args.secs, 0, false, &label)?;
+            let t = run_pairs(&exe, &mounts.dirs, scenario, lock, args.secs, Inside::NOTHING, &label)?;
             println!("  {label}: {:.0} pairs/s", t.per_s);
             pairs_rows.push(PairsRow {
                 system: format!("fuse-ceiling-{threads}t"),

@@ -28,7 +28,9 @@ use anyhow::{bail, Context, Result};
 use citron_lock::range_lock::RangeAlgorithm;
 
 use super::sqlite::{self, SqliteRun};
-use super::{run_pairs, Cluster, FcntlArgs, Scenario, Throughput, Worker, LOCK_FILE, MOUNTS, PROCESSES};
+use super::{
+    run_pairs, Cluster, FcntlArgs, Inside, Scenario, Throughput, Worker, LOCK_FILE, MOUNTS, PROCESSES,
+};
 use crate::bench::verbs::BackendChoice;
 use crate::report::Table;
 
@@ -120,7 +122,8 @@ pub(super) fn measure(exe: &Path, args: &FcntlArgs, far_ms: f64) -> Result<Dista
     let lock_file = cluster.dirs[0].join(LOCK_FILE);
     std::fs::write(&lock_file, b"").with_context(|| format!("{label}: creating {LOCK_FILE}"))?;
     let lock = (args.lock_offset.0, args.lock_len.0.max(8));
-    let counter = run_pairs(exe, &cluster.dirs, Scenario::Shared, lock, args.far_secs, 0, true, &label)?;
+    let counter =
+        run_pairs(exe, &cluster.dirs, Scenario::Shared, lock, args.far_secs, Inside::COUNT, &label)?;
     let counted = read_counter(&lock_file, lock.0)?;
     println!(
         "  {label} counter: {:.0} increments/s (near {:.0}, far {:.0}), counter {counted} after {} increments",
