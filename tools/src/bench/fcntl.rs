@@ -160,8 +160,9 @@ pub struct FcntlArgs {
     /// Seconds of the counter and of the torn-read check at each distance.
     #[arg(long, default_value_t = 3.0)]
     far_secs: f64,
-    /// SQLite transactions per process at each distance.
-    #[arg(long, default_value_t = 20)]
+    /// SQLite transactions per process at each distance (a far process's
+    /// take tens of its round trips each).
+    #[arg(long, default_value_t = 8)]
     far_sqlite_tx: u32,
     /// Refused F_SETLK calls to make through a tcp mount, counting the
     /// connections the NICs accept meanwhile (0: none).

@@ -2,8 +2,12 @@
 //! the servers gets, and what refusals cost.
 //!
 //! **Distance.** For each `--far-ms` distance, a cluster with a near mount
-//! (the servers' memory over shm) and a far one (tcp, every round trip of
-//! its client that much longer: the test-only `ClientConfig::added_rtt`):
+//! and a far one, both reaching the servers through their NICs (tcp, as
+//! mounts on other hosts than the servers do), the far one's every round
+//! trip that much longer (the test-only `ClientConfig::added_rtt`). (A near
+//! mount on the servers' own host would use shm, and its lock messages
+//! cannot reach a tcp mount's mailbox: wake-ups across the two fabrics wait
+//! for the waiters' periodic retry. That is not what this measures.)
 //! * the lock counter: 2 processes per mount take an `F_SETLKW` write lock,
 //!   add one to a counter in the locked bytes (read, write back) and unlock,
 //!   for `--far-secs`; pairs per second of the near and the far processes,
@@ -112,7 +116,7 @@ pub(super) fn measure(exe: &Path, args: &FcntlArgs, far_ms: f64) -> Result<Dista
     let label = format!("+{far_ms} ms");
     let cluster = Cluster::start(
         RangeAlgorithm::Citron,
-        BackendChoice::Shm,
+        BackendChoice::Tcp,
         args.threads,
         MOUNTS,
         args.capacity.0,
@@ -192,7 +196,7 @@ pub(super) fn report(rows: &[DistanceRow], refusal: Option<&RefusalRow>, out: &P
     let mut written = Vec::new();
     if !rows.is_empty() {
         println!(
-            "\na near mount (shm) and a far one (tcp, +far_ms per round trip): F_SETLKW counter of {PROCESSES} \
+            "\na near mount and a far one (both tcp, the far one +far_ms per round trip): F_SETLKW counter of {PROCESSES} \
              processes (2 per mount), torn reads, SQLite ({PROCESSES} processes, 2 per mount):"
         );
         let base = rows.iter().find(|r| r.far_ms == 0.0).map(|r| r.counter.per_s);
