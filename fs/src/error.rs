@@ -56,6 +56,19 @@ pub enum FsError {
     Io(String),
 }
 
+impl FsError {
+    /// Whether the call that failed with this error may have left its
+    /// endpoints (queue pairs, mailboxes, lock handles' per-endpoint state)
+    /// in an unknown state. Only [`FsError::Io`] (a server or transport
+    /// failure, a lock that timed out or was fenced) does; every other error
+    /// is an answer (EAGAIN, EDEADLK, EINTR, ENOENT, …) after which the
+    /// endpoints are as good as before, and reusing them costs no new
+    /// connection and no new id.
+    pub fn may_break_endpoints(&self) -> bool {
+        matches!(self, FsError::Io(_))
+    }
+}
+
 impl From<citron_lock::rdma::RdmaError> for FsError {
     fn from(e: citron_lock::rdma::RdmaError) -> Self {
         FsError::Io(e.to_string())

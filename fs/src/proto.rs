@@ -320,6 +320,13 @@ pub enum MetaRequest {
         ino: Ino,
         name: Vec<u8>,
     },
+    /// The Citron `T_wait` this client needs, in µs (its round trip to lock
+    /// memory, measured again while it runs): the cluster manager publishes
+    /// the largest need (`citron_lock::citron::tuning`).
+    ReportLockTiming {
+        client: ClientId,
+        t_wait_us: u64,
+    },
 }
 
 /// How `rename` treats an existing target.

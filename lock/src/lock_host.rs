@@ -385,7 +385,11 @@ pub fn open_lock(
         }
         // A remote client's handle; host threads use `alock::AlockHost`.
         Algorithm::ALock => {
-            Box::new(AlockClient::with_postbox(addr, AlockConfig::from_rtt(timing.rtt), ctx.alock.clone()))
+            let mut config = AlockConfig::from_rtt(timing.rtt);
+            if let Some(lease) = timing.lease {
+                config = config.with_lease(lease);
+            }
+            Box::new(AlockClient::with_postbox(addr, config, ctx.alock.clone()))
         }
     })
 }

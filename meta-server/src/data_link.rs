@@ -80,7 +80,7 @@ impl DataServerLink {
         let mut prober = self.prober.lock();
         let (endpoint, failing_since) = &mut *prober;
         let answered = endpoint.as_ref().is_some_and(|ep| ep.read_u64(word).is_ok()) || {
-            let options = TcpOptions { connect_timeout: wait, reply_timeout: wait };
+            let options = TcpOptions::with_timeouts(wait, wait);
             match Node::join_tcp_as(self.info.nic, options, self.credentials.clone())
                 .and_then(|n| n.endpoint())
             {

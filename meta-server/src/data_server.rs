@@ -182,6 +182,11 @@ impl DataServer {
         self.nic.stats().refused_handshakes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Connections and requests the NIC has served.
+    pub fn nic_stats(&self) -> &citron_lock::rdma::tcp::ServerStats {
+        self.nic.stats()
+    }
+
     /// Cuts every connection, as a crash would.
     pub fn shutdown(&mut self) {
         self.nic.shutdown();

@@ -74,6 +74,7 @@ pub fn vet(
         | MetaRequest::DataServerLeaves { .. } => return Err(FsError::Perm),
         MetaRequest::Heartbeat { client }
         | MetaRequest::ClientLeaves { client }
+        | MetaRequest::ReportLockTiming { client, .. }
         | MetaRequest::CreateOpen { client, .. }
         | MetaRequest::Open { client, .. }
         | MetaRequest::Release { client, .. }
@@ -126,6 +127,7 @@ fn caller_mut(request: &mut MetaRequest) -> Option<&mut Caller> {
         | R::Fallocate { .. }
         | R::KillSuidGid { .. }
         | R::ClientLeaves { .. }
+        | R::ReportLockTiming { .. }
         | R::DataServerLeaves { .. }
         | R::Status
         | R::StatFs => None,

@@ -13,6 +13,7 @@ pub mod identity;
 pub mod lock_areas;
 pub mod lock_cleanup;
 pub mod lock_memory;
+pub mod lock_tuning;
 pub mod namespace;
 pub mod permissions;
 pub mod reclaim;

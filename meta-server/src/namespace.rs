@@ -155,6 +155,9 @@ pub struct Namespace {
     attr_lock: Option<AlockLocal>,
     /// Data servers that went away with the file data in their memory.
     lost_servers: std::collections::HashSet<DataServerId>,
+    /// Files whose attribute ALock the service holds for the request at
+    /// hand (taken before the namespace mutex: `MetaService::with_attr_locked`).
+    pub attr_held: std::collections::HashSet<Ino>,
 }
 
 /// The Citron tree host of the meta-server (DESIGN.md §4 "Tree growth"):
@@ -221,6 +224,7 @@ impl Namespace {
             attr_lock: locking.attr_host.local().ok(),
             attr_host: locking.attr_host,
             lost_servers: std::collections::HashSet::new(),
+            attr_held: std::collections::HashSet::new(),
         };
         let now = Timestamp::now();
         let root = Inode {
@@ -667,11 +671,19 @@ impl Namespace {
         }
     }
 
+    /// The attribute ALock of `ino`, if the file has lock memory (a file
+    /// without any is open on no client, so none could race).
+    pub fn attr_lock_of(&self, ino: Ino) -> Option<RemoteAddr> {
+        self.file(ino).ok().and_then(|f| f.locks.as_ref()).map(|l| l.area.attr_lock())
+    }
+
     /// Runs `f` holding `ino`'s attribute ALock (if the file has lock
     /// memory; a file without any is open on no client, so none could
-    /// race), so the
-    /// meta-server's changes to the size and mtime words and clients'
-    /// one-sided ones exclude each other (DESIGN.md §4).
+    /// race), so the meta-server's changes to the size and mtime words and
+    /// clients' one-sided ones exclude each other (DESIGN.md §4). The
+    /// service takes the lock before it locks the namespace (`attr_held`),
+    /// so no request waits for it under the namespace mutex; the wait below
+    /// is what a caller that did not gets.
     ///
     /// ALock has no recovery of its own (the paper assumes no failures): a
     /// client that died holding or queued on the lock would block it, so the
@@ -680,6 +692,9 @@ impl Namespace {
     /// that long, since live ones hold it for one batch of verbs — with a
     /// fresh handle (the timed-out one is poisoned by the lock crate).
     fn with_attr_lock<R>(&mut self, ino: Ino, f: impl FnOnce(&mut Self) -> R) -> R {
+        if self.attr_held.contains(&ino) {
+            return f(self);
+        }
         let lock = match &self.file(ino).ok().and_then(|f| f.locks.as_ref()) {
             Some(l) => l.area.attr_lock(),
             None => return f(self),

@@ -98,6 +98,7 @@ use crate::identity::{self, Asker};
 use crate::lock_areas::LockAreas;
 use crate::lock_cleanup;
 use crate::lock_memory::LockMemory;
+use crate::lock_tuning::LockTuning;
 use crate::namespace::{ExtentPlan, FileLocking, Namespace, NewInode, TreeHosting, ZeroRange};
 use crate::permissions::Checks;
 use crate::reclaim::{Cause, Reclamation, Revocation};
@@ -255,6 +256,10 @@ pub struct MetaService {
     access: Arc<Access>,
     /// The RPC service's connections, to cut a fenced client's.
     connections: Arc<std::sync::OnceLock<Connections>>,
+    /// Citron's cluster-wide T_wait: the clients' needs.
+    tuning: Arc<LockTuning>,
+    /// Our cohort of the files' attribute ALocks.
+    attr_host: AlockHost,
 }
 
 /// A registered client and when it last renewed its lease.
@@ -285,6 +290,26 @@ impl MetaService {
     fn lock_word(&self, addr: RemoteAddr) -> Option<u64> {
         let ns = self.ns.lock();
         ns.lock_memory_word(addr)
+    }
+
+    /// Runs `op` with `ino`'s attribute ALock held, taken *before* the
+    /// namespace mutex (which `op` locks as it needs): waiting for the lock
+    /// — a client holds it, or died holding it and is being recovered —
+    /// never holds up the other requests.
+    fn with_attr_locked<T>(&self, ino: Ino, op: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
+        let Some(lock) = self.ns.lock().attr_lock_of(ino) else { return op() };
+        let lock_err = |e: citron_lock::rwlock::LockError| {
+            FsError::Io(format!("attribute lock of inode {}: {e}", ino.0))
+        };
+        let mut local = self.attr_host.local().map_err(lock_err)?;
+        let guard = local.lock(lock).map_err(lock_err)?;
+        self.ns.lock().attr_held.insert(ino);
+        let result = op();
+        self.ns.lock().attr_held.remove(&ino);
+        if let Err(e) = guard.unlock() {
+            log::error!("releasing the attribute ALock of inode {}: {e}", ino.0);
+        }
+        result
     }
 
     fn link(&self, server: DataServerId) -> Result<Arc<DataServerLink>, FsError> {
@@ -426,6 +451,7 @@ impl MetaService {
                 .collect();
             for (c, _) in &dead {
                 clients.remove(c);
+                self.tuning.forget(*c);
             }
             dead
         };
@@ -643,10 +669,11 @@ impl MetaService {
             R::Lookup { parent, name, .. } => A::Attr(self.ns.lock().lookup(parent, &name)?),
             R::GetAttr { ino } => A::Attr(self.ns.lock().attr(ino)?),
             R::SetAttr { caller, ino, set } => {
-                let (attr, zero) = {
-                    let mut ns = self.ns.lock();
-                    checks.setattr(&ns, caller, ino, &set)?;
-                    ns.setattr(ino, &set)?
+                checks.setattr(&self.ns.lock(), caller, ino, &set)?;
+                let (attr, zero) = if set.size.is_some() || set.mtime.is_some() {
+                    self.with_attr_locked(ino, || self.ns.lock().setattr(ino, &set))?
+                } else {
+                    self.ns.lock().setattr(ino, &set)?
                 };
                 if set.size.is_some() {
                     memory_changed(ino);
@@ -780,7 +807,12 @@ impl MetaService {
             R::Fallocate { ino, offset, len, keep_size } => {
                 must_hold(ino, true)?;
                 self.with_extents(ino, |ns| ns.plan_fallocate(ino, offset, len))?;
-                self.ns.lock().fallocate_size(ino, offset, len, keep_size)?;
+                let grow = || self.ns.lock().fallocate_size(ino, offset, len, keep_size);
+                if keep_size {
+                    grow()?;
+                } else {
+                    self.with_attr_locked(ino, grow)?;
+                }
                 A::Done
             }
             R::StatFs => {
@@ -801,6 +833,13 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.xattr_write(&ns, caller, ino, &name)?;
                 ns.remove_xattr(ino, &name)?;
+                A::Done
+            }
+            R::ReportLockTiming { client, t_wait_us } => {
+                if !self.clients.lock().contains_key(&client) {
+                    return Err(FsError::Io("lease expired: client was fenced".into()));
+                }
+                self.tuning.report(client, Duration::from_micros(t_wait_us));
                 A::Done
             }
         })
@@ -879,6 +918,8 @@ pub struct MetaServer {
     reaper_wake: std::sync::mpsc::Sender<()>,
     reaper: Option<JoinHandle<()>>,
     prober: Option<JoinHandle<()>>,
+    /// Publishes Citron's T_wait.
+    tuner: Option<JoinHandle<()>>,
 }
 
 impl MetaServer {
@@ -950,6 +991,12 @@ impl MetaServer {
             base: fixed(WaitsFor::bytes(config.max_waiting_owners))?,
             capacity: config.max_waiting_owners,
         };
+        // Citron's T_wait, published for every client (lock_tuning).
+        let tuning = Arc::new(LockTuning::new(
+            fixed(citron_lock::citron::tuning::TWAIT_WORD_BYTES)?,
+            Duration::from_micros(config.lock_params.t_wait_us),
+        ));
+        let lock_params = ClusterLockParams { published_t_wait: Some(tuning.word()), ..config.lock_params };
         let lock_err = |e: citron_lock::rwlock::LockError| FsError::Io(format!("lock host: {e}"));
         // The meta-server acts on its own lock memory as a client of its own
         // fabric (shm when published, else its NIC): the lease reaper's
@@ -1006,7 +1053,7 @@ impl MetaServer {
             if grow {
                 let probe = node.endpoint()?;
                 let rtt = probe.measure_rtt(waits_for.base, 16).unwrap_or(Duration::from_micros(10));
-                let timing = LockTiming::new_as(rtt, config.lock_params, node.credentials().host.clone());
+                let timing = LockTiming::new_as(rtt, lock_params, node.credentials().host.clone());
                 let host =
                     Arc::new(
                         LockMemoryHost::new(regions.clone(), LOCK_REGION, tree_start, lock_bytes)
@@ -1025,6 +1072,7 @@ impl MetaServer {
             |start: RemoteAddr, len| Placed::new(ServerRef::Meta, Extent::new(start, len), Class::Lock);
         let mut membership = vec![
             lock_extent(waits_for.base, WaitsFor::bytes(config.max_waiting_owners)),
+            lock_extent(tuning.word(), citron_lock::citron::tuning::TWAIT_WORD_BYTES),
             lock_extent(host_area, host_config.area_bytes()),
         ];
         if tree_bytes > 0 {
@@ -1040,8 +1088,14 @@ impl MetaServer {
         // The meta-server's cohort of every file's attribute ALock.
         let pool_slots = 64;
         let pool = fixed(AlockLayout::pool_bytes(pool_slots))?;
-        let alock_config = AlockConfig::from_rtt(Duration::from_micros(1)).with_give_up(config.lease * 2);
-        let attr_host = AlockHost::new(locks, pool, pool_slots, alock_config).map_err(lock_err)?;
+        // Clients hold it for one batch of verbs, within the cluster's lock
+        // lease; one that dies holding or queued is recovered by our threads
+        // through an endpoint of our own (ALock's "Recovery").
+        let alock_config = AlockConfig::from_rtt(Duration::from_micros(1))
+            .with_lease(Duration::from_millis(lock_params.lease_ms));
+        let attr_host = AlockHost::new(locks, pool, pool_slots, alock_config)
+            .map_err(lock_err)?
+            .with_recovery(node.endpoint()?);
         let areas = LockAreas::new(
             lock_memory,
             config.lock_choice,
@@ -1062,7 +1116,7 @@ impl MetaServer {
             ns: Mutex::new(Namespace::new(
                 slots,
                 ExtentAllocator::new(config.chunk_size),
-                FileLocking { areas, attr_host },
+                FileLocking { areas, attr_host: attr_host.clone() },
                 reclaim.clone(),
                 config.root_owner,
                 config.lease.min(Duration::from_secs(1)),
@@ -1082,15 +1136,17 @@ impl MetaServer {
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
             waits_for,
-            lock_params: config.lock_params,
+            lock_params,
             lock_host: lock_host.info().clone(),
             access,
             connections,
+            tuning: tuning.clone(),
+            attr_host,
         });
         let rpc = RpcServer::spawn_with(config.listen, service.clone(), "meta", authority).map_err(io)?;
         let _ = service.connections.set(rpc.connections());
         let stop = Arc::new(AtomicBool::new(false));
-        let lock_params = config.lock_params;
+        let tuner = tuning.spawn(node.endpoint()?, stop.clone()).map_err(io)?;
         let reaper = {
             let stop = stop.clone();
             let service = service.clone();
@@ -1147,6 +1203,7 @@ impl MetaServer {
             reaper_wake,
             reaper: Some(reaper),
             prober: Some(prober),
+            tuner: Some(tuner),
             _lock_host: lock_host,
             _range_server: range_server,
             trees,
@@ -1218,6 +1275,11 @@ impl MetaServer {
         self.nic.local_addr()
     }
 
+    /// Connections and requests the meta-server's NIC has served.
+    pub fn nic_stats(&self) -> &citron_lock::rdma::tcp::ServerStats {
+        self.nic.stats()
+    }
+
     /// Who may touch which memory through the meta-server's own NIC.
     pub fn nic_access(&self) -> &Arc<AccessTable> {
         self.nic.access()
@@ -1249,6 +1311,9 @@ impl MetaServer {
         }
         if let Some(p) = self.prober.take() {
             let _ = p.join();
+        }
+        if let Some(t) = self.tuner.take() {
+            let _ = t.join();
         }
     }
 }

@@ -136,11 +136,12 @@ impl Access<'_> {
         }
     }
 
-    /// The other cohort's queue tail of the ALock at `lock` (read only).
+    /// The other cohort's queue tail of the ALock at `lock` (read only;
+    /// the remote one without its epoch and entry count): 0 when empty.
     pub fn other_tail(&self, lock: u64) -> u64 {
-        use citron_lock::alock::{TAIL_LOCAL, TAIL_REMOTE};
+        use citron_lock::alock::{RemoteTail, TAIL_LOCAL, TAIL_REMOTE};
         match self {
-            Access::Local(_) => self.read(lock + TAIL_REMOTE),
+            Access::Local(_) => self.read(lock + TAIL_REMOTE) & RemoteTail::CLIENT,
             Access::Remote(_) => self.read(lock + TAIL_LOCAL),
         }
     }

@@ -218,6 +218,15 @@ impl TestMount {
         Self::with_config_and_options(config, options)
     }
 
+    /// A mount `added_rtt` farther from the servers than the others: every
+    /// round trip of its client (tcp only) takes that much longer.
+    pub fn far(meta: std::net::SocketAddr, added_rtt: std::time::Duration) -> Self {
+        let mut config = citronfs_core::client::ClientConfig::new(meta);
+        config.transport = citronfs_core::client::Transport::Tcp;
+        config.added_rtt = added_rtt;
+        Self::with_config(config)
+    }
+
     /// A mount of a client made with `config` (a 3 s timeout if it has the
     /// default).
     pub fn with_config(config: citronfs_core::client::ClientConfig) -> Self {
@@ -242,6 +251,53 @@ impl TestMount {
 
     pub fn path(&self, rel: &str) -> std::path::PathBuf {
         self.dir.path().join(rel)
+    }
+
+    /// Guards against a hang: if the returned watchdog is still alive
+    /// after `after`, it aborts this mount's FUSE connection, so calls
+    /// blocked on the mount fail (ENOTCONN) and the test fails instead of
+    /// hanging. Only a hang ever trips it.
+    pub fn watchdog(&self, after: std::time::Duration) -> Watchdog {
+        Watchdog::arm(self.dir.path(), after)
+    }
+}
+
+/// See [`TestMount::watchdog`]; disarmed when dropped.
+pub struct Watchdog {
+    disarm: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    fn arm(mountpoint: &std::path::Path, after: std::time::Duration) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        // The FUSE connection's number is the minor of the mount's device
+        // (taken now, while the mount answers).
+        let dev = std::fs::metadata(mountpoint).expect("stat the mount point").dev();
+        let minor = libc::minor(dev);
+        let (disarm, armed) = std::sync::mpsc::channel::<()>();
+        let mountpoint = mountpoint.to_path_buf();
+        let thread = std::thread::spawn(move || {
+            if armed.recv_timeout(after) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                return;
+            }
+            eprintln!("watchdog: {} hung for {after:?}; aborting its FUSE connection", mountpoint.display());
+            let connections = std::path::Path::new("/sys/fs/fuse/connections");
+            if !connections.join(minor.to_string()).exists() {
+                let _ = Command::new("mount").args(["-t", "fusectl", "none"]).arg(connections).output();
+            }
+            let _ = std::fs::write(connections.join(minor.to_string()).join("abort"), b"1");
+        });
+        Self { disarm: Some(disarm), thread: Some(thread) }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.disarm.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -364,6 +420,11 @@ impl TestCluster {
     /// A mount that reaches server memory only through the tcp NICs.
     pub fn mount_tcp(&self) -> TestMount {
         TestMount::with_config(self.client_config(None, citronfs_core::client::Transport::Tcp))
+    }
+
+    /// A tcp mount `added_rtt` farther away than the others ([`TestMount::far`]).
+    pub fn mount_far(&self, added_rtt: std::time::Duration) -> TestMount {
+        TestMount::far(self.meta.local_addr(), added_rtt)
     }
 }
 

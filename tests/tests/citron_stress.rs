@@ -309,3 +309,115 @@ fn a_leaf_escalation_leaves_live_bits_alone_and_clears_dead_ones() {
         citron_stress::check_idle_tree(&ep);
     }
 }
+
+/// Issue 12, a client far away: over tcp with 1 ms more per round trip, one
+/// client shares the tree with near ones, all under the near clients' T_wait,
+/// which its two round trips between t1 and t2 always exceed. Its attempts
+/// abort, back off and, after a bounded number of aborts, lock the root
+/// (which notifies nobody and cannot abort): every request completes and no
+/// unit is ever held twice. Then the same with a published T_wait that
+/// covers it (what the cluster manager does), changed while the clients run.
+#[test]
+fn a_far_client_gets_every_lock_beside_near_ones() {
+    use std::time::Duration;
+
+    use citron_lock::citron::lock::CitronConfig;
+    use citron_lock::citron::tuning::TWaitPublisher;
+    use citron_lock::rdma::{RemoteAddr, TcpOptions};
+    use citronfs_tests::{Backend, TEST_REGION};
+    let fabric = TestFabric::new(Backend::Tcp, 1 << 20);
+    let citron_lock::rdma::FabricAddr::Tcp(host) = fabric.addr.clone() else { unreachable!("a tcp fabric") };
+    let near = Node::join(&fabric.addr).unwrap();
+    let far_options = TcpOptions { added_rtt: Duration::from_millis(1), ..TcpOptions::default() };
+    let far = Node::join_tcp(host, far_options).unwrap();
+    let probe = RemoteAddr::new(TEST_REGION, citron_stress::ORACLE_AT);
+    let near_rtt = near.endpoint().unwrap().measure_rtt(probe, 5).unwrap();
+    let far_rtt = far.endpoint().unwrap().measure_rtt(probe, 5).unwrap();
+    println!("near RTT {near_rtt:?}, far RTT {far_rtt:?}");
+    let mut config = CitronConfig::from_rtt(near_rtt);
+    config.give_up = Duration::from_secs(60);
+    // The word the "cluster manager" publishes T_wait in: unused memory of
+    // the test region, zero until published.
+    let word = RemoteAddr::new(TEST_REGION, 1 << 19);
+    for published in [false, true] {
+        let mut config = config;
+        let mut publisher = None;
+        if published {
+            let ep = near.endpoint().unwrap();
+            publisher = Some((TWaitPublisher::start(&ep, word, config.t_wait).unwrap(), ep));
+            config.published_t_wait = Some(word);
+        }
+        let stats = std::thread::scope(|s| {
+            let mut near_threads = Vec::new();
+            for t in 0..2 {
+                let near = near.clone();
+                near_threads.push(s.spawn(move || {
+                    let ep = near.endpoint().unwrap();
+                    citron_stress::run_with(&ep, config, 150, 500 + t)
+                }));
+            }
+            let far_thread = s.spawn(|| {
+                let ep = far.endpoint().unwrap();
+                citron_stress::run_with(&ep, config, 40, 900)
+            });
+            // The cluster manager follows the far client up while they run.
+            if let Some((p, ep)) = publisher.as_mut() {
+                p.set(ep, far_rtt * 5).unwrap();
+            }
+            for t in near_threads {
+                t.join().unwrap();
+            }
+            far_thread.join().unwrap()
+        });
+        println!("far client, T_wait published: {published}: {stats:?}");
+        assert_eq!(stats.acquisitions, 40);
+        citron_stress::check_idle_tree(&near.endpoint().unwrap());
+    }
+}
+
+/// Bounded aborts (issue 12): with a T_wait no round trip can meet, every
+/// attempt below the root aborts, so after `max_aborts` each request locks
+/// the root (which notifies nobody and cannot abort) — and gets every lock,
+/// under the oracle. A leaf left full by a dead client, which a request
+/// gave up on before it escalated, is recovered from the root (Line 22).
+#[test]
+fn requests_that_keep_aborting_lock_the_root_and_still_recover_dead_leaves() {
+    use std::time::Duration;
+
+    use citron_lock::citron::lock::{CitronClient, CitronConfig};
+    use citron_lock::rdma::RemoteAddr;
+    use citronfs_tests::TEST_REGION;
+    for backend in BACKENDS {
+        let fabric = TestFabric::new(backend, 1 << 20);
+        let node = Node::join(&fabric.addr).unwrap();
+        let ep = node.endpoint().unwrap();
+        let mut config = CitronConfig::from_rtt(ep.measure_rtt(RemoteAddr::new(TEST_REGION, 0), 5).unwrap());
+        config.t_wait = Duration::from_nanos(1);
+        config.max_aborts = 2;
+        config.leaf_patience = 2;
+        config.lease = Duration::from_millis(200);
+        config.give_up = Duration::from_secs(30);
+        // A dead client's bits in the leaf of [0, 64) (set by hand: a
+        // client of this configuration would itself escalate to the root).
+        let shape = citron_lock::citron::tree::TreeShape::new(citron_stress::DEPTH);
+        ep.write_u64(citron_stress::layout().node(shape.node_at(2, 0)), u64::MAX).unwrap();
+        let mut c =
+            CitronClient::new(citron_stress::layout(), config, Box::new(citron_stress::spillover(&ep)));
+        let held = c.acquire(&ep, 10, 20).unwrap();
+        c.release(&ep, held).unwrap();
+        let st = c.stats();
+        assert!(st.root_escalations > 0 && st.recoveries > 0, "{backend:?}: {st:?}");
+        citron_stress::check_idle_tree(&ep);
+        // And the stress oracle holds with every request escalating.
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                let node = node.clone();
+                s.spawn(move || {
+                    let ep = node.endpoint().unwrap();
+                    citron_stress::run_with(&ep, config, 40, 700 + t)
+                });
+            }
+        });
+        citron_stress::check_idle_tree(&ep);
+    }
+}

@@ -34,7 +34,7 @@ fn cluster_key() -> Arc<Keyring> {
 }
 
 fn opts() -> TcpOptions {
-    TcpOptions { connect_timeout: TIMEOUT, reply_timeout: TIMEOUT }
+    TcpOptions::with_timeouts(TIMEOUT, TIMEOUT)
 }
 
 /// Waits (at most 20 s, against hangs only) until `cond` holds.

@@ -299,3 +299,105 @@ fn blocked_setlkw_calls_occupy_no_fuse_worker() {
         assert_eq!(w.ask(&format!("setlk {fd} u 0 1")), "ok");
     }
 }
+
+/// Issue 12: fcntl semantics between a near mount and one 0.1, 1 and 5 ms
+/// farther from the servers (tcp, every round trip longer): conflicts both
+/// ways, F_GETLK with the holder's pid, split and atomic conversion, a
+/// F_SETLKW woken across the distance, EDEADLK across it, flock.
+#[test]
+fn fcntl_semantics_hold_between_a_near_and_a_far_mount() {
+    const HANG: Duration = Duration::from_secs(300);
+    for ms in [0.1, 1.0, 5.0] {
+        let t = Instant::now();
+        let c = TestCluster::start(1, 64 << 20, 1 << 20);
+        let near = c.mount();
+        let far = c.mount_far(Duration::from_secs_f64(ms / 1000.0));
+        let _guards = (near.watchdog(HANG), far.watchdog(HANG));
+        std::fs::write(near.path("f"), b"0123456789").unwrap();
+        let (mut p, pf) = probe_on(&near.path("f"));
+        let (mut q, qf) = probe_on(&far.path("f"));
+        // Conflicts and F_GETLK, both ways.
+        assert_eq!(p.ask(&format!("setlk {pf} w 0 10")), "ok");
+        assert_eq!(q.ask(&format!("setlk {qf} w 5 10")), "err EAGAIN", "+{ms} ms");
+        assert_eq!(q.ask(&format!("setlk {qf} w 10 5")), "ok");
+        assert_eq!(q.ask(&format!("getlk {qf} r 3 1")), format!("w 0 10 {}", p.pid));
+        assert_eq!(p.ask(&format!("getlk {pf} w 12 1")), format!("w 10 5 {}", q.pid));
+        // Split by an unlock in the middle; a refused conversion changes nothing.
+        assert_eq!(p.ask(&format!("setlk {pf} u 4 2")), "ok");
+        assert_eq!(q.ask(&format!("getlk {qf} w 0 100")), format!("w 0 4 {}", p.pid));
+        assert_eq!(q.ask(&format!("setlk {qf} r 4 2")), "ok", "the hole is free");
+        assert_eq!(p.ask(&format!("setlk {pf} w 0 10")), "err EAGAIN", "q reads the hole");
+        assert_eq!(q.ask(&format!("getlk {qf} w 7 1")), format!("w 6 4 {}", p.pid));
+        assert_eq!(q.ask(&format!("setlk {qf} u 0 0")), "ok");
+        // A waiter on the far mount is woken by the near one's unlock, and
+        // the other way round.
+        q.send(&format!("setlkw {qf} w 0 1"));
+        assert_eq!(q.answer_within(QUIET), None, "+{ms} ms: must wait while p holds");
+        assert_eq!(p.ask(&format!("setlk {pf} u 0 0")), "ok");
+        assert_eq!(q.answer(), "ok");
+        p.send(&format!("setlkw {pf} r 0 1"));
+        assert_eq!(p.answer_within(QUIET), None);
+        assert_eq!(q.ask(&format!("setlk {qf} u 0 1")), "ok");
+        assert_eq!(p.answer(), "ok");
+        // A wait-for cycle across the distance is refused.
+        assert_eq!(p.ask(&format!("setlk {pf} u 0 0")), "ok");
+        assert_eq!(p.ask(&format!("setlk {pf} w 0 1")), "ok");
+        assert_eq!(q.ask(&format!("setlk {qf} w 5 1")), "ok");
+        p.send(&format!("setlkw {pf} w 5 1"));
+        assert_eq!(p.answer_within(QUIET), None);
+        assert_eq!(q.ask(&format!("setlkw {qf} w 0 1")), "err EDEADLK", "+{ms} ms");
+        assert_eq!(q.ask(&format!("setlk {qf} u 0 0")), "ok");
+        assert_eq!(p.answer(), "ok");
+        // flock across the distance.
+        assert_eq!(q.ask(&format!("flock {qf} ex nb")), "ok");
+        assert_eq!(p.ask(&format!("flock {pf} sh nb")), "err EAGAIN");
+        assert_eq!(q.ask(&format!("flock {qf} un")), "ok");
+        assert_eq!(p.ask(&format!("flock {pf} sh nb")), "ok");
+        eprintln!("+{ms} ms: fcntl semantics ok in {:?}", t.elapsed());
+    }
+}
+
+/// Issue 12, "refusals cost nothing lasting", through FUSE: a mount that
+/// reaches the servers over tcp refuses F_SETLK thousands of times, with
+/// every inode mutex; it opens no connection at the NICs, and then writes,
+/// reads and locks normally. (A million below FUSE: `fs_refusals.rs`.)
+#[test]
+fn refused_setlk_through_a_mount_opens_nothing() {
+    use citron_lock::rwlock::Algorithm;
+    use citronfs_core::locks::area::LockChoice;
+    use std::sync::atomic::Ordering::Relaxed;
+    const N: usize = 2_000;
+    for inode in [
+        Algorithm::ShiftLock,
+        Algorithm::Dslr,
+        Algorithm::Dql,
+        Algorithm::Cas,
+        Algorithm::Rpc,
+        Algorithm::ALock,
+    ] {
+        let c = TestCluster::with_locks(LockChoice { inode, ..LockChoice::default() });
+        let near = c.mount();
+        let far = c.mount_tcp();
+        std::fs::write(near.path("f"), b"0123456789").unwrap();
+        let (mut p, pf) = probe_on(&near.path("f"));
+        let (mut q, qf) = probe_on(&far.path("f"));
+        assert_eq!(p.ask(&format!("setlk {pf} w 0 10")), "ok");
+        assert_eq!(q.ask(&format!("setlk {qf} w 0 10")), "err EAGAIN");
+        let connections = || {
+            c.meta.nic_stats().connections.load(Relaxed)
+                + c.data.iter().map(|d| d.nic_stats().connections.load(Relaxed)).sum::<u64>()
+        };
+        let before = connections();
+        for i in 0..N {
+            q.send(&format!("setlk {qf} {} 0 10", if i % 2 == 0 { "w" } else { "r" }));
+        }
+        for _ in 0..N {
+            assert_eq!(q.answer(), "err EAGAIN");
+        }
+        let opened = connections() - before;
+        assert_eq!(q.ask(&format!("write {qf} 0 abcd")), "ok", "{inode}: I/O after refusals");
+        assert_eq!(p.ask(&format!("setlk {pf} u 0 0")), "ok");
+        assert_eq!(q.ask(&format!("setlk {qf} w 0 10")), "ok", "{inode}");
+        assert_eq!(opened, 0, "--inode-lock {inode}: {N} refusals opened {opened} connections");
+    }
+}

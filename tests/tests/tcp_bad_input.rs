@@ -197,7 +197,7 @@ fn truncated_frames_and_clients_vanishing_mid_batch_leave_the_host_serving() {
 #[test]
 fn a_vanished_host_is_an_error_not_a_hang() {
     let mut fabric = tcp_fabric();
-    let opts = TcpOptions { connect_timeout: Duration::from_secs(1), reply_timeout: Duration::from_secs(1) };
+    let opts = TcpOptions::with_timeouts(Duration::from_secs(1), Duration::from_secs(1));
     let node = Node::join_tcp(host_addr(&fabric), opts).unwrap();
     let ep = node.endpoint().unwrap();
     ep.faa(at(0), 1).unwrap();
@@ -221,8 +221,7 @@ fn a_host_that_stops_answering_times_out() {
         std::thread::sleep(Duration::from_secs(20));
         drop(conns);
     });
-    let opts =
-        TcpOptions { connect_timeout: Duration::from_secs(1), reply_timeout: Duration::from_millis(300) };
+    let opts = TcpOptions::with_timeouts(Duration::from_secs(1), Duration::from_millis(300));
     let err = Node::join_tcp(addr, opts).unwrap_err();
     assert!(matches!(err, TransportError::Timeout(_)), "{err:?}");
 }

@@ -65,6 +65,10 @@ pub struct MountArgs {
     /// Seconds to wait for a server before answering EIO.
     #[arg(long, default_value_t = 5.0)]
     timeout: f64,
+    /// Test only: microseconds added to every round trip of this mount to
+    /// the servers, as if it were that much farther away (implies tcp).
+    #[arg(long, default_value_t = 0, hide = true)]
+    test_added_rtt_us: u64,
     /// Embedded mode: the cluster's lock settings.
     #[command(flatten)]
     locks: LockArgs,
@@ -197,8 +201,13 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
         TransportArg::Tcp => Transport::Tcp,
         TransportArg::Ib => Transport::Ib,
     };
-    let client = FsClient::connect(ClientConfig { meta, timeout, transport, ib_device, key })
-        .with_context(|| format!("cannot join the cluster at {meta}"))?;
+    let mut config = ClientConfig::new(meta);
+    config.timeout = timeout;
+    config.transport = transport;
+    config.ib_device = ib_device;
+    config.key = key;
+    config.added_rtt = Duration::from_micros(args.test_added_rtt_us);
+    let client = FsClient::connect(config).with_context(|| format!("cannot join the cluster at {meta}"))?;
     let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads: args.threads });
     let client = fs.client();
     let source = args.source.clone().unwrap_or_else(|| {

@@ -55,8 +55,9 @@ pub struct MetaServerArgs {
 /// The cluster's lock settings, which every client must share.
 #[derive(Args, Debug, Clone)]
 pub struct LockArgs {
-    /// Citron's T_wait in microseconds (the meet-in-the-middle wait; must
-    /// cover three round trips of the slowest client).
+    /// Citron's T_wait in microseconds (the meet-in-the-middle wait): its
+    /// floor. The meta-server publishes the largest T_wait its clients need
+    /// (five round trips of the slowest, up to 100 ms), never less.
     #[arg(long, default_value_t = ClusterLockParams::default().t_wait_us)]
     pub lock_t_wait_us: u64,
     /// Lease of range-lock nodes and mutex tickets, in milliseconds: a
@@ -91,7 +92,11 @@ pub struct LockArgs {
 
 impl LockArgs {
     pub fn apply(&self, cfg: &mut MetaServerConfig) {
-        cfg.lock_params = ClusterLockParams { t_wait_us: self.lock_t_wait_us, lease_ms: self.lock_lease_ms };
+        cfg.lock_params = ClusterLockParams {
+            t_wait_us: self.lock_t_wait_us,
+            lease_ms: self.lock_lease_ms,
+            ..ClusterLockParams::default()
+        };
         cfg.lock_bytes = self.lock_memory.0;
         cfg.lock_choice =
             LockChoice { range: self.range_lock, inode: self.inode_lock, granule: self.lock_granule.0 };

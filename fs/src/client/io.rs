@@ -62,6 +62,12 @@ impl FsClient {
         self.shared.opens.pin(ino, self.registration())
     }
 
+    /// The lock area of a file open here (where its locks live), if it has
+    /// one: for diagnostics and tests.
+    pub fn lock_area(&self, ino: Ino) -> Result<Option<LockArea>, FsError> {
+        Ok(self.pin(ino)?.area)
+    }
+
     /// Takes the inode mutex of `area` in `mode`.
     fn lock_inode(&self, eps: &Endpoints, area: &LockArea, mode: Mode) -> Result<InodeHold, FsError> {
         let mut lock = open_lock(

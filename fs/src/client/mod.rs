@@ -25,6 +25,7 @@ mod identity;
 mod io;
 mod locks;
 mod opens;
+mod tuning;
 
 pub use io::WriteMode;
 pub use locks::LockCall;
@@ -92,11 +93,27 @@ pub struct ClientConfig {
     /// The key this client proves (`--key-file`); `None` in a cluster
     /// without keys.
     pub key: Option<citron_rpc::auth::Key>,
+    /// **Test only**: time added to every round trip to the servers (verbs
+    /// and metadata calls), as if this client were that much farther away
+    /// (see [`TcpOptions::added_rtt`]). A client with a delay never uses the
+    /// shm backend.
+    pub added_rtt: Duration,
 }
 
 impl ClientConfig {
     pub fn new(meta: SocketAddr) -> Self {
-        Self { meta, timeout: Duration::from_secs(5), transport: Transport::Auto, ib_device: None, key: None }
+        Self {
+            meta,
+            timeout: Duration::from_secs(5),
+            transport: Transport::Auto,
+            ib_device: None,
+            key: None,
+            added_rtt: Duration::ZERO,
+        }
+    }
+
+    fn tcp_options(&self) -> TcpOptions {
+        TcpOptions { added_rtt: self.added_rtt, ..TcpOptions::with_timeouts(self.timeout, self.timeout) }
     }
 }
 
@@ -127,7 +144,8 @@ fn join_server(
         })?;
         return Ok(Node::join_ib(&IbFabric { device: device.clone(), host }, options)?);
     }
-    if let (Transport::Auto, Some(name)) = (transport, shm) {
+    // A client made far away for a test must not take the shortcut.
+    if let (Transport::Auto, Some(name), true) = (transport, shm, options.added_rtt.is_zero()) {
         if citron_lock::rdma::shm::fabric_dir(name).exists() {
             match Node::join_shm_as(name, credentials.clone()) {
                 Ok(node) => return Ok(node),
@@ -202,9 +220,10 @@ impl Shared {
 pub struct FsClient {
     shared: Arc<Shared>,
     geometry: ChunkGeometry,
-    timeout: Duration,
     transport: Transport,
     ib_device: Option<IbDevice>,
+    /// How data servers are joined (timeouts, the test-only distance).
+    tcp_options: TcpOptions,
     meta_node: Node,
     data_nodes: RwLock<HashMap<DataServerId, (DataServerInfo, Node)>>,
     pool: Mutex<Vec<Endpoints>>,
@@ -212,6 +231,8 @@ pub struct FsClient {
     /// Verbs of endpoints returned to the pool and dropped, for statistics.
     retired_counts: Mutex<VerbCounts>,
     heartbeat: Option<std::thread::JoinHandle<()>>,
+    /// Reports the Citron T_wait this client needs ([`tuning`]).
+    tuning: Option<std::thread::JoinHandle<()>>,
     timing: LockTiming,
     waits_for: WaitsFor,
     /// The lock host's services (inode mutex recovery, RPC lock server).
@@ -277,7 +298,7 @@ impl FsClient {
             session: _,
         } = info;
         let geometry = ChunkGeometry::new(chunk_size).map_err(FsError::Invalid)?;
-        let options = TcpOptions { connect_timeout: config.timeout, reply_timeout: config.timeout };
+        let options = config.tcp_options();
         let meta_addrs = ServerAddrs {
             nic: reachable(meta_nic, config.meta),
             shm: meta_shm.as_deref(),
@@ -310,15 +331,16 @@ impl FsClient {
         let mut c = Self {
             shared: shared.clone(),
             geometry,
-            timeout: config.timeout,
             transport: config.transport,
             ib_device: config.ib_device.clone(),
+            tcp_options: options,
             meta_node,
             data_nodes: RwLock::new(HashMap::new()),
             pool: Mutex::new(Vec::new()),
             layouts: RwLock::new(HashMap::new()),
             retired_counts: Mutex::new(VerbCounts::default()),
             heartbeat: None,
+            tuning: None,
             timing,
             waits_for,
             lock_host,
@@ -326,6 +348,16 @@ impl FsClient {
             may_hold: Mutex::new(HashSet::new()),
         };
         c.add_data_servers(data_servers)?;
+        let site = tuning::TuningSite { probe: waits_for.base, word: lock_params.published_t_wait };
+        tuning::join(&shared, &probe, site, rtt)?;
+        let reporter = {
+            let (shared, ep) = (shared.clone(), c.meta_node.endpoint()?);
+            std::thread::Builder::new()
+                .name("citronfs-t-wait".into())
+                .spawn(move || tuning::run(shared, ep, site, rtt))
+                .map_err(|e| FsError::Io(e.to_string()))?
+        };
+        c.tuning = Some(reporter);
         c.start_waiters(probe)?;
         c.heartbeat = Some(
             std::thread::Builder::new()
@@ -370,7 +402,7 @@ impl FsClient {
     }
 
     fn add_data_servers(&self, servers: Vec<DataServerInfo>) -> Result<(), FsError> {
-        let options = TcpOptions { connect_timeout: self.timeout, reply_timeout: self.timeout };
+        let options = self.tcp_options;
         let mut nodes = self.data_nodes.write();
         for info in servers {
             if nodes.contains_key(&info.id) {
@@ -399,6 +431,9 @@ impl FsClient {
             return Err(FsError::Io(
                 "this client's lease expired; it is fenced until it re-registers".into(),
             ));
+        }
+        if !self.tcp_options.added_rtt.is_zero() {
+            std::thread::sleep(self.tcp_options.added_rtt);
         }
         answer(self.shared.rpc.call(request))
     }
@@ -736,7 +771,10 @@ impl FsClient {
             None => Endpoints::new(self.meta_node.endpoint()?),
         };
         let result = f(&mut eps);
-        if result.is_ok() {
+        // Expected errors (a refused lock, a missing file) leave the
+        // endpoints as they were: keep them, so refusals open no connection
+        // and use up no id. Only a failure may have broken them.
+        if !result.as_ref().is_err_and(FsError::may_break_endpoints) {
             self.pool.lock().push(eps);
         } else {
             let mut c = eps.meta.counts();
@@ -1056,6 +1094,9 @@ impl Drop for FsClient {
         self.shutdown();
         self.waiters.take();
         if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.tuning.take() {
             let _ = h.join();
         }
     }

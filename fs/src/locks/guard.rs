@@ -40,13 +40,25 @@ impl std::fmt::Debug for LockTiming {
 /// only safe if the holder of an internal node waits at least as long as
 /// any notifier may take (`T_wait`), and lease-based recovery only if every
 /// client agrees on the lease. The meta-server chooses them and hands them
-/// to every client at registration.
+/// to every client at registration; `T_wait` it then follows the slowest
+/// client with (see `citron_lock::citron::tuning`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClusterLockParams {
-    /// Citron's `T_wait`, in microseconds.
+    /// Citron's `T_wait`, in microseconds: the floor of the published one,
+    /// and the value itself when none is published.
     pub t_wait_us: u64,
     /// The lease of Citron nodes and DSLR tickets, in milliseconds.
     pub lease_ms: u64,
+    /// Where the meta-server publishes the cluster's `T_wait` (lock memory).
+    pub published_t_wait: Option<citron_lock::rdma::RemoteAddr>,
+}
+
+/// The Citron `T_wait` a client `rtt` away needs: the two round trips
+/// between t1 and t2 (the read of the ancestors, then the batch that locks
+/// and notifies), with 2.5 round trips reserved for each, as the paper
+/// reserves 5 µs per 2 µs RTT (§3.5.5).
+pub fn needed_t_wait(rtt: Duration) -> Duration {
+    rtt * 5
 }
 
 impl Default for ClusterLockParams {
@@ -57,7 +69,7 @@ impl Default for ClusterLockParams {
     /// requests that must wait for descendants (internal nodes whose child
     /// leaves were busy). The lease is the floor the lock crate already uses.
     fn default() -> Self {
-        Self { t_wait_us: 200, lease_ms: 1000 }
+        Self { t_wait_us: 200, lease_ms: 1000, published_t_wait: None }
     }
 }
 
@@ -78,6 +90,7 @@ impl LockTiming {
         let lease = Duration::from_millis(cluster.lease_ms);
         let mut ranges = RangeLockContext::from_rtt(rtt).with_credentials(credentials);
         ranges.citron.t_wait = Duration::from_micros(cluster.t_wait_us);
+        ranges.citron.published_t_wait = cluster.published_t_wait;
         ranges.citron.lease = lease;
         ranges.dslr = ranges.dslr.with_lease(lease);
         Self {

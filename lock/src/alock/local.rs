@@ -22,10 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{
-    passed_budget, AlockConfig, AlockLayout, Cohort, DescriptorSlot, LocalTail, DESC_BUDGET, DESC_CLAIM,
-    DESC_NEXT, TAIL_LOCAL, TAIL_REMOTE, VICTIM, WAITING,
+    passed_budget, AlockConfig, AlockLayout, Cohort, DescriptorSlot, LocalTail, RemoteTail, Stall,
+    DESC_BUDGET, DESC_CLAIM, DESC_NEXT, TAIL_LOCAL, TAIL_REMOTE, VICTIM, WAITING,
 };
-use crate::rdma::{RegionMemory, RemoteAddr};
+use crate::rdma::{Endpoint, RegionMemory, RemoteAddr};
 use crate::rwlock::LockError;
 
 /// Waiting spins this many times before it starts yielding the CPU.
@@ -41,6 +41,9 @@ struct HostInner {
     slots: u32,
     config: AlockConfig,
     pid: u64,
+    /// The host's own endpoint on its region, for recoveries: a reset of
+    /// `tail_r` must be a remote verb (see "Recovery" in [`super`]).
+    recovery: parking_lot::Mutex<Option<Endpoint>>,
 }
 
 impl HostInner {
@@ -48,6 +51,29 @@ impl HostInner {
     fn descriptor(&self, slot: DescriptorSlot, field: u64) -> Result<&AtomicU64, LockError> {
         let addr = self.pool + u64::from(slot.0) * AlockLayout::DESCRIPTOR_BYTES + field;
         Ok(self.memory.word(addr)?)
+    }
+
+    /// Resets the stalled remote queue whose tail was `seen` (see
+    /// "Recovery" in [`super`]); `false` without a recovery endpoint, or if
+    /// the queue moved meanwhile.
+    fn recover(&self, lock: RemoteAddr, seen: RemoteTail) -> bool {
+        let guard = self.recovery.lock();
+        let Some(ep) = guard.as_ref() else { return false };
+        let swap_mask = RemoteTail::CLIENT | RemoteTail::EPOCH;
+        match ep.masked_cas(lock + TAIL_REMOTE, seen.0, RemoteTail::PROGRESS, seen.reset().0, swap_mask) {
+            Ok(old) if old & RemoteTail::PROGRESS == seen.0 & RemoteTail::PROGRESS => {
+                log::warn!(
+                    "ALock {lock}: remote queue of epoch {} stalled; recovered by the host",
+                    seen.epoch()
+                );
+                true
+            }
+            Ok(_) => false,
+            Err(e) => {
+                log::error!("ALock {lock}: the recovery verb failed: {e}");
+                false
+            }
+        }
     }
 
     /// The slot a `tail_l` or `next` value names (`None` for 0).
@@ -104,7 +130,16 @@ impl AlockHost {
         // The last word of the last slot must be inside the region.
         memory.word(pool + (AlockLayout::pool_bytes(slots) - 8))?;
         let pid = u64::from(std::process::id());
-        Ok(Self { inner: Arc::new(HostInner { memory, pool, slots, config, pid }) })
+        let recovery = parking_lot::Mutex::new(None);
+        Ok(Self { inner: Arc::new(HostInner { memory, pool, slots, config, pid, recovery }) })
+    }
+
+    /// Lets the host's threads recover a remote queue that a dead client
+    /// blocks, through `ep`: an endpoint of this host on the region (its
+    /// own NIC, or shm), used for nothing else.
+    pub fn with_recovery(self, ep: Endpoint) -> Self {
+        *self.inner.recovery.lock() = Some(ep);
+        self
     }
 
     pub fn memory(&self) -> &Arc<RegionMemory> {
@@ -153,6 +188,7 @@ impl AlockHost {
 
 /// The three words of one lock, as the host's threads see them.
 struct LockWords<'a> {
+    lock: RemoteAddr,
     tail_r: &'a AtomicU64,
     tail_l: &'a AtomicU64,
     victim: &'a AtomicU64,
@@ -165,6 +201,7 @@ impl<'a> LockWords<'a> {
             return Err(LockError::Misuse("an ALock must be in its host's region"));
         }
         Ok(Self {
+            lock,
             tail_r: memory.word(lock + TAIL_REMOTE)?,
             tail_l: memory.word(lock + TAIL_LOCAL)?,
             victim: memory.word(lock + VICTIM)?,
@@ -189,6 +226,8 @@ pub struct AlockLocalStats {
     pub handovers: u64,
     /// Acquisitions that gave up ([`LockError::Timeout`]).
     pub timeouts: u64,
+    /// Stalled remote queues this handle recovered (see "Recovery" in [`super`]).
+    pub recoveries: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -298,7 +337,7 @@ impl AlockLocal {
         // Lines 4–6 and Alg. 2 line 6: the queue was empty, so we lead the
         // cohort; with the remote flag down we enter without Alg. 4 (the
         // fast path argued in [`super`]).
-        let uncontended = prev == 0 && tail_r.load(Ordering::SeqCst) == 0;
+        let uncontended = prev == 0 && !RemoteTail(tail_r.load(Ordering::SeqCst)).has_client();
         if uncontended {
             self.stats.uncontended += 1;
             return Ok(self.granted(lock, k));
@@ -344,15 +383,21 @@ impl AlockLocal {
     }
 
     /// Alg. 4 for a leader of the local cohort: line 4, `victim ← LOCAL`;
-    /// line 5, wait while `victim = LOCAL` and the remote flag is up. On
-    /// timeout, leaves the queue passing budget 0 and fails.
+    /// line 5, wait while `victim = LOCAL` and the remote flag is up — and
+    /// recover a remote queue that makes no progress meanwhile (see
+    /// "Recovery" in [`super`]). On timeout, leaves the queue passing budget
+    /// 0 and fails.
     fn peterson(&mut self, w: &LockWords<'_>, patience: &mut Patience) -> Result<(), LockError> {
         self.stats.peterson += 1;
         w.victim.store(Cohort::Local.word(), Ordering::SeqCst);
+        let mut stall = Stall::new(&self.host.config);
         loop {
-            if w.victim.load(Ordering::SeqCst) != Cohort::Local.word() || w.tail_r.load(Ordering::SeqCst) == 0
-            {
+            let tail_r = RemoteTail(w.tail_r.load(Ordering::SeqCst));
+            if w.victim.load(Ordering::SeqCst) != Cohort::Local.word() || !tail_r.has_client() {
                 return Ok(());
+            }
+            if stall.stalled(tail_r.0 & RemoteTail::PROGRESS) && self.host.recover(w.lock, tail_r) {
+                self.stats.recoveries += 1;
             }
             if !patience.wait() {
                 self.stats.timeouts += 1;

@@ -48,10 +48,12 @@ pub(crate) enum HandoffKind {
     Handover,
 }
 
-/// A handoff and the lock it is about.
+/// A handoff, the lock it is about, and the epoch of the queue it belongs
+/// to (a letter of an older epoch is stale: the queue was recovered since).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Letter {
     pub lock: RemoteAddr,
+    pub epoch: u8,
     pub handoff: Handoff,
 }
 
@@ -68,10 +70,13 @@ impl Letter {
     }
 }
 
+/// A kept letter: its sender, its epoch, the handoff.
+type Kept = (ClientAddr, u8, Handoff);
+
 #[derive(Default)]
 struct Slots {
     owner: Option<ClientAddr>,
-    kept: HashMap<(RemoteAddr, HandoffKind), VecDeque<(ClientAddr, Handoff)>>,
+    kept: HashMap<(RemoteAddr, HandoffKind), VecDeque<Kept>>,
 }
 
 /// The ALock messages that arrived at one endpoint before their handle
@@ -113,14 +118,15 @@ impl AlockPostbox {
         Self { slots: Mutex::new(Slots::default()), foreign }
     }
 
-    fn keep(&self, lock: RemoteAddr, from: ClientAddr, handoff: Handoff) {
-        self.slots.lock().kept.entry((lock, handoff.kind())).or_default().push_back((from, handoff));
+    fn keep(&self, from: ClientAddr, letter: Letter) {
+        let key = (letter.lock, letter.handoff.kind());
+        self.slots.lock().kept.entry(key).or_default().push_back((from, letter.epoch, letter.handoff));
     }
 
     /// Adopts the ALock messages other postboxes set aside.
     fn adopt_foreign(&self) {
         for (from, letter) in self.foreign.adopt(|m| Letter::decode(&m.payload).ok().map(|l| (m.from, l))) {
-            self.keep(letter.lock, from, letter.handoff);
+            self.keep(from, letter);
         }
     }
 
@@ -142,18 +148,30 @@ impl AlockPostbox {
         self.slots.lock().kept.values().map(VecDeque::len).sum()
     }
 
-    /// Waits until `deadline` for a `kind` message about `lock`: first among
-    /// the kept ones, then from the mailbox (keeping the others).
+    /// Waits until `deadline` for a `kind` message about `lock` in `epoch`:
+    /// first among the kept ones, then from the mailbox (keeping the others,
+    /// and dropping this lock's letters of other epochs: stale ones, or,
+    /// should a newer one come first, ones the caller will see again once
+    /// it notices the recovery and enqueues in that epoch).
     pub(crate) fn receive(
         &self,
         ep: &Endpoint,
         lock: RemoteAddr,
+        epoch: u8,
         kind: HandoffKind,
         deadline: Instant,
     ) -> Option<(ClientAddr, Handoff)> {
         self.adopt_foreign();
-        if let Some(found) = self.slots.lock().kept.get_mut(&(lock, kind)).and_then(VecDeque::pop_front) {
-            return Some(found);
+        {
+            let mut slots = self.slots.lock();
+            if let Some(kept) = slots.kept.get_mut(&(lock, kind)) {
+                while let Some((from, e, handoff)) = kept.pop_front() {
+                    if e == epoch {
+                        return Some((from, handoff));
+                    }
+                    log::debug!("dropping a {kind:?} of epoch {e} for ALock {lock} (now {epoch})");
+                }
+            }
         }
         loop {
             let wait = deadline.saturating_duration_since(Instant::now());
@@ -167,9 +185,13 @@ impl AlockPostbox {
                 }
             };
             if letter.lock == lock && letter.handoff.kind() == kind {
-                return Some((message.from, letter.handoff));
+                if letter.epoch == epoch {
+                    return Some((message.from, letter.handoff));
+                }
+                log::debug!("dropping a {kind:?} of epoch {} for ALock {lock} (now {epoch})", letter.epoch);
+                continue;
             }
-            self.keep(letter.lock, message.from, letter.handoff);
+            self.keep(message.from, letter);
         }
     }
 }
@@ -184,21 +206,21 @@ mod tests {
         let lock = RemoteAddr::new(RegionId(3), 4096 + 24);
         for handoff in [Handoff::Successor, Handoff::Handover { budget: 0 }, Handoff::Handover { budget: 20 }]
         {
-            let l = Letter { lock, handoff };
+            let l = Letter { lock, epoch: 7, handoff };
             let bytes = l.encode();
             assert!(bytes.starts_with(&TAG));
             assert_eq!(Letter::decode(&bytes), Ok(l));
         }
         assert!(Letter::decode(b"ALK1\xff\xff garbage").is_err());
         assert!(Letter::decode(b"").is_err());
-        let untagged = codec::encode(&Letter { lock, handoff: Handoff::Successor });
+        let untagged = codec::encode(&Letter { lock, epoch: 0, handoff: Handoff::Successor });
         assert!(Letter::decode(&untagged).is_err(), "no tag, not ours");
     }
 
     #[test]
     fn shiftlock_does_not_mistake_an_alock_message_for_its_own() {
         let lock = RemoteAddr::new(RegionId(1), 0);
-        let bytes = Letter { lock, handoff: Handoff::Handover { budget: 3 } }.encode();
+        let bytes = Letter { lock, epoch: 1, handoff: Handoff::Handover { budget: 3 } }.encode();
         assert!(crate::shiftlock::Wire::decode(&bytes).is_err());
         let theirs = crate::shiftlock::Wire::Request(crate::shiftlock::RecoveryRequest::Shutdown).encode();
         assert!(Letter::decode(&theirs).is_err());

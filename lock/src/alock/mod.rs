@@ -28,13 +28,23 @@
 //!
 //! | offset | word | constant | RMW'd by | read by | meaning |
 //! |---|---|---|---|---|---|
-//! | 0  | `tail_r` | [`TAIL_REMOTE`] | remote verbs only | both | 0, or the [`RemoteTail`] (a client's mailbox) at the end of the remote queue |
+//! | 0  | `tail_r` | [`TAIL_REMOTE`] | remote verbs only | both | the [`RemoteTail`]: the client (mailbox) at the end of the remote queue, or none; the queue's epoch and its entry count |
 //! | 8  | `tail_l` | [`TAIL_LOCAL`]  | local atomics only | both | 0, or the [`LocalTail`] (a descriptor slot) at the end of the local queue |
 //! | 16 | `victim` | [`VICTIM`]      | nobody (plain writes by both) | both | 0 (never written), [`Cohort::Local`] = 1 or [`Cohort::Remote`] = 2 |
 //!
-//! A non-zero tail is its cohort's Peterson flag (§5: "the tails are also
-//! interpreted as the status flags"). `tail_l` and `victim` are adjacent so a
-//! remote leader reads both with one 16-byte read.
+//! A tail that names a client is its cohort's Peterson flag (§5: "the tails
+//! are also interpreted as the status flags"). `tail_l` and `victim` are
+//! adjacent so a remote leader reads both with one 16-byte read (and all
+//! three words with one 24-byte read).
+//!
+//! `tail_r`, field by field ([`RemoteTail`]):
+//!
+//! | bits | field | meaning |
+//! |---|---|---|
+//! | 0..24 | mailbox | the tail client's mailbox |
+//! | 24..40 | node | its node; 0: no remote client (the remote flag is down) |
+//! | 40..48 | epoch | bumped by every recovery; a queue position is valid only in its epoch |
+//! | 48..64 | entries | raised by every remote client that enters after waiting: the remote cohort's visible progress |
 //!
 //! # Local descriptors (Alg. 1 lines 5–7)
 //!
@@ -117,15 +127,60 @@
 //!   handle's descriptor slot is never reused) and the lock stays blocked,
 //!   as ALock has no failure recovery (§4 assumes failure-free accesses).
 //!
-//! Not done: recovery of a lock whose holder died (a client process killed
-//! holding or queued blocks the lock until the host resets it by zeroing
-//! its words while nobody uses it; see the report); loopback baselines.
+//!
+//! # Recovery by leases (not in the paper: §4 assumes no failures)
+//!
+//! A remote client that dies holding the lock, or queued on it, blocks it
+//! for good: its successor waits for a handover that never comes, and the
+//! local leader waits in Peterson for a remote flag that never goes down.
+//! (Host threads need no recovery: they die only with the host, and the lock
+//! with them.) The recovery follows the other locks' leases:
+//!
+//! * **Contract.** A remote client holds the lock for at most
+//!   [`AlockConfig::lease`]; the file system holds it for one batch of verbs.
+//! * **Progress is visible.** Handovers inside the remote cohort are
+//!   messages, invisible in memory, so a remote client that *enters after
+//!   waiting* (handed the lock, or let in by Peterson) raises the entry
+//!   count in `tail_r` with a masked-FAA, batched with a read that checks
+//!   its epoch (one round trip on the contended path only; an uncontended
+//!   entry is already visible as the swap that found the queue empty, and no
+//!   one watches an empty queue). Consecutive entries are then at most a
+//!   lease plus a message apart while the remote cohort lives.
+//! * **Detection.** A waiter that depends on the remote cohort — a queued
+//!   remote client waiting for its handover, a releasing holder waiting for
+//!   its successor to link itself in, the local leader in Peterson — watches
+//!   the epoch and entry count. If they stand still for 3/2 of the lease
+//!   (counted over reads at most a quarter lease apart), every remote client
+//!   that entered has left, and the one the queue waits for is dead.
+//! * **Reset.** The waiter clears the tail's client and bumps the epoch with
+//!   one masked-CAS that compares the stalled epoch and entry count (a
+//!   remote verb: the local leader uses the host's recovery endpoint,
+//!   [`AlockHost::with_recovery`], so the reset is atomic with the remote
+//!   cohort's verbs even under [`RemoteAtomicity::NicOnly`]). The remote
+//!   flag is down: the local cohort may enter. Every remote client still
+//!   waiting in the old epoch sees the epoch move at its next look (it looks
+//!   every quarter lease while it waits for a message) and enqueues again;
+//!   handoff messages carry their epoch, and a postbox drops those of an
+//!   older one, so no stale handover grants anything. A remote client that
+//!   was handed the lock checks the epoch in the batch that records its
+//!   entry, so a reset that came first sends it back to the queue, and a
+//!   reset that comes later fails on the entry count it raised.
+//! * **A release after a reset** (a holder past its lease): its release CAS
+//!   compares its epoch too, fails, and the release hands nothing over and
+//!   says [`LockError::Fenced`](crate::rwlock::LockError::Fenced).
+//!
+//! Not done: loopback baselines.
+//!
+//! [`RemoteAtomicity::NicOnly`]: crate::rdma::RemoteAtomicity::NicOnly
 
 mod local;
 mod message;
 mod remote;
 
 use std::time::Duration;
+
+use crate::rdma::arith::{field_boundaries, field_delta};
+use crate::rwlock::LockError;
 
 pub use local::{AlockGuard, AlockHost, AlockLocal, AlockLocalStats};
 pub use message::{AlockPostbox, Handoff};
@@ -203,27 +258,103 @@ impl Cohort {
     }
 }
 
-/// A `tail_r` value: the mailbox of the client at the end of the remote
-/// queue, `node << 32 | mailbox`. Node ids start at 1, so a client's tail is
-/// never 0.
+/// A `tail_r` word (its fields are in the module comment): the client at
+/// the end of the remote queue, the queue's epoch and its entry count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteTail(pub u64);
 
 impl RemoteTail {
     pub const NONE: RemoteTail = RemoteTail(0);
+    pub const MAILBOX_BITS: u32 = 24;
+    pub const NODE_SHIFT: u32 = 24;
+    pub const NODE_BITS: u32 = 16;
+    pub const EPOCH_SHIFT: u32 = 40;
+    pub const EPOCH_BITS: u32 = 8;
+    pub const ENTRIES_SHIFT: u32 = 48;
+    pub const ENTRIES_BITS: u32 = 16;
+    /// The client fields (mailbox and node).
+    pub const CLIENT: u64 = (1 << (Self::NODE_SHIFT + Self::NODE_BITS)) - 1;
+    pub const EPOCH: u64 = ((1 << Self::EPOCH_BITS) - 1) << Self::EPOCH_SHIFT;
+    pub const ENTRIES: u64 = ((1 << Self::ENTRIES_BITS) - 1) << Self::ENTRIES_SHIFT;
+    /// What moves when the remote cohort makes progress or is recovered.
+    pub const PROGRESS: u64 = Self::EPOCH | Self::ENTRIES;
+    /// Masked-FAA operand: one more entry.
+    pub const ENTER: u64 = field_delta(Self::ENTRIES_SHIFT, Self::ENTRIES_BITS, 1);
+    /// Masked-FAA boundaries of the word's fields.
+    pub const BOUNDARIES: u64 = field_boundaries(&[
+        (0, Self::MAILBOX_BITS),
+        (Self::NODE_SHIFT, Self::NODE_BITS),
+        (Self::EPOCH_SHIFT, Self::EPOCH_BITS),
+        (Self::ENTRIES_SHIFT, Self::ENTRIES_BITS),
+    ]);
 
-    pub const fn of(client: ClientAddr) -> RemoteTail {
-        RemoteTail((client.node.0 as u64) << 32 | client.mailbox.0 as u64)
+    /// The client fields of `client` (epoch and entries 0), or an error if
+    /// its ids do not fit (node 1..=65535, mailbox below 2^24, as ShiftLock's).
+    pub fn of(client: ClientAddr) -> Result<RemoteTail, LockError> {
+        if client.node.0 == 0 || client.node.0 >= 1 << Self::NODE_BITS {
+            return Err(LockError::Misuse("an ALock client's node id must be 1..=65535"));
+        }
+        if client.mailbox.0 >= 1 << Self::MAILBOX_BITS {
+            return Err(LockError::Misuse("an ALock client's mailbox id must be below 2^24"));
+        }
+        Ok(RemoteTail(u64::from(client.node.0) << Self::NODE_SHIFT | u64::from(client.mailbox.0)))
     }
 
-    /// The client, or `None` for an empty queue (or a word no client can
-    /// have written: node 0).
+    /// The client at the tail, or `None` for an empty remote queue.
     pub const fn client(self) -> Option<ClientAddr> {
-        let node = (self.0 >> 32) as u32;
+        let node = ((self.0 >> Self::NODE_SHIFT) & ((1 << Self::NODE_BITS) - 1)) as u32;
         if node == 0 {
             return None;
         }
-        Some(ClientAddr { node: NodeId(node), mailbox: MailboxId(self.0 as u32) })
+        let mailbox = (self.0 & ((1 << Self::MAILBOX_BITS) - 1)) as u32;
+        Some(ClientAddr { node: NodeId(node), mailbox: MailboxId(mailbox) })
+    }
+
+    /// Whether a remote client is queued or holds (the remote Peterson flag).
+    pub const fn has_client(self) -> bool {
+        self.0 & (((1 << Self::NODE_BITS) - 1) << Self::NODE_SHIFT) != 0
+    }
+
+    pub const fn epoch(self) -> u8 {
+        (self.0 >> Self::EPOCH_SHIFT) as u8
+    }
+
+    /// The word a recovery leaves: no client, the next epoch, the same
+    /// entry count.
+    pub const fn reset(self) -> RemoteTail {
+        RemoteTail((self.0 & Self::ENTRIES) | (self.epoch().wrapping_add(1) as u64) << Self::EPOCH_SHIFT)
+    }
+}
+
+/// How long the remote cohort's progress (the epoch and entry count in
+/// `tail_r`) has stood still, counted over looks at most half a lease apart
+/// (a waiter that was not looking cannot tell that nothing happened).
+pub(crate) struct Stall {
+    key: Option<u64>,
+    since: std::time::Instant,
+    last_look: std::time::Instant,
+    stall: Duration,
+    gap: Duration,
+}
+
+impl Stall {
+    pub fn new(config: &AlockConfig) -> Self {
+        let now = std::time::Instant::now();
+        Self { key: None, since: now, last_look: now, stall: config.stall(), gap: config.lease / 2 }
+    }
+
+    /// One look at the progress `key`; `true` once it has stood still for
+    /// the stall time.
+    pub fn stalled(&mut self, key: u64) -> bool {
+        let now = std::time::Instant::now();
+        let close = now.duration_since(self.last_look) <= self.gap;
+        self.last_look = now;
+        if self.key != Some(key) || !close {
+            self.key = Some(key);
+            self.since = now;
+            return false;
+        }
+        now.duration_since(self.since) >= self.stall
     }
 }
 
@@ -277,6 +408,9 @@ pub struct AlockConfig {
     /// Longest any single acquisition or release waits before it fails with
     /// [`LockError::Timeout`](crate::rwlock::LockError::Timeout).
     pub give_up: Duration,
+    /// A remote holder releases within it; a remote cohort that shows no
+    /// progress for 3/2 of it is recovered (see the module comment).
+    pub lease: Duration,
 }
 
 /// The budgets of the paper's evaluation (§6.1).
@@ -285,7 +419,8 @@ pub const PAPER_REMOTE_BUDGET: u32 = 20;
 
 impl AlockConfig {
     /// The paper's budgets; polls start one RTT apart and back off to 64
-    /// RTTs (a remote poll costs about one RTT itself); give up after 30 s.
+    /// RTTs (a remote poll costs about one RTT itself); give up after 30 s;
+    /// a lease of 5000 RTT, at least 1 s (as DSLR's).
     pub fn from_rtt(rtt: Duration) -> Self {
         let rtt = rtt.max(Duration::from_nanos(100));
         Self {
@@ -294,7 +429,27 @@ impl AlockConfig {
             poll: rtt,
             max_poll: rtt * 64,
             give_up: Duration::from_secs(30),
+            lease: (rtt * 5000).max(Duration::from_secs(1)),
         }
+    }
+
+    /// The same with a lease (a cluster's); the give-up time grows to
+    /// leave room for a recovery.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self.give_up = self.give_up.max(lease * 8);
+        self
+    }
+
+    /// How long the remote cohort may show no progress before it is
+    /// recovered: 3/2 of the lease.
+    pub fn stall(&self) -> Duration {
+        self.lease * 3 / 2
+    }
+
+    /// How often a waiter that depends on the remote cohort looks at it.
+    pub fn look(&self) -> Duration {
+        self.lease / 4
     }
 
     /// The same with budgets K_l and K_r (each at least 1).
@@ -340,14 +495,35 @@ mod tests {
 
     #[test]
     fn remote_tail_round_trips_and_is_never_zero() {
-        for (node, mailbox) in [(1, 0), (1, 7), (u32::MAX, u32::MAX), (3, u32::MAX)] {
+        for (node, mailbox) in [(1, 0), (1, 7), (0xFFFF, 0xFF_FFFF), (3, 0xFF_FFFF)] {
             let c = ClientAddr { node: NodeId(node), mailbox: MailboxId(mailbox) };
-            let t = RemoteTail::of(c);
+            let t = RemoteTail::of(c).unwrap();
             assert_ne!(t, RemoteTail::NONE);
+            assert!(t.has_client());
             assert_eq!(t.client(), Some(c));
+            assert_eq!(t.0 & !RemoteTail::CLIENT, 0);
+        }
+        for (node, mailbox) in [(0, 1), (0x1_0000, 0), (1, 0x100_0000)] {
+            assert!(RemoteTail::of(ClientAddr { node: NodeId(node), mailbox: MailboxId(mailbox) }).is_err());
         }
         assert_eq!(RemoteTail::NONE.client(), None);
-        assert_eq!(RemoteTail(0xFFFF_FFFF).client(), None, "node 0 is no client");
+        assert_eq!(RemoteTail(0xFF_FFFF).client(), None, "node 0 is no client");
+        assert!(!RemoteTail(RemoteTail::PROGRESS).has_client(), "epoch and entries are no client");
+    }
+
+    #[test]
+    fn entries_and_resets_move_their_fields_only() {
+        use crate::rdma::arith::masked_faa_u64;
+        let c = RemoteTail::of(ClientAddr { node: NodeId(7), mailbox: MailboxId(9) }).unwrap();
+        let t = RemoteTail(c.0 | 0xFF << RemoteTail::EPOCH_SHIFT | 0xFFFF << RemoteTail::ENTRIES_SHIFT);
+        let entered = RemoteTail(masked_faa_u64(t.0, RemoteTail::ENTER, RemoteTail::BOUNDARIES));
+        assert_eq!(entered.client(), c.client());
+        assert_eq!(entered.epoch(), 0xFF, "the entry count wraps without touching the epoch");
+        assert_eq!(entered.0 & RemoteTail::ENTRIES, 0);
+        let reset = t.reset();
+        assert!(!reset.has_client());
+        assert_eq!(reset.epoch(), 0, "the epoch wraps");
+        assert_eq!(reset.0 & RemoteTail::ENTRIES, t.0 & RemoteTail::ENTRIES);
     }
 
     #[test]
@@ -392,6 +568,12 @@ mod tests {
         assert_eq!((c.budget(Cohort::Local), c.budget(Cohort::Remote)), (1, 1));
         let p = AlockConfig::from_rtt(Duration::from_micros(3));
         assert_eq!((p.local_budget, p.remote_budget), (5, 20));
+        let l = p.with_lease(Duration::from_secs(5));
+        assert_eq!(
+            (l.lease, l.stall(), l.look()),
+            (Duration::from_secs(5), Duration::from_millis(7500), Duration::from_millis(1250))
+        );
+        assert!(l.give_up > l.stall(), "a waiter outlasts a recovery");
         assert_eq!((p.poll, p.max_poll), (Duration::from_micros(3), Duration::from_micros(192)));
     }
 }

@@ -9,11 +9,14 @@
 //! * [`scale`]: what a scale-up marks and carries, and what a release owes
 //!   after one (Algorithm 4, Algorithm 3 lines 10–12);
 //! * [`host`]: the lock host's allocation and configuration service, which
-//!   can also run the scale-ups itself (what the file system does).
+//!   can also run the scale-ups itself (what the file system does);
+//! * [`tuning`]: one `T_wait` for the whole cluster, published by the cluster
+//!   manager in lock memory and changed in two phases (§3.5.5).
 
 pub mod geometry;
 pub mod host;
 pub mod lock;
 pub mod scale;
 pub mod tree;
+pub mod tuning;
 pub mod word;

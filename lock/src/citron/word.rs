@@ -15,7 +15,7 @@
 //! | 16..31 | TMax | bakery next ticket at this node |
 //! | 31 | Exp | a scale-up copied this node's DCnt/DMax to its new ancestors |
 //! | 32..47 | DCnt | requests at descendants that have released |
-//! | 47 | — | unused, always 0 |
+//! | 47 | HB | heartbeat: toggled by the node's live floor holder while it waits |
 //! | 48..63 | DMax | requests at descendants that have notified |
 //! | 63 | Sup | this node was the root of a tree that has been scaled up |
 //!
@@ -37,6 +37,14 @@
 //!
 //! Both live in 1-bit fields of [`BOUNDARIES`], so no masked-FAA on a
 //! counter ever changes them.
+//!
+//! **Progress marks** (§3.10; why, in `lock::recovery`). A waiter takes a
+//! word for a dead client's when it stops moving for a lease, so a live
+//! client that waits longer than that must keep it moving without changing
+//! what it means: the client whose ticket a node serves toggles HB
+//! ([`HEARTBEAT`]), and a client in Step 2(d) adds one to both DCnt and DMax
+//! of each node it notified ([`TICK_BELOW`]), which leaves every pending
+//! count as it was.
 
 use crate::rdma::arith::{field_boundaries, field_delta};
 
@@ -50,11 +58,13 @@ pub const EXP_SHIFT: u32 = 31;
 pub const DCNT_SHIFT: u32 = 32;
 pub const DMAX_SHIFT: u32 = 48;
 
+pub const HEARTBEAT_SHIFT: u32 = 47;
 pub const SUP_SHIFT: u32 = 63;
 
 pub const OCC_BIT: u64 = 1 << OCC_SHIFT;
 pub const EXP_BIT: u64 = 1 << EXP_SHIFT;
 pub const SUP_BIT: u64 = 1 << SUP_SHIFT;
+pub const HEARTBEAT_BIT: u64 = 1 << HEARTBEAT_SHIFT;
 /// The DCnt and DMax fields.
 pub const DCNT_FIELD: u64 = COUNTER_MASK << DCNT_SHIFT;
 pub const DMAX_FIELD: u64 = COUNTER_MASK << DMAX_SHIFT;
@@ -67,7 +77,7 @@ pub const BOUNDARIES: u64 = field_boundaries(&[
     (TMAX_SHIFT, COUNTER_BITS),
     (EXP_SHIFT, 1),
     (DCNT_SHIFT, COUNTER_BITS),
-    (47, 1),
+    (HEARTBEAT_SHIFT, 1),
     (DMAX_SHIFT, COUNTER_BITS),
     (SUP_SHIFT, 1),
 ]);
@@ -79,6 +89,12 @@ pub const OCCUPY: u64 = field_delta(OCC_SHIFT, 1, 1);
 pub const VACATE: u64 = field_delta(OCC_SHIFT, 1, -1) | field_delta(TCNT_SHIFT, COUNTER_BITS, 1);
 pub const NOTIFY: u64 = field_delta(DMAX_SHIFT, COUNTER_BITS, 1);
 pub const DONE_BELOW: u64 = field_delta(DCNT_SHIFT, COUNTER_BITS, 1);
+/// Toggles HB (a 1-bit field: adding one flips it, the carry stops at its
+/// boundary).
+pub const HEARTBEAT: u64 = field_delta(HEARTBEAT_SHIFT, 1, 1);
+/// DCnt + 1 and DMax + 1: the count of pending descendants stays, both
+/// counters move (a notifier's progress mark).
+pub const TICK_BELOW: u64 = NOTIFY | DONE_BELOW;
 
 /// The masked-FAA operand that adds `dcnt` to DCnt and `dmax` to DMax
 /// (each modulo 2^15): how a scale-up carries counters (Alg. 4 line 8).
@@ -209,5 +225,32 @@ mod tests {
         let w = Internal(masked_faa_u64(DCNT_FIELD, carry_counters(3, 5), BOUNDARIES));
         assert_eq!((w.dcnt(), w.dmax(), w.superseded()), (2, 5, false));
         assert!(Internal(0).idle() && !Internal(OCC_BIT).idle() && !Internal(NOTIFY).idle());
+    }
+
+    #[test]
+    fn progress_marks_move_the_word_and_change_nothing_it_means() {
+        let w = SUP_BIT
+            | EXP_BIT
+            | OCC_BIT
+            | (5 << TMAX_SHIFT)
+            | 4
+            | (COUNTER_MASK << DCNT_SHIFT)
+            | (2 << DMAX_SHIFT);
+        let beat = masked_faa_u64(w, HEARTBEAT, BOUNDARIES);
+        assert_eq!(beat ^ w, HEARTBEAT_BIT, "only HB flips");
+        assert_eq!(masked_faa_u64(beat, HEARTBEAT, BOUNDARIES), w, "and flips back");
+        let tick = Internal(masked_faa_u64(w, TICK_BELOW, BOUNDARIES));
+        let was = Internal(w);
+        assert_ne!(tick, was);
+        assert_eq!(
+            tick.dmax().wrapping_sub(tick.dcnt()) & COUNTER_MASK,
+            (was.dmax().wrapping_sub(was.dcnt())) & COUNTER_MASK
+        );
+        assert_eq!(
+            (tick.tcnt(), tick.tmax(), tick.occupied(), tick.expanded(), tick.superseded()),
+            (4, 5, true, true, true)
+        );
+        assert!(Internal(masked_faa_u64(0, TICK_BELOW, BOUNDARIES)).idle(), "a tick keeps an idle word idle");
+        assert!(Internal(HEARTBEAT_BIT).idle(), "HB says nothing about use");
     }
 }

@@ -67,8 +67,22 @@ impl fmt::Display for RemoteAddr {
 
 /// A process attached to a fabric. Assigned by the fabric when the node joins;
 /// never reused while the fabric lives.
+///
+/// A host may serve its memory both as a shm fabric and through its NIC
+/// (the meta-server does), so that clients on its host and clients far away
+/// share its locks; the lock words then hold node ids of both. The two
+/// fabrics hand out ids from disjoint ranges — the NIC below
+/// [`NodeId::FIRST_SHM`], shm from it up — so a message addressed to a node
+/// of the other fabric finds no such node (an error the protocols leave to
+/// their recovery) instead of reaching whichever node of this fabric has
+/// the same number. Both stay within the 16 bits the lock words keep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
+
+impl NodeId {
+    /// The first id of a shm fabric; a NIC's ids stay below it.
+    pub const FIRST_SHM: u32 = 0x8000;
+}
 
 /// One receive queue of a node. Each endpoint owns one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

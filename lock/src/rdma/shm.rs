@@ -92,8 +92,9 @@ impl ShmHost {
         create_sized(&control, CONTROL_LEN)?;
         let ctl = RegionMemory::from_file(NEXT_NODE_WORD.region, &open_rw(&control)?)
             .map_err(|e| shm_err("cannot map", &control, e))?;
-        // Node ids start at 1; 0 is never a node.
-        ctl.write_from(NEXT_NODE_WORD, &1u64.to_le_bytes())
+        // Node ids start at NodeId::FIRST_SHM (apart from a NIC's; 0 is
+        // never a node).
+        ctl.write_from(NEXT_NODE_WORD, &u64::from(NodeId::FIRST_SHM).to_le_bytes())
             .map_err(|e| TransportError::Shm(e.to_string()))?;
         Ok(host)
     }

@@ -4,6 +4,7 @@
 //! `lock-hold-worker dslr FABRIC shared|exclusive LEASE_MS`
 //! `lock-hold-worker citron FABRIC L R LEASE_MS`
 //! `lock-hold-worker citron-scale FABRIC HOST INSTANCE AT_LEAST`
+//! `lock-hold-worker alock FABRIC OFFSET LEASE_MS` (a remote client)
 //!
 //! It prints `acquiring` right before it asks for the lock (so a test can kill
 //! it while it is queued) and `held` once it holds it. `citron-scale` asks
@@ -48,6 +49,15 @@ fn main() -> Result<()> {
             say("acquiring");
             std::mem::forget(client.acquire(&ep, l, r)?);
         }
+        Some("alock") if args.len() == 5 => {
+            let at = RemoteAddr::new(TEST_REGION, args[3].parse().context("OFFSET")?);
+            let lease = Duration::from_millis(args[4].parse().context("LEASE_MS")?);
+            let rtt = ep.measure_rtt(at, 5)?;
+            let config = citron_lock::alock::AlockConfig::from_rtt(rtt).with_lease(lease);
+            let mut client = citron_lock::alock::AlockClient::new(at, config);
+            say("acquiring");
+            client.lock(&ep)?;
+        }
         Some("citron-scale") if args.len() == 6 => {
             let host: std::net::SocketAddr = args[3].parse().context("HOST")?;
             let instance = citron_lock::citron::host::InstanceId(args[4].parse().context("INSTANCE")?);
@@ -59,7 +69,7 @@ fn main() -> Result<()> {
         }
         _ => bail!(
             "usage: lock-hold-worker dslr FABRIC MODE LEASE_MS | citron FABRIC L R LEASE_MS | \
-             citron-scale FABRIC HOST INSTANCE AT_LEAST"
+             citron-scale FABRIC HOST INSTANCE AT_LEAST | alock FABRIC OFFSET LEASE_MS"
         ),
     }
     say("held");

@@ -53,6 +53,7 @@
 //! measured elsewhere: references, not this machine).
 
 mod ceiling;
+mod distance;
 mod sqlite;
 pub mod worker;
 
@@ -150,6 +151,26 @@ pub struct FcntlArgs {
     /// Directory for fcntl*.csv and fcntl.png.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
+    /// Distances of a far mount in ms added to each of its round trips
+    /// (issue 12; `distance.rs`): for each, a cluster with a near mount
+    /// (shm) and a far one (tcp) runs the F_SETLKW counter, the torn-read
+    /// check and SQLite across the two. None by default.
+    #[arg(long, value_delimiter = ',')]
+    far_ms: Vec<f64>,
+    /// Seconds of the counter and of the torn-read check at each distance.
+    #[arg(long, default_value_t = 3.0)]
+    far_secs: f64,
+    /// SQLite transactions per process at each distance (a far process's
+    /// take tens of its round trips each).
+    #[arg(long, default_value_t = 8)]
+    far_sqlite_tx: u32,
+    /// Refused F_SETLK calls to make through a tcp mount, counting the
+    /// connections the NICs accept meanwhile (0: none).
+    #[arg(long, default_value_t = 0)]
+    refusals: u64,
+    /// Only the --far-ms and --refusals sections.
+    #[arg(long)]
+    far_only: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -256,12 +277,15 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// `far`: the last mount is that much farther away (tcp, the test-only
+    /// added round-trip time), the others as `backend` says.
     fn start(
         range: RangeAlgorithm,
         backend: BackendChoice,
         threads: usize,
         mounts: usize,
         capacity: u64,
+        far: Option<Duration>,
     ) -> Result<Self> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let tag = format!("fcntl-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
@@ -289,6 +313,10 @@ impl Cluster {
                 BackendChoice::Shm => Transport::Auto,
                 BackendChoice::Tcp => Transport::Tcp,
             };
+            if let (Some(far), true) = (far, i + 1 == mounts) {
+                config.transport = Transport::Tcp;
+                config.added_rtt = far;
+            }
             let client = FsClient::connect(config).context("cannot join the cluster")?;
             let fs = CitronFuse::new(client, MountOptions { attr_ttl: Duration::ZERO, threads });
             clients.push(fs.client());
@@ -303,6 +331,12 @@ impl Cluster {
 
     fn cost(&self) -> Cost {
         Cost::of(&self.clients)
+    }
+
+    /// Connections the cluster's NICs have accepted.
+    fn nic_connections(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        self._meta.nic_stats().connections.load(Relaxed) + self._data.nic_stats().connections.load(Relaxed)
     }
 }
 
@@ -366,6 +400,7 @@ impl Worker {
         (start, len): (u64, u64),
         wait: bool,
         oracle: Option<&Path>,
+        counter: bool,
         label: String,
     ) -> Result<Self> {
         let mut cmd = Command::new(exe);
@@ -380,6 +415,9 @@ impl Worker {
         }
         if let Some(o) = oracle {
             cmd.arg("--oracle").arg(o);
+        }
+        if counter {
+            cmd.arg("--counter");
         }
         let mut child = cmd
             .stdin(Stdio::piped())
@@ -462,6 +500,23 @@ struct Throughput {
     /// `shared`: how often a process found another one inside the write
     /// lock it had just been granted (the exclusion oracle; must be 0).
     overlaps: Option<u64>,
+    /// Each process's pairs per second (process i on mount i % mounts).
+    rates: Vec<f64>,
+}
+
+/// What each process does inside each of its locks.
+#[derive(Clone, Copy, Debug)]
+struct Inside {
+    /// Holds it this long (a busy wait, inside the exclusion oracle).
+    hold_us: u64,
+    /// Adds one to the counter in the locked bytes (`worker`'s `--counter`).
+    counter: bool,
+}
+
+impl Inside {
+    const NOTHING: Inside = Inside { hold_us: 0, counter: false };
+    const HOLD_FOR_CHECK: Inside = Inside { hold_us: CHECK_HOLD_US, counter: false };
+    const COUNT: Inside = Inside { hold_us: 0, counter: true };
 }
 
 /// Runs `scenario`; every process locks `lock.1` bytes from its start
@@ -472,7 +527,7 @@ fn run_pairs(
     scenario: Scenario,
     lock: (u64, u64),
     secs: f64,
-    hold_us: u64,
+    inside: Inside,
     label: &str,
 ) -> Result<Throughput> {
     if dirs.len() < scenario.mounts() {
@@ -496,10 +551,10 @@ fn run_pairs(
         let who = format!("{label} worker {i}");
         let range = (scenario.start(i, lock.0), lock.1);
         let o = oracle.as_ref().map(|f| f.path());
-        workers.push(Worker::spawn(exe, &path, range, scenario.waits(), o, who)?);
+        workers.push(Worker::spawn(exe, &path, range, scenario.waits(), o, inside.counter, who)?);
     }
     for w in &mut workers {
-        w.send(&format!("run {secs} {hold_us}"))?;
+        w.send(&format!("run {secs} {}", inside.hold_us))?;
     }
     let within = Duration::from_secs_f64(secs) + Duration::from_secs(60);
     let mut rates = Vec::new();
@@ -523,6 +578,7 @@ fn run_pairs(
         min: rates.iter().copied().fold(f64::INFINITY, f64::min),
         max: rates.iter().copied().fold(0.0, f64::max),
         overlaps: oracle.map(|_| overlaps),
+        rates,
     })
 }
 
@@ -543,7 +599,7 @@ fn measure_steps(
     label: &str,
 ) -> Result<StepCosts> {
     let path = cluster.dirs[0].join(LOCK_FILE);
-    let mut w = Worker::spawn(exe, &path, lock, false, None, format!("{label} steps"))?;
+    let mut w = Worker::spawn(exe, &path, lock, false, None, false, format!("{label} steps"))?;
     // The first lock of a file creates its lock table: not a steady cost.
     w.ask_timed("lock")?;
     w.ask_timed("unlock")?;
@@ -651,6 +707,22 @@ fn validate(args: &FcntlArgs) -> Result<()> {
     Ok(())
 }
 
+/// The sections of `distance.rs`: a far mount at each `--far-ms`, and
+/// `--refusals`.
+fn far_sections(exe: &Path, args: &FcntlArgs) -> Result<()> {
+    println!("bench fcntl, issue 12: a far mount at +{:?} ms, {} refusals", args.far_ms, args.refusals);
+    let mut rows = Vec::new();
+    for &ms in &args.far_ms {
+        rows.push(distance::measure(exe, args, ms)?);
+    }
+    let refusal = if args.refusals > 0 { Some(distance::refusals(exe, args)?) } else { None };
+    std::fs::create_dir_all(&args.out)?;
+    for p in distance::report(&rows, refusal.as_ref(), &args.out)? {
+        println!("wrote {}", p.display());
+    }
+    distance::check(&rows)
+}
+
 pub fn run(args: FcntlArgs) -> Result<()> {
     validate(&args)?;
     let exe = std::env::current_exe().context("cannot find the citronfs binary")?;
@@ -663,6 +735,12 @@ pub fn run(args: FcntlArgs) -> Result<()> {
         args.range_locks.iter().map(|r| r.name()).collect::<Vec<_>>(),
         args.backends.iter().map(|b| backend_name(*b)).collect::<Vec<_>>(),
     );
+    if !args.far_ms.is_empty() || args.refusals > 0 {
+        far_sections(&exe, &args)?;
+        if args.far_only {
+            return Ok(());
+        }
+    }
     let lock = (args.lock_offset.0, args.lock_len.0);
     let mut checks = Vec::new();
     let mut pairs_rows = Vec::new();
@@ -672,7 +750,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
     for &backend in &args.backends {
         for &range in &args.range_locks {
             let label = format!("{range}/{}", backend_name(backend));
-            let cluster = Cluster::start(range, backend, args.threads, MOUNTS, args.capacity.0)
+            let cluster = Cluster::start(range, backend, args.threads, MOUNTS, args.capacity.0, None)
                 .with_context(|| format!("starting the {label} cluster"))?;
             std::fs::write(cluster.dirs[0].join(LOCK_FILE), b"")
                 .with_context(|| format!("{label}: creating {LOCK_FILE}"))?;
@@ -693,7 +771,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
                     scenario,
                     lock,
                     args.secs,
-                    0,
+                    Inside::NOTHING,
                     &format!("{label} {}", scenario.name()),
                 )?;
                 let cost = cluster.cost().since(before);
@@ -714,7 +792,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
                     Scenario::Shared,
                     lock,
                     args.check_secs,
-                    CHECK_HOLD_US,
+                    Inside::HOLD_FOR_CHECK,
                     &format!("{label} exclusion check"),
                 )?;
                 println!(
@@ -746,7 +824,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
                 Scenario::Shared,
                 lock,
                 args.check_secs,
-                CHECK_HOLD_US,
+                Inside::HOLD_FOR_CHECK,
                 &label,
             )?;
             println!("  {label}: {} overlaps in {} locks", t.overlaps.unwrap_or(0), t.pairs);
@@ -758,7 +836,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
             .collect();
         for scenario in shapes {
             let label = format!("fuse-ceiling-{threads}t {}", scenario.name());
-            let t = run_pairs(&exe, &mounts.dirs, scenario, lock, args.secs, 0, &label)?;
+            let t = run_pairs(&exe, &mounts.dirs, scenario, lock, args.secs, Inside::NOTHING, &label)?;
             println!("  {label}: {:.0} pairs/s", t.per_s);
             pairs_rows.push(PairsRow {
                 system: format!("fuse-ceiling-{threads}t"),

@@ -28,11 +28,34 @@ pub struct TcpOptions {
     /// How long to wait for a reply before declaring the host gone. A
     /// vanished host must give an error, never a hang.
     pub reply_timeout: Duration,
+    /// **Test only**: time added to every round trip of this node's queue
+    /// pairs (and half of it to every message it sends), as if the host were
+    /// that much farther away. Zero (the default) adds nothing. The reply
+    /// timeout is not extended.
+    pub added_rtt: Duration,
 }
 
 impl Default for TcpOptions {
     fn default() -> Self {
-        Self { connect_timeout: Duration::from_secs(3), reply_timeout: Duration::from_secs(10) }
+        Self {
+            connect_timeout: Duration::from_secs(3),
+            reply_timeout: Duration::from_secs(10),
+            added_rtt: Duration::ZERO,
+        }
+    }
+}
+
+impl TcpOptions {
+    /// The defaults with these timeouts (no added delay).
+    pub fn with_timeouts(connect_timeout: Duration, reply_timeout: Duration) -> Self {
+        Self { connect_timeout, reply_timeout, ..Self::default() }
+    }
+
+    /// Sleeps `added_rtt × num / den` (the test-only distance), if any.
+    fn travel(&self, num: u32, den: u32) {
+        if !self.added_rtt.is_zero() {
+            std::thread::sleep(self.added_rtt * num / den);
+        }
     }
 }
 
@@ -143,6 +166,7 @@ impl TcpQp {
         let timeout = self.options.reply_timeout;
         self.with_conn(|conn, seq| {
             let s = send(conn, seq, request)?;
+            self.options.travel(1, 1);
             conn.writer.flush()?;
             receive(conn, s, timeout)
         })
@@ -164,6 +188,7 @@ impl TcpQp {
             for verb in verbs {
                 let reply_bytes = expected_reply_bytes(verb);
                 if !in_flight.is_empty() && window + reply_bytes > REPLY_WINDOW {
+                    self.options.travel(1, 1);
                     conn.writer.flush()?;
                     drain(conn, &mut in_flight, out, timeout)?;
                     round_trips += 1;
@@ -173,6 +198,7 @@ impl TcpQp {
                 window += reply_bytes;
             }
             if !in_flight.is_empty() {
+                self.options.travel(1, 1);
                 conn.writer.flush()?;
                 drain(conn, &mut in_flight, out, timeout)?;
                 round_trips += 1;
@@ -332,6 +358,7 @@ impl TcpNode {
             return Ok(());
         }
         let body = codec::encode(&envelope);
+        self.options.travel(1, 2);
         // One retry on a fresh connection: the peer may have restarted.
         for attempt in 0..2 {
             let peer = self.peer(to.node).map_err(|e| match e {

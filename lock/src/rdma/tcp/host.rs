@@ -67,6 +67,12 @@ impl RpcService for NicService {
             }
             Request::Join { mailbox } => {
                 let id = NodeId(self.next_node.fetch_add(1, Ordering::Relaxed));
+                if id.0 >= NodeId::FIRST_SHM {
+                    // Shm ids start there (see `NodeId`).
+                    return Response::Refused(VerbError::Malformed(
+                        "node ids of this NIC are exhausted".into(),
+                    ));
+                }
                 self.directory.lock().insert(id, mailbox);
                 Response::Joined(id)
             }

@@ -12,6 +12,7 @@
 //! | `run SECS [HOLD_US]` | loops write lock + unlock of its range for SECS seconds, holding each lock HOLD_US µs (default 0) | `done PAIRS NANOS OVERLAPS` |
 //! | `lock` | one write lock of its range | `ok NANOS` |
 //! | `unlock` | one unlock of its range | `ok NANOS` |
+//! | `refuse N` | N `F_SETLK` write locks of its range that another holds: each must be refused | `done N NANOS` |
 //!
 //! Any failure answers `err WHAT` (the bench reports it and stops). The
 //! lock is `F_SETLK` unless `--wait` asks for `F_SETLKW` (queue behind a
@@ -23,6 +24,11 @@
 //! one away right before it unlocks, so a process that finds the counter
 //! above zero is inside a write lock that another process holds too.
 //! `OVERLAPS` counts those (always 0 without an oracle).
+//!
+//! The counter (`--counter`): inside each lock of `run` the worker adds one
+//! to the 8-byte number at the range's first byte of the file (read, write
+//! back), so the file's number after the run is the number of locks only if
+//! none excluded nothing.
 
 use std::fs::OpenOptions;
 use std::io::{self, BufRead, Write};
@@ -52,6 +58,9 @@ pub struct FcntlWorkerArgs {
     /// every process locking the same range maps.
     #[arg(long)]
     pub oracle: Option<PathBuf>,
+    /// Add one to the counter in the locked bytes inside each lock of `run`.
+    #[arg(long)]
+    pub counter: bool,
 }
 
 /// The oracle's counter, mapped shared from its file.
@@ -103,6 +112,8 @@ struct RangeLocker {
     len: i64,
     lock_cmd: libc::c_int,
     oracle: Option<Oracle>,
+    /// The file, for the counter (`--counter`).
+    counter: Option<std::fs::File>,
 }
 
 impl RangeLocker {
@@ -146,6 +157,9 @@ impl RangeLocker {
             if let Some(o) = &self.oracle {
                 overlaps += u64::from(o.enter());
             }
+            if let Some(f) = &self.counter {
+                self.count(f)?;
+            }
             while held.elapsed() < hold {
                 std::hint::spin_loop();
             }
@@ -159,6 +173,29 @@ impl RangeLocker {
                 return Ok((pairs, elapsed, overlaps));
             }
         }
+    }
+
+    /// Adds one to the counter at the range's first byte (0 past the end).
+    fn count(&self, f: &std::fs::File) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let at = self.start as u64;
+        let mut b = [0u8; 8];
+        let n = f.read_at(&mut b, at)?;
+        let value = if n == 8 { u64::from_le_bytes(b) } else { 0 };
+        f.write_all_at(&(value + 1).to_le_bytes(), at)
+    }
+
+    /// `n` write locks that must all be refused: (refusals, elapsed).
+    fn refuse(&self, n: u64) -> io::Result<(u64, Duration)> {
+        let start = Instant::now();
+        for i in 0..n {
+            match self.fcntl(libc::F_SETLK, libc::F_WRLCK) {
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => {}
+                Err(e) => return Err(e),
+                Ok(()) => return Err(io::Error::other(format!("lock {i} was granted, not refused"))),
+            }
+        }
+        Ok((n, start.elapsed()))
     }
 
     fn answer(&self, command: &str) -> String {
@@ -186,6 +223,11 @@ impl RangeLocker {
             ["run", secs] => run(secs, "0"),
             ["run", secs, hold_us] => run(secs, hold_us),
             ["lock"] => timed("lock", &|| self.lock()),
+            ["refuse", n] => match n.parse::<u64>().map(|n| self.refuse(n)) {
+                Ok(Ok((n, elapsed))) => format!("done {n} {}", elapsed.as_nanos()),
+                Ok(Err(e)) => format!("err refuse: {e}"),
+                Err(_) => format!("err bad count {n:?}"),
+            },
             ["unlock"] => timed("unlock", &|| self.unlock()),
             _ => format!("err unknown command {command:?}"),
         }
@@ -206,6 +248,7 @@ pub fn worker(args: FcntlWorkerArgs) -> Result<()> {
         len,
         lock_cmd: if args.wait { libc::F_SETLKW } else { libc::F_SETLK },
         oracle: args.oracle.as_deref().map(Oracle::open).transpose()?,
+        counter: if args.counter { Some(file.try_clone()?) } else { None },
     };
     let mut out = io::stdout().lock();
     writeln!(out, "ready")?;

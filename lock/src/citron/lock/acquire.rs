@@ -1,0 +1,804 @@
+//! Acquiring a range (citron-fast23.md Algorithms 1 and 2, §3.5, with the
+//! fast paths of §3.8): the spillover mutex and the maximizer for the part
+//! past the tree, then each node of the split through phases 2(a)–2(d), with
+//! Inequation (1) deciding whether a node's notifications came in time. The
+//! rule that a request never waits while holding tree nodes, and why, is in
+//! the module comment of [`super`].
+
+use std::time::{Duration, Instant};
+
+use super::recovery::{Progress, Watch};
+use super::{read_words, CitronClient, HeldNode, HeldRange, PASS_TICKET};
+use crate::citron::geometry::SegmentedTree;
+use crate::citron::scale::Anchor;
+use crate::citron::tree::{level_start, Cover, NodeIndex, TreeShape};
+use crate::citron::tuning::{TWaitWord, WaitWindow};
+use crate::citron::word::{
+    Internal, Ticket, BOUNDARIES, COUNTER_BITS, DCNT_FIELD, DCNT_SHIFT, DMAX_FIELD, HEARTBEAT_BIT, NOTIFY,
+    OCCUPY, OCC_BIT, TAKE_TICKET,
+};
+use crate::rdma::{Endpoint, Verb};
+use crate::rwlock::{LockError, Mode};
+
+/// The nodes a request holds while it locks its next one.
+#[derive(Default)]
+struct Others {
+    held: Vec<HeldNode>,
+    /// It gave way while holding: start the request over once this node is done.
+    restart: bool,
+}
+
+/// Sleeps a random time up to `*cap` and doubles the cap (up to `max`).
+fn backoff_for(cap: &mut Duration, max: Duration) {
+    let nanos = cap.as_nanos().max(1) as u64;
+    // A cheap random draw: the clock's nanoseconds, mixed.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let jitter = (u64::from(now.subsec_nanos()) ^ u64::from(std::process::id()))
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        >> 16;
+    std::thread::sleep(Duration::from_nanos(jitter % nanos));
+    *cap = (*cap * 2).min(max);
+}
+
+/// The longest backoff between two attempts of one request, restarts and
+/// aborts alike: 1 ms, or 16 `T_wait` if that is longer (a far client's
+/// attempts take several ms each, and so may its backoff).
+fn max_backoff(t_wait: Duration) -> Duration {
+    (t_wait * 16).max(Duration::from_millis(1))
+}
+
+/// Waits until `deadline`: sleeps while more than a timer slack is left
+/// (a published `T_wait` can be tens of ms, which must not be spun away on
+/// a loaded machine), then spins. Waiting longer than asked is always safe
+/// here.
+fn wait_until(deadline: Instant) {
+    const SLACK: Duration = Duration::from_micros(100);
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        let left = deadline - now;
+        if left > SLACK {
+            std::thread::sleep(left - SLACK / 2);
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// How locking one node of a request ended.
+enum NodeOutcome {
+    Held(HeldNode),
+    /// The tree changed (scale-up): start the request over.
+    Superseded,
+    /// Too many aborts: lock the root instead of the request's nodes; and
+    /// the leaf that kept refusing its bits on the way, if any, whose
+    /// leftovers the root's holder clears (Line 22 from the root).
+    ToRoot(Option<NodeIndex>),
+}
+
+/// Where a requested range ends.
+#[derive(Clone, Copy, Debug)]
+enum RangeEnd {
+    At(u64),
+    /// To infinity ([`CitronClient::acquire_to_end`]).
+    Infinite,
+}
+
+/// The aborts of one node of a request, and the backoff between them.
+struct Aborts {
+    count: u32,
+    limit: u32,
+    cap: Duration,
+    max: Duration,
+}
+
+impl Aborts {
+    fn new(config: &super::CitronConfig) -> Self {
+        Self { count: 0, limit: config.max_aborts, cap: config.t_wait, max: max_backoff(config.t_wait) }
+    }
+
+    /// Counts an abort of an attempt at `node`; `true` if the request
+    /// should lock the root now, else after backing off.
+    fn one_more(&mut self, node: NodeIndex) -> bool {
+        self.count += 1;
+        if self.count >= self.limit && node != NodeIndex::ROOT {
+            return true;
+        }
+        backoff_for(&mut self.cap, self.max);
+        false
+    }
+}
+
+enum Attempt {
+    Acquired(HeldNode),
+    Aborted,
+    /// The tree was scaled up under us (lines 15 and 33): start the request
+    /// over under the new configuration.
+    Superseded,
+    /// Leaf starvation (Line 24): lock the parent instead.
+    MoveToParent,
+    /// A stalled occupied ancestor (§3.10, Line 18): lock it instead.
+    MoveTo(NodeIndex),
+}
+
+/// What Step 2(b) found.
+enum Ancestors {
+    /// No occupied ancestor; the oldest t1 (Inequation (1)).
+    Clear(Instant),
+    /// The root is superseded: a scale-up has begun (line 15).
+    Superseded,
+    /// An occupied ancestor made no progress for T_lease (§3.10).
+    Stalled(NodeIndex),
+}
+
+impl CitronClient {
+    /// Locks units `[l, r)` (Algorithm 1).
+    pub fn acquire(&mut self, ep: &Endpoint, l: u64, r: u64) -> Result<HeldRange, LockError> {
+        if l >= r {
+            return Err(LockError::Misuse("empty range"));
+        }
+        self.acquire_until(ep, l, RangeEnd::At(r))
+    }
+
+    /// Locks units `[l, ∞)`: the tree's part `[l, N)`, if any, and the
+    /// spillover mutex, which guards all of `[N, ∞)`. The border this OR-s
+    /// into the maximizer (§3.9.1) is where the range *starts*, `l + 1`, and
+    /// only if `l ≥ N`: a lock to infinity asks the tree to grow to reach
+    /// its start, never to the largest tree there is (nor 4× per lock).
+    pub fn acquire_to_end(&mut self, ep: &Endpoint, l: u64) -> Result<HeldRange, LockError> {
+        if l == u64::MAX {
+            return Err(LockError::Misuse("empty range"));
+        }
+        self.acquire_until(ep, l, RangeEnd::Infinite)
+    }
+
+    fn acquire_until(&mut self, ep: &Endpoint, l: u64, end: RangeEnd) -> Result<HeldRange, LockError> {
+        loop {
+            let version = self.current.geometry.version;
+            if let Some(held) = self.acquire_once(ep, l, end)? {
+                self.stats.acquisitions += 1;
+                return Ok(held);
+            }
+            // Superseded; nothing is held. Follow the new configuration
+            // unless a release on the way already did.
+            self.stats.superseded += 1;
+            if self.current.geometry.version == version {
+                self.await_newer_configuration()?;
+            }
+        }
+    }
+
+    /// One try under the configuration followed now; `None` (holding
+    /// nothing) if the tree turned out to be superseded.
+    fn acquire_once(&mut self, ep: &Endpoint, l: u64, end: RangeEnd) -> Result<Option<HeldRange>, LockError> {
+        let cur = self.current.clone();
+        let shape = cur.tree.shape();
+        let n = shape.units();
+        // The right border for this tree, and the one to OR into the
+        // maximizer (0: none).
+        let (r, border) = match end {
+            RangeEnd::At(r) => (r, r),
+            RangeEnd::Infinite => (l.max(n) + 1, if l >= n { l + 1 } else { 0 }),
+        };
+        let mut held = HeldRange { start: l, end: r, nodes: Vec::new(), spillover: false, shape };
+        if r > n {
+            self.spillover.acquire(ep, Mode::Exclusive)?;
+            held.spillover = true;
+            // No scale-up can start while we hold the mutex, but one may have
+            // finished while we waited for it: is our root still current? And
+            // OR the right border into the maximizer (masked-CAS with a zero
+            // compare mask, §3.9.1). One round trip.
+            let mut batch = ep.batch();
+            let root = batch.push(Verb::Read { addr: cur.tree.node(NodeIndex::ROOT), len: 8 });
+            let or = batch.push(Verb::MaskedCas {
+                addr: cur.geometry.maximizer,
+                cmp: 0,
+                cmp_mask: 0,
+                swap: border,
+                swap_mask: border,
+            });
+            let superseded = batch.submit().map_err(LockError::from).and_then(|replies| {
+                if let Some(e) = replies.first_error() {
+                    return Err(e.clone().into());
+                }
+                let stale = Internal(replies.u64(root)?).superseded();
+                Ok(if stale { Some(replies.old(or)?) } else { None })
+            });
+            match superseded {
+                Ok(None) => {}
+                Ok(Some(before)) => {
+                    // Our border was meant for the old tree. Only holders of
+                    // the spillover mutex write the maximizer, so put back
+                    // what it held.
+                    let restored = if before | border != before {
+                        ep.write_u64(cur.geometry.maximizer, before).map_err(LockError::from)
+                    } else {
+                        Ok(())
+                    };
+                    self.spillover.release(ep)?;
+                    restored?;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    let _ = self.spillover.release(ep);
+                    return Err(e);
+                }
+            }
+        }
+        if l < n {
+            let covers = shape.split(l, r.min(n), self.config.k);
+            match self.lock_covers(ep, shape, &covers) {
+                Ok(Some(nodes)) => held.nodes = nodes,
+                outcome => {
+                    if held.spillover {
+                        self.spillover.release(ep)?;
+                    }
+                    return outcome.map(|_| None);
+                }
+            }
+        }
+        Ok(Some(held))
+    }
+
+    /// Locks `covers` (nodes of a tree of `shape`) in order. On `None` or an
+    /// error nothing of them is held.
+    fn lock_covers(
+        &mut self,
+        ep: &Endpoint,
+        shape: TreeShape,
+        covers: &[Cover],
+    ) -> Result<Option<Vec<HeldNode>>, LockError> {
+        let mut backoff = self.config.t_wait;
+        let max = max_backoff(self.config.t_wait);
+        // Once the request has aborted too often, the root alone (the bounded
+        // path of the module comment).
+        let root = [Cover {
+            node: NodeIndex::ROOT,
+            start: covers.iter().map(|c| c.start).min().unwrap_or(0),
+            end: covers.iter().map(|c| c.end).max().unwrap_or(0),
+        }];
+        let mut covers = covers;
+        let mut refusing_leaf = None;
+        loop {
+            let mut others = Others::default();
+            let mut outcome = Ok(true);
+            for &cover in covers {
+                match self.lock_node(ep, cover, shape, &mut others) {
+                    Ok(NodeOutcome::Held(h)) => {
+                        others.held.push(h);
+                        if others.restart {
+                            break;
+                        }
+                    }
+                    Ok(NodeOutcome::ToRoot(leaf)) => {
+                        self.stats.root_escalations += 1;
+                        refusing_leaf = refusing_leaf.or(leaf);
+                        covers = &root;
+                        others.restart = true;
+                        break;
+                    }
+                    Ok(NodeOutcome::Superseded) => {
+                        outcome = Ok(false);
+                        break;
+                    }
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
+                }
+            }
+            match outcome {
+                Ok(true) if !others.restart => {
+                    if let (Some(leaf), [held]) = (refusing_leaf, others.held.as_mut_slice()) {
+                        // Holding the root is holding the leaf's parent and
+                        // more: Line 22 applies as from the parent.
+                        let cur = self.current.clone();
+                        let addr = cur.tree.key(shape.key(leaf));
+                        let mut marks = Progress::of_held(&cur.tree, held, self.tick());
+                        self.clear_dead_leaf_bits(ep, addr, leaf, &mut marks)?;
+                        held.acquired_at = Instant::now();
+                    }
+                    return Ok(Some(others.held));
+                }
+                Ok(true) => {
+                    // Gave way while holding: let go of everything, start over.
+                    self.yield_held(ep, &mut others)?;
+                    self.stats.restarts += 1;
+                    backoff_for(&mut backoff, max);
+                }
+                Ok(false) => {
+                    self.yield_held(ep, &mut others)?;
+                    return Ok(None);
+                }
+                Err(e) => {
+                    let _ = self.yield_held(ep, &mut others);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Before a wait: release the request's other nodes, so it never holds
+    /// while waiting (see the module comment), and mark it for a restart.
+    fn yield_held(&mut self, ep: &Endpoint, others: &mut Others) -> Result<(), LockError> {
+        if others.held.is_empty() {
+            return Ok(());
+        }
+        let nodes = std::mem::take(&mut others.held);
+        others.restart = true;
+        self.release_nodes(ep, &nodes, Vec::new())
+    }
+
+    fn lock_node(
+        &mut self,
+        ep: &Endpoint,
+        mut cover: Cover,
+        shape: TreeShape,
+        others: &mut Others,
+    ) -> Result<NodeOutcome, LockError> {
+        let mut aborts = Aborts::new(&self.config);
+        loop {
+            // A release on the way may have followed a newer configuration:
+            // `cover` is an index of the old tree, so start the request over.
+            if self.current.tree.shape() != shape {
+                return Ok(NodeOutcome::Superseded);
+            }
+            match self.try_lock_node(ep, cover, others)? {
+                Attempt::Acquired(h) => return Ok(NodeOutcome::Held(h)),
+                Attempt::Superseded => return Ok(NodeOutcome::Superseded),
+                Attempt::Aborted => {
+                    self.stats.aborts += 1;
+                    if aborts.one_more(cover.node) {
+                        return Ok(NodeOutcome::ToRoot(None));
+                    }
+                }
+                Attempt::MoveToParent => {
+                    self.stats.leaf_escalations += 1;
+                    let leaf = cover.node;
+                    cover.node = leaf.parent().expect("a leaf below the root has a parent");
+                    let held = loop {
+                        if self.current.tree.shape() != shape {
+                            return Ok(NodeOutcome::Superseded);
+                        }
+                        match self.try_lock_node(ep, cover, others)? {
+                            Attempt::Acquired(h) => break h,
+                            Attempt::Superseded => return Ok(NodeOutcome::Superseded),
+                            Attempt::Aborted => {
+                                self.stats.aborts += 1;
+                                if aborts.one_more(cover.node) {
+                                    // The leaf's bits, if a dead client's,
+                                    // are cleared once the root is held.
+                                    return Ok(NodeOutcome::ToRoot(Some(leaf)));
+                                }
+                            }
+                            Attempt::MoveTo(a) => cover.node = a,
+                            Attempt::MoveToParent => unreachable!("only leaves escalate"),
+                        }
+                    };
+                    let mut held = held;
+                    if !held.children {
+                        let cur = self.current.clone();
+                        let addr = cur.tree.key(shape.key(leaf));
+                        let mut marks = Progress::of_held(&cur.tree, &held, self.tick());
+                        self.clear_dead_leaf_bits(ep, addr, leaf, &mut marks)?;
+                        held.acquired_at = Instant::now();
+                    }
+                    return Ok(NodeOutcome::Held(held));
+                }
+                Attempt::MoveTo(ancestor) => cover.node = ancestor,
+            }
+        }
+    }
+
+    /// Algorithm 2, lines 8–37, for one node.
+    fn try_lock_node(
+        &mut self,
+        ep: &Endpoint,
+        cover: Cover,
+        others: &mut Others,
+    ) -> Result<Attempt, LockError> {
+        let cur = self.current.clone();
+        let tree = &cur.tree;
+        let shape = tree.shape();
+        let node = cover.node;
+        let key = shape.key(node);
+        let addr = tree.node(node);
+        let leaf = shape.is_leaf(node);
+        let ancestors: Vec<NodeIndex> = shape.ancestors(node).collect();
+        // Round trip 1 (§3.8: Steps 2(a) and 2(b) optimistically batched):
+        // take the ticket of an internal node and read every ancestor.
+        let mut batch = ep.batch();
+        let ticket_slot = (!leaf)
+            .then(|| batch.push(Verb::MaskedFaa { addr, add: TAKE_TICKET, boundary_mask: BOUNDARIES }));
+        for &a in &ancestors {
+            batch.push(Verb::Read { addr: tree.node(a), len: 8 });
+        }
+        let posted = Instant::now();
+        let replies = batch.submit()?;
+        let mut prefetched = Some((posted, read_words(&replies.as_slice()[usize::from(!leaf)..])?));
+        let mut ticket = None;
+        if let Some(slot) = ticket_slot {
+            // Phase 2(a) (lines 10–11): the bakery lock of an internal node.
+            let old = replies.old(slot)?;
+            let mine = Ticket::from_old_word(old);
+            if !mine.is_served(Internal(old)) {
+                // Not served at once: the ancestors read before we were is stale.
+                prefetched = None;
+                self.yield_held(ep, others)?;
+                self.wait_for_ticket(ep, addr, mine)?;
+            }
+            ticket = Some(mine);
+        }
+        // While we wait in 2(b) with our ticket served, the node's waiters
+        // must see us alive (the recovery module's progress marks).
+        let floor = ticket.map(|_| addr);
+        let mut cas_failures = 0;
+        loop {
+            // Phase 2(b): wait for occupied ancestors (lines 12–19).
+            let t1 = match self.wait_for_ancestors(ep, tree, &ancestors, others, prefetched.take(), floor)? {
+                Ancestors::Clear(t1) => t1,
+                outcome => {
+                    if !leaf {
+                        ep.masked_faa(addr, PASS_TICKET, BOUNDARIES)?;
+                    }
+                    return Ok(match outcome {
+                        Ancestors::Stalled(a) => Attempt::MoveTo(a),
+                        _ => Attempt::Superseded,
+                    });
+                }
+            };
+            // Round trip 2 (§3.8: Steps 2(c) and 2(d) batched): lock the
+            // leaf's bits or occupy the node, notify the ancestors; and, for
+            // a node whose children are leaves, try to take all their bits so
+            // no wait for descendants is needed.
+            let notified = self.notify_set(shape, node);
+            let leaf_mask = leaf.then(|| shape.leaf_mask(node, cover.start, cover.end));
+            let children_are_leaves = !leaf && shape.level_of(node) + 1 == shape.depth();
+            let mut batch = ep.batch();
+            let lock_slot = match leaf_mask {
+                Some(mask) => {
+                    batch.push(Verb::MaskedCas { addr, cmp: 0, cmp_mask: mask, swap: mask, swap_mask: mask })
+                }
+                None => batch.push(Verb::MaskedFaa { addr, add: OCCUPY, boundary_mask: BOUNDARIES }),
+            };
+            let child_slots: Vec<_> = if children_are_leaves {
+                (0..4)
+                    .map(|i| {
+                        let c = tree.node(node.child(i));
+                        batch.push(Verb::MaskedCas { addr: c, cmp: 0, cmp_mask: !0, swap: !0, swap_mask: !0 })
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let notify_slots: Vec<_> = notified
+                .iter()
+                .map(|&a| {
+                    batch.push(Verb::MaskedFaa { addr: tree.node(a), add: NOTIFY, boundary_mask: BOUNDARIES })
+                })
+                .collect();
+            // The cluster's T_wait, read after our lock verb and our
+            // notifications: both our budget and our wait come from this
+            // reading (the argument is in `tuning`).
+            let tuning_slot =
+                self.config.published_t_wait.map(|word| batch.push(Verb::Read { addr: word, len: 8 }));
+            let replies = batch.submit()?;
+            let t2 = Instant::now();
+            let children_taken: Vec<bool> =
+                child_slots.iter().map(|&s| replies.old(s).map(|old| old == 0)).collect::<Result<_, _>>()?;
+            // The anchor: the highest notified node, or the node itself when
+            // it is the root (nothing to notify; its Occ is what a scale-up
+            // carries). Its old word says whether a scale-up read it first.
+            let (anchor, anchor_slot) = match (notified.last(), notify_slots.last()) {
+                (Some(&w), Some(&slot)) => (Some(Anchor::Notified(shape.key(w))), Some(slot)),
+                _ if !leaf => (Some(Anchor::Occupied(key)), Some(lock_slot)),
+                _ => (None, None),
+            };
+            let anchor_marked = match (anchor, anchor_slot) {
+                (Some(a), Some(slot)) => replies.old(slot).is_ok_and(|w| w & a.mark() != 0),
+                _ => false,
+            };
+            let mut held = HeldNode {
+                key,
+                leaf,
+                leaf_mask,
+                notified: notified.iter().map(|&a| shape.key(a)).collect(),
+                children: children_taken.iter().all(|&t| t) && children_are_leaves,
+                anchor,
+                anchor_marked,
+                ticket,
+                acquired_at: t2,
+            };
+            if let Some(e) = replies.first_error() {
+                let e = e.clone();
+                self.undo_partial(ep, tree, &held, &children_taken)?;
+                return Err(e.into());
+            }
+            let window = match tuning_slot {
+                Some(slot) => WaitWindow::read(TWaitWord(replies.u64(slot)?), self.config.t_wait),
+                None => WaitWindow::fixed(self.config.t_wait),
+            };
+            if let Some(mask) = leaf_mask {
+                if replies.old(lock_slot)? & mask != 0 {
+                    // Line 26: the bits are taken. Roll back the notification
+                    // (§3.8) and go back to 2(b).
+                    held.leaf_mask = None;
+                    self.undo_partial(ep, tree, &held, &[])?;
+                    self.yield_held(ep, others)?;
+                    cas_failures += 1;
+                    if cas_failures >= self.config.leaf_patience && node != NodeIndex::ROOT {
+                        return Ok(Attempt::MoveToParent);
+                    }
+                    continue;
+                }
+            }
+            // Line 33: a scale-up read our anchor before our unit reached
+            // it, so nothing of ours was carried to the new levels: this
+            // tree is superseded for us.
+            if anchor_marked {
+                self.undo_partial(ep, tree, &held, &children_taken)?;
+                return Ok(Attempt::Superseded);
+            }
+            // Inequation (1) (line 32): we finished notifying before any
+            // ancestor's holder could have stopped waiting for us. A node
+            // that notifies nobody (the root) has nothing to be late for.
+            let budget = window.budget.mul_f64(1.0 - self.config.drift);
+            if !notified.is_empty() && t2.duration_since(t1) > budget {
+                self.undo_partial(ep, tree, &held, &children_taken)?;
+                return Ok(Attempt::Aborted);
+            }
+            if !leaf && !held.children {
+                // Some child bits were busy: give back those we took, then
+                // the regular path. Line 34: t0 is after our Occ is visible
+                // (the batch completed), so waiting from it is conservative.
+                self.clear_children(ep, tree, node, &children_taken)?;
+                let t0 = t2;
+                wait_until(t0 + window.wait);
+                let mut marks = Progress::of_held(tree, &held, self.tick());
+                self.wait_for_descendants(ep, tree, node, others, &mut marks)?;
+                held.acquired_at = Instant::now();
+            }
+            return Ok(Attempt::Acquired(held));
+        }
+    }
+
+    /// Writes that clear the child leaves the §3.8 shortcut took (`taken[i]`).
+    fn clear_children_verbs(tree: &SegmentedTree, node: NodeIndex, taken: &[bool]) -> Vec<Verb> {
+        taken
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| **t)
+            .map(|(i, _)| Verb::Write {
+                addr: tree.node(node.child(i as u64)),
+                data: 0u64.to_le_bytes().to_vec(),
+            })
+            .collect()
+    }
+
+    fn clear_children(
+        &self,
+        ep: &Endpoint,
+        tree: &SegmentedTree,
+        node: NodeIndex,
+        taken: &[bool],
+    ) -> Result<(), LockError> {
+        for r in ep.execute(&Self::clear_children_verbs(tree, node, taken))? {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Undoes an attempt (whose children shortcut may have taken some
+    /// leaves) in one batch.
+    fn undo_partial(
+        &mut self,
+        ep: &Endpoint,
+        tree: &SegmentedTree,
+        held: &HeldNode,
+        children_taken: &[bool],
+    ) -> Result<(), LockError> {
+        let clear = if held.children {
+            Vec::new() // its release clears all four
+        } else {
+            Self::clear_children_verbs(tree, tree.shape().index(held.key), children_taken)
+        };
+        self.release_nodes(ep, std::slice::from_ref(held), clear)
+    }
+
+    /// Step 2(b). Returns the oldest t1 over all ancestors, or whether the
+    /// root says the tree is being scaled up (abort, line 15).
+    fn wait_for_ancestors(
+        &mut self,
+        ep: &Endpoint,
+        tree: &SegmentedTree,
+        ancestors: &[NodeIndex],
+        others: &mut Others,
+        mut prefetched: Option<(Instant, Vec<Internal>)>,
+        floor: Option<crate::rdma::RemoteAddr>,
+    ) -> Result<Ancestors, LockError> {
+        if ancestors.is_empty() {
+            return Ok(Ancestors::Clear(Instant::now())); // the root has no ancestors
+        }
+        // t1 of each ancestor: post time of the last read finding it unoccupied.
+        let mut t1: Vec<Option<Instant>> = vec![None; ancestors.len()];
+        // ancestors[cleared..] are the ancestors of `cleared` (line 12: node).
+        let mut cleared = 0;
+        loop {
+            let (posted, words) = match prefetched.take() {
+                Some(p) => p,
+                None => {
+                    let posted = Instant::now();
+                    let verbs: Vec<Verb> =
+                        ancestors.iter().map(|&a| Verb::Read { addr: tree.node(a), len: 8 }).collect();
+                    (posted, read_words(&ep.execute(&verbs)?)?)
+                }
+            };
+            // Line 15: the root of our tree is superseded.
+            if words.last().is_some_and(|w| w.superseded()) {
+                return Ok(Ancestors::Superseded);
+            }
+            for (i, w) in words.iter().enumerate() {
+                if !w.occupied() {
+                    t1[i] = Some(posted);
+                }
+            }
+            // Line 16: the lowest occupied ancestor of `cleared`.
+            let Some(next) = (cleared..ancestors.len()).find(|&i| words[i].occupied()) else {
+                let oldest = t1.iter().flatten().min().copied();
+                return Ok(Ancestors::Clear(oldest.unwrap_or(posted)));
+            };
+            // Line 18: wait for it to be released.
+            self.yield_held(ep, others)?;
+            let addr = tree.node(ancestors[next]);
+            // Its holder's progress: TCnt, Occ, and HB while it waits.
+            let key = |w: u64| w & (super::TCNT_FIELD | OCC_BIT | HEARTBEAT_BIT);
+            let mut marks = Progress::holding(floor, &[], self.tick());
+            let released = |w: u64| !Internal(w).occupied();
+            match self.watch(ep, addr, released, key, self.stall(), &mut marks)? {
+                Watch::Done(seen) => {
+                    t1[next] = Some(seen);
+                    cleared = next + 1;
+                }
+                // §3.10: its holder may be dead; lock it ourselves (its
+                // bakery wait then recovers it, Line 11).
+                Watch::Stalled(_) => return Ok(Ancestors::Stalled(ancestors[next])),
+            }
+        }
+    }
+
+    /// The ancestors to notify: every m-th from the parent, the top m-1
+    /// levels replaced by level m-1, the parent always (§3.5.5).
+    fn notify_set(&self, shape: TreeShape, node: NodeIndex) -> Vec<NodeIndex> {
+        let level = shape.level_of(node);
+        notify_levels(level, self.config.m)
+            .into_iter()
+            .map(|lvl| {
+                let (start, _) = shape.range(node);
+                shape.node_at(lvl, start)
+            })
+            .collect()
+    }
+
+    /// Lines 35–36: `node` and its internal descendants within m levels must
+    /// have no request between notifying and releasing. One read per run of
+    /// a level in one segment (at most m(m+1)/2 after scale-ups, §3.9.1).
+    fn wait_for_descendants(
+        &mut self,
+        ep: &Endpoint,
+        tree: &SegmentedTree,
+        node: NodeIndex,
+        others: &mut Others,
+        marks: &mut Progress,
+    ) -> Result<(), LockError> {
+        let shape = tree.shape();
+        let level = shape.level_of(node);
+        let pos = node.0 - level_start(level);
+        let mut pending = Vec::new();
+        let mut runs = Vec::new();
+        for i in 0..self.config.m {
+            let lvl = level + i;
+            if lvl >= shape.depth() {
+                break; // leaves carry no counters
+            }
+            for run in tree.runs(lvl, pos << (2 * i), 1u64 << (2 * i)) {
+                runs.push((lvl, run));
+            }
+        }
+        let verbs: Vec<Verb> =
+            runs.iter().map(|(_, run)| Verb::Read { addr: run.addr, len: (8 * run.count) as u32 }).collect();
+        for ((lvl, run), r) in runs.iter().zip(ep.execute(&verbs)?) {
+            let crate::rdma::VerbReply::Data(d) = r? else {
+                return Err(LockError::Host("unexpected read reply".into()));
+            };
+            for (j, w) in d.chunks_exact(8).enumerate() {
+                let w = Internal(u64::from_le_bytes(w.try_into().expect("8 bytes")));
+                if !w.descendants_quiet() {
+                    pending.push(NodeIndex(level_start(*lvl) + run.first + j as u64));
+                }
+            }
+        }
+        if !pending.is_empty() {
+            self.yield_held(ep, others)?;
+        }
+        // §3.10, Line 36: DCnt and DMax that do not move for H·T_lease (H:
+        // our height; plus the half lease of the recovery module's margin)
+        // belong to dead clients: a live notifier that waits keeps them
+        // moving. Level DCnt with DMax.
+        let height = shape.depth() - level;
+        let stall = self.config.lease * height + self.config.lease / 2;
+        for desc in pending {
+            let addr = tree.node(desc);
+            loop {
+                let counters = |w: u64| w & (DCNT_FIELD | DMAX_FIELD);
+                match self.watch(ep, addr, |w| Internal(w).descendants_quiet(), counters, stall, marks)? {
+                    Watch::Done(_) => break,
+                    Watch::Stalled(w) => {
+                        let seen = Internal(w);
+                        log::warn!("levelling DCnt of node {} left behind by a dead client", desc.0);
+                        let field = ((1u64 << COUNTER_BITS) - 1) << DCNT_SHIFT;
+                        ep.masked_cas(addr, w, field, seen.dmax() << DCNT_SHIFT, field)?;
+                        self.stats_recovered();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Levels of the ancestors a node on `level` notifies (§3.5.5): the parent,
+/// then every m-th ancestor above it, those in the top m-1 levels replaced by
+/// level m-1.
+pub fn notify_levels(level: u32, m: u32) -> Vec<u32> {
+    if level == 0 {
+        return Vec::new();
+    }
+    let mut out = vec![level - 1];
+    let mut raw = level - 1;
+    while raw >= m {
+        raw -= m;
+        let lvl = raw.max(m - 1);
+        if out.last() != Some(&lvl) {
+            out.push(lvl);
+        }
+        if raw < m - 1 {
+            break;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever levels Alice (at `a`) checks, `a..a+m` (internal only), she
+    /// meets one that Bob (at `b > a`) notifies: the meet-in-the-middle rule.
+    #[test]
+    fn every_ancestor_meets_a_notified_level() {
+        for m in 1..=5u32 {
+            for b in 1..=20u32 {
+                let notified = notify_levels(b, m);
+                assert_eq!(notified[0], b - 1, "the parent is always notified");
+                assert!(notified.windows(2).all(|w| w[0] > w[1]), "{notified:?}");
+                for a in 0..b {
+                    let checked = a..(a + m);
+                    assert!(
+                        notified.iter().any(|l| checked.contains(l) && *l < b),
+                        "m={m} b={b} a={a}: {notified:?} misses {checked:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn top_levels_are_replaced_by_level_m_minus_1() {
+        assert_eq!(notify_levels(10, 4), vec![9, 5, 3]);
+        assert_eq!(notify_levels(8, 4), vec![7, 3]);
+        assert_eq!(notify_levels(3, 4), vec![2]);
+        assert_eq!(notify_levels(1, 4), vec![0]);
+    }
+}
