@@ -6,13 +6,13 @@ use anyhow::{Context, Result};
 
 /// Rows of named columns, printed aligned and written as CSV.
 pub struct Table {
-    headers: Vec<&'static str>,
+    headers: Vec<String>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    pub fn new(headers: &[&'static str]) -> Self {
-        Self { headers: headers.to_vec(), rows: Vec::new() }
+    pub fn new(headers: &[&str]) -> Self {
+        Self { headers: headers.iter().map(|h| h.to_string()).collect(), rows: Vec::new() }
     }
 
     pub fn push(&mut self, row: Vec<String>) {
@@ -28,7 +28,7 @@ impl Table {
             let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:>w$}")).collect();
             println!("{}", parts.join("  "));
         };
-        line(self.headers.clone());
+        line(self.headers.iter().map(String::as_str).collect());
         for r in &self.rows {
             line(r.iter().map(String::as_str).collect());
         }

@@ -49,8 +49,11 @@
 //!
 //! Ratios: citron / rpc, citron / the best FUSE ceiling of the same shape
 //! (`shared` is held against the `disjoint` ceiling: the same processes and
-//! mounts), and citron against the peers (MooseFS and GlusterFS,
-//! measured elsewhere: references, not this machine).
+//! mounts), and citron / each peer file system given with `--peer` (two
+//! mounts of one volume, e.g. MooseFS's from `setup-moosefs.sh`), measured
+//! in the same run: every scenario, the exclusion check and SQLite run on
+//! the peers' mounts too. A figure of a peer from another run is never
+//! compared against.
 
 mod ceiling;
 mod distance;
@@ -89,11 +92,25 @@ const LOCK_FILE: &str = ceiling::FILE_NAME;
 const PROCESSES: usize = 4;
 const MOUNTS: usize = 2;
 
-/// The peers, pairs/s: (scenario, MooseFS, GlusterFS).
-const PEERS: [(Scenario, f64, f64); 2] =
-    [(Scenario::One, 3900.0, 2400.0), (Scenario::Disjoint, 9900.0, 4600.0)];
-/// MooseFS with SQLite, transactions/s (the reference).
-const MOOSEFS_SQLITE_TX: f64 = 168.0;
+/// Another file system measured in the same run (`--peer NAME=A,B`): two
+/// mounts of one volume.
+#[derive(Clone, Debug)]
+pub struct PeerMounts {
+    name: String,
+    dirs: Vec<PathBuf>,
+}
+
+impl std::str::FromStr for PeerMounts {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, dirs) = s.split_once('=').ok_or_else(|| format!("{s:?} is not NAME=DIR_A,DIR_B"))?;
+        let dirs: Vec<PathBuf> = dirs.split(',').filter(|d| !d.is_empty()).map(PathBuf::from).collect();
+        if name.is_empty() || dirs.len() != MOUNTS {
+            return Err(format!("{s:?}: a peer is NAME={MOUNTS} mount directories, comma-separated"));
+        }
+        Ok(Self { name: name.to_string(), dirs })
+    }
+}
 /// How long each lock of the exclusion check is held: long enough that two
 /// holders at once are all but certain to be seen.
 const CHECK_HOLD_US: u64 = 50;
@@ -171,6 +188,12 @@ pub struct FcntlArgs {
     /// Only the --far-ms and --refusals sections.
     #[arg(long)]
     far_only: bool,
+    /// Another file system to measure in this run, as NAME=DIR_A,DIR_B:
+    /// two mounts of one volume (e.g. moosefs=/mnt/mfsA,/mnt/mfsB). Every
+    /// scenario, the exclusion check and SQLite run on it too, and the
+    /// ratios compare against it. Repeatable.
+    #[arg(long = "peer", value_name = "NAME=DIR_A,DIR_B")]
+    peers: Vec<PeerMounts>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -647,7 +670,7 @@ struct VerbsRow {
 }
 
 struct SqliteRow {
-    range: RangeAlgorithm,
+    system: String,
     backend: &'static str,
     run: sqlite::SqliteRun,
 }
@@ -807,7 +830,11 @@ pub fn run(args: FcntlArgs) -> Result<()> {
                     sqlite::run(&cluster.dirs, "bench.db", PROCESSES, args.sqlite_tx, args.sqlite_journal)
                         .with_context(|| format!("{label}: SQLite"))?;
                 println!("  {label} sqlite: {:.0} tx/s", run.tx_per_s());
-                sqlite_rows.push(SqliteRow { range, backend: backend_name(backend), run });
+                sqlite_rows.push(SqliteRow {
+                    system: range.name().into(),
+                    backend: backend_name(backend),
+                    run,
+                });
             }
             drop(cluster);
         }
@@ -846,6 +873,45 @@ pub fn run(args: FcntlArgs) -> Result<()> {
                 t,
                 cost: None,
             });
+        }
+    }
+
+    for peer in &args.peers {
+        let label = &peer.name;
+        std::fs::write(peer.dirs[0].join(LOCK_FILE), b"")
+            .with_context(|| format!("{label}: creating {LOCK_FILE} in {}", peer.dirs[0].display()))?;
+        if args.check_secs > 0.0 {
+            let check = format!("{label} exclusion check");
+            let t = run_pairs(
+                &exe,
+                &peer.dirs,
+                Scenario::Shared,
+                lock,
+                args.check_secs,
+                Inside::HOLD_FOR_CHECK,
+                &check,
+            )?;
+            println!("  {check}: {} overlaps in {} locks", t.overlaps.unwrap_or(0), t.pairs);
+            checks.push(CheckRow { system: label.clone(), backend: "-", t });
+        }
+        for &scenario in &args.scenarios {
+            let run = format!("{label} {}", scenario.name());
+            let t = run_pairs(&exe, &peer.dirs, scenario, lock, args.secs, Inside::NOTHING, &run)?;
+            println!("  {run}: {:.0} pairs/s", t.per_s);
+            pairs_rows.push(PairsRow {
+                system: label.clone(),
+                backend: "-",
+                scenario,
+                threads: 0,
+                t,
+                cost: None,
+            });
+        }
+        if args.sqlite_tx > 0 {
+            let run = sqlite::run(&peer.dirs, "bench.db", PROCESSES, args.sqlite_tx, args.sqlite_journal)
+                .with_context(|| format!("{label}: SQLite"))?;
+            println!("  {label} sqlite: {:.0} tx/s", run.tx_per_s());
+            sqlite_rows.push(SqliteRow { system: label.clone(), backend: "-", run });
         }
     }
 
@@ -954,7 +1020,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
             args.sqlite_journal.pragma()
         );
         let mut table = Table::new(&[
-            "range_lock",
+            "system",
             "backend",
             "processes",
             "mounts",
@@ -967,7 +1033,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
         ]);
         for r in &sqlite_rows {
             table.push(vec![
-                r.range.name().into(),
+                r.system.clone(),
                 r.backend.into(),
                 r.run.processes.to_string(),
                 r.run.mounts.to_string(),
@@ -1007,7 +1073,9 @@ pub fn run(args: FcntlArgs) -> Result<()> {
         written.push(path);
     }
 
-    println!("\nratios (ceiling: the best FUSE ceiling of the same processes and mounts; peers: the issue's figures):");
+    println!(
+        "\nratios (ceiling: the best FUSE ceiling of the same processes and mounts; peers: measured in this run):"
+    );
     let find = |system: &str, backend: &str, s: Scenario| {
         pairs_rows
             .iter()
@@ -1017,11 +1085,11 @@ pub fn run(args: FcntlArgs) -> Result<()> {
     let ceiling = |s: Scenario| {
         pairs_rows
             .iter()
-            .filter(|r| r.cost.is_none() && r.scenario == s.ceiling_shape())
+            .filter(|r| r.system.starts_with("fuse-ceiling") && r.scenario == s.ceiling_shape())
             .map(|r| r.t.per_s)
             .reduce(f64::max)
     };
-    let mut table = Table::new(&[
+    let mut headers: Vec<String> = [
         "backend",
         "scenario",
         "citron_per_s",
@@ -1029,21 +1097,21 @@ pub fn run(args: FcntlArgs) -> Result<()> {
         "citron_over_rpc",
         "ceiling_per_s",
         "citron_over_ceiling",
-        "moosefs_per_s",
-        "citron_over_moosefs",
-        "glusterfs_per_s",
-        "citron_over_glusterfs",
-    ]);
+    ]
+    .map(String::from)
+    .to_vec();
+    for p in &args.peers {
+        headers.push(format!("{}_per_s", p.name));
+        headers.push(format!("citron_over_{}", p.name));
+    }
+    let mut table = Table::new(&headers.iter().map(String::as_str).collect::<Vec<_>>());
     for &backend in &args.backends {
         let b = backend_name(backend);
         for &s in &args.scenarios {
             let citron = find("citron", b, s);
             let rpc = find("rpc", b, s);
             let ceil = ceiling(s);
-            let peer = PEERS.iter().find(|p| p.0 == s);
-            let moose = peer.map(|p| p.1);
-            let gluster = peer.map(|p| p.2);
-            table.push(vec![
+            let mut row = vec![
                 b.into(),
                 s.name().into(),
                 opt(citron),
@@ -1051,25 +1119,33 @@ pub fn run(args: FcntlArgs) -> Result<()> {
                 ratio(citron, rpc),
                 opt(ceil),
                 ratio(citron, ceil),
-                opt(moose),
-                ratio(citron, moose),
-                opt(gluster),
-                ratio(citron, gluster),
-            ]);
+            ];
+            for p in &args.peers {
+                let peer = find(&p.name, "-", s);
+                row.push(opt(peer));
+                row.push(ratio(citron, peer));
+            }
+            table.push(row);
         }
     }
     table.print();
     let path = args.out.join("fcntl-ratios.csv");
     table.write_csv(&path)?;
     written.push(path);
-    for r in &sqlite_rows {
-        println!(
-            "SQLite {}/{}: {:.0} tx/s, {:.2}x MooseFS's {MOOSEFS_SQLITE_TX} tx/s",
-            r.range,
-            r.backend,
-            r.run.tx_per_s(),
-            r.run.tx_per_s() / MOOSEFS_SQLITE_TX
-        );
+    let citron_sqlite = |backend: &str| {
+        sqlite_rows.iter().find(|r| r.system == "citron" && r.backend == backend).map(|r| r.run.tx_per_s())
+    };
+    for r in sqlite_rows.iter().filter(|r| r.backend == "-") {
+        for &backend in &args.backends {
+            let b = backend_name(backend);
+            println!(
+                "SQLite: citron/{b} {} tx/s, {} {:.0} tx/s: {}x",
+                opt(citron_sqlite(b)),
+                r.system,
+                r.run.tx_per_s(),
+                ratio(citron_sqlite(b), Some(r.run.tx_per_s()))
+            );
+        }
     }
 
     println!();
@@ -1112,7 +1188,7 @@ pub fn run(args: FcntlArgs) -> Result<()> {
     if let Some(bad) = sqlite_rows.iter().find(|r| !r.run.is_intact()) {
         bail!(
             "SQLite on {}/{} lost data: {} rows of {} (processes incomplete: {:?}), integrity_check {:?}",
-            bad.range,
+            bad.system,
             bad.backend,
             bad.run.rows,
             bad.run.expected_rows,
