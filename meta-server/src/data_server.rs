@@ -119,13 +119,18 @@ impl DataServer {
                 (None, regions)
             }
         };
+        let authority = Authority::from_keyring(keyring);
         let ib_host = match ib {
-            Some(device) => Some(IbHost::spawn(device, SocketAddr::new(listen.ip(), 0), regions.clone())?),
+            Some(device) => Some(IbHost::spawn(
+                device,
+                SocketAddr::new(listen.ip(), 0),
+                regions.clone(),
+                authority.clone(),
+            )?),
             None => None,
         };
         let access = Arc::new(AccessTable::default());
-        let nic =
-            TcpHost::spawn_with(listen, regions, Authority::from_keyring(keyring), access).map_err(io)?;
+        let nic = TcpHost::spawn_with(listen, regions, authority, access).map_err(io)?;
         let mut advertised = nic.local_addr();
         let mut advertised_ib = ib_host.as_ref().map(IbHost::local_addr);
         if advertised.ip().is_unspecified() {

@@ -972,9 +972,12 @@ impl MetaServer {
         let nic = TcpHost::spawn_with(config.nic_listen, regions.clone(), authority.clone(), nic_access)
             .map_err(io)?;
         let ib = match &config.ib {
-            Some(device) => {
-                Some(IbHost::spawn(device, SocketAddr::new(config.nic_listen.ip(), 0), regions.clone())?)
-            }
+            Some(device) => Some(IbHost::spawn(
+                device,
+                SocketAddr::new(config.nic_listen.ip(), 0),
+                regions.clone(),
+                authority.clone(),
+            )?),
             None => None,
         };
         let mut lock_memory = LockMemory::below(locks.clone(), tree_start);

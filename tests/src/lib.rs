@@ -142,8 +142,13 @@ impl TestFabric {
                             .with_remote_atomicity(atomicity),
                     )
                     .expect("insert");
-                let host = IbHost::spawn(&device, "127.0.0.1:0".parse().unwrap(), regions.clone())
-                    .unwrap_or_else(|e| panic!("cannot serve a test region on RDMA device {device}: {e}"));
+                let host = IbHost::spawn(
+                    &device,
+                    "127.0.0.1:0".parse().unwrap(),
+                    regions.clone(),
+                    citron_rpc::auth::Authority::Open,
+                )
+                .unwrap_or_else(|e| panic!("cannot serve a test region on RDMA device {device}: {e}"));
                 Self {
                     addr: FabricAddr::Ib(IbFabric { device, host: host.local_addr() }),
                     backend,

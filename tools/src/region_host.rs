@@ -94,10 +94,12 @@ pub fn run(args: RegionHostArgs) -> Result<()> {
         None => None,
     };
     let ib = match &args.ib {
-        Some(device) => Some(
-            IbHost::spawn(device, args.ib_listen, table.clone())
-                .with_context(|| format!("cannot serve the regions on RDMA device {device}"))?,
-        ),
+        Some(device) => Some({
+            let keyring = args.key.for_server(args.ib_listen, "the region host's RDMA channel")?;
+            let authority = citron_rpc::auth::Authority::from_keyring(keyring);
+            IbHost::spawn(device, args.ib_listen, table.clone(), authority)
+                .with_context(|| format!("cannot serve the regions on RDMA device {device}"))?
+        }),
         None => None,
     };
     for (id, len) in table.list() {

@@ -142,7 +142,7 @@ fn join_server(
                 "the server at {nic} does not serve RDMA clients (start it with --ib DEVICE)"
             ))
         })?;
-        return Ok(Node::join_ib(&IbFabric { device: device.clone(), host }, options)?);
+        return Ok(Node::join_ib(&IbFabric { device: device.clone(), host }, options, credentials)?);
     }
     // A client made far away for a test must not take the shortcut.
     if let (Transport::Auto, Some(name), true) = (transport, shm, options.added_rtt.is_zero()) {

@@ -141,23 +141,30 @@ impl Node {
         match fabric {
             FabricAddr::Shm(name) => Self::join_shm(name),
             FabricAddr::Tcp(addr) => Self::join_tcp(*addr, TcpOptions::default()),
-            FabricAddr::Ib(ib) => Self::join_ib(ib, TcpOptions::default()),
+            FabricAddr::Ib(ib) => Self::join_ib(ib, TcpOptions::default(), NodeCredentials::default()),
         }
     }
 
     /// Joins an `ib` fabric: opens the device, joins the host's directory.
     /// `options` bound the control channel's waits and every completion wait.
+    /// Its control channels prove `credentials` as tcp connections do.
     /// Without the `rdma` feature, an error that says so.
-    pub fn join_ib(fabric: &ib::IbFabric, options: TcpOptions) -> Result<Node, TransportError> {
+    pub fn join_ib(
+        fabric: &ib::IbFabric,
+        options: TcpOptions,
+        credentials: NodeCredentials,
+    ) -> Result<Node, TransportError> {
         #[cfg(feature = "rdma")]
         {
             let router = Arc::new(MailboxRouter::default());
-            let node = Arc::new(IbNode::join(fabric, options, router.clone())?);
-            Ok(Node { inner: Arc::new(NodeInner { id: node.id, router, kind: NodeKind::Ib(node) }) })
+            let node = Arc::new(IbNode::join(fabric, options, credentials.clone(), router.clone())?);
+            Ok(Node {
+                inner: Arc::new(NodeInner { id: node.id, router, kind: NodeKind::Ib(node), credentials }),
+            })
         }
         #[cfg(not(feature = "rdma"))]
         {
-            let _ = options;
+            let _ = (options, credentials);
             Err(ib::no_backend(&fabric.device))
         }
     }

@@ -130,8 +130,9 @@ pub fn run(args: VerbsArgs) -> Result<()> {
             };
             let regions = Arc::new(RegionTable::new());
             regions.insert(RegionMemory::anonymous(REGION, region_len)?)?;
-            let host = IbHost::spawn(&device, "127.0.0.1:0".parse()?, regions)
-                .with_context(|| format!("cannot measure the ib backend on RDMA device {device}"))?;
+            let host =
+                IbHost::spawn(&device, "127.0.0.1:0".parse()?, regions, citron_rpc::auth::Authority::Open)
+                    .with_context(|| format!("cannot measure the ib backend on RDMA device {device}"))?;
             (FabricAddr::Ib(IbFabric { device, host: host.local_addr() }), LocalHost::Ib(host))
         }
         (None, VerbsBackend::Tcp) => {

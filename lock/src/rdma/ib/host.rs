@@ -20,6 +20,7 @@ use crate::rdma::error::{TransportError, VerbError};
 use crate::rdma::memory::{RegionMemory, RegionTable};
 use crate::rdma::tcp::{RpcServer, RpcService};
 use crate::rdma::verb::Verb;
+use citron_rpc::auth::Authority;
 
 struct Registered {
     // Declared first: deregistered before the mapping may go.
@@ -143,11 +144,15 @@ pub struct IbHost {
 
 impl IbHost {
     /// Opens `device`, registers `regions` (and, lazily, regions added
-    /// later) and listens for connection setup on `listen`.
+    /// later) and listens for connection setup on `listen`. The control
+    /// channel lets in whom `authority` does, like the host's other
+    /// connections: a queue pair (and so an rkey) is handed only to a peer
+    /// that proved the cluster key.
     pub fn spawn(
         device: &IbDevice,
         listen: SocketAddr,
         regions: Arc<RegionTable>,
+        authority: Authority,
     ) -> Result<Self, TransportError> {
         let ctx = Context::open(device)?;
         if !ctx.atomics {
@@ -172,7 +177,7 @@ impl IbHost {
             next_node: AtomicU32::new(1),
         });
         service.grants()?;
-        let server = RpcServer::spawn(listen, service, "ib-ctl")?;
+        let server = RpcServer::spawn_with(listen, service, "ib-ctl", authority)?;
         log::info!(
             "ib host on {device}, control channel {} (protocol {PROTOCOL_VERSION})",
             server.local_addr()

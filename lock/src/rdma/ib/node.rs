@@ -23,8 +23,9 @@ use crate::rdma::addr::{ClientAddr, NodeId, RegionId};
 use crate::rdma::codec;
 use crate::rdma::error::{TransportError, VerbError};
 use crate::rdma::mailbox::{Envelope, MailboxRouter, Message, MAX_MESSAGE};
-use crate::rdma::tcp::{RpcClient, RpcServer, RpcService, TcpOptions};
+use crate::rdma::tcp::{NodeCredentials, RpcClient, RpcServer, RpcService, TcpOptions};
 use crate::rdma::verb::{Verb, VerbReply};
+use citron_rpc::auth::Credentials;
 
 type HostClient = RpcClient<HostRequest, HostResponse>;
 
@@ -44,6 +45,9 @@ pub(crate) struct IbNode {
     pub id: NodeId,
     pub fabric: IbFabric,
     pub options: TcpOptions,
+    /// What this node proves: `host` to the fabric's host, `peers` to other
+    /// nodes' message listeners; its own listener lets in whom `mailbox` does.
+    credentials: NodeCredentials,
     pd: Arc<ProtectionDomain>,
     /// Keeps the directory entry (the host drops it when this connection ends).
     control: HostClient,
@@ -54,6 +58,7 @@ impl IbNode {
     pub fn join(
         fabric: &IbFabric,
         options: TcpOptions,
+        credentials: NodeCredentials,
         router: Arc<MailboxRouter>,
     ) -> Result<Self, TransportError> {
         let ctx = Context::open(&fabric.device)?;
@@ -63,15 +68,16 @@ impl IbNode {
         let pd = ProtectionDomain::new(&ctx)?;
         // Our peers reach us on the address the host sees us from.
         let local_ip = TcpStream::connect_timeout(&fabric.host, options.connect_timeout)?.local_addr()?.ip();
-        let messages = Messenger::start(&pd, SocketAddr::new(local_ip, 0), router, options)?;
-        let control = HostClient::new(fabric.host, options.reply_timeout);
+        let messages = Messenger::start(&pd, SocketAddr::new(local_ip, 0), router, options, &credentials)?;
+        let control =
+            HostClient::new(fabric.host, options.reply_timeout).with_credentials(credentials.host.clone());
         let join = HostRequest::Join { version: PROTOCOL_VERSION, peer_listen: messages.listen_addr() };
         let id = match host_call(&control, &join)? {
             HostResponse::Joined(id) => id,
             other => return Err(TransportError::Protocol(format!("unexpected reply to join: {other:?}"))),
         };
         messages.set_id(id);
-        Ok(Self { id, fabric: fabric.clone(), options, pd, control, messages })
+        Ok(Self { id, fabric: fabric.clone(), options, credentials, pd, control, messages })
     }
 
     pub fn qp(self: &Arc<Self>) -> Result<IbQp, TransportError> {
@@ -131,7 +137,8 @@ pub(crate) struct IbQp {
 
 impl IbQp {
     fn connect(node: Arc<IbNode>) -> Result<Self, TransportError> {
-        let control = HostClient::new(node.fabric.host, node.options.reply_timeout);
+        let control = HostClient::new(node.fabric.host, node.options.reply_timeout)
+            .with_credentials(node.credentials.host.clone());
         let qp = Self {
             node,
             control,
@@ -580,6 +587,8 @@ struct Messenger {
     outbound: Mutex<HashMap<NodeId, Arc<Mutex<Outbound>>>>,
     router: Arc<MailboxRouter>,
     options: TcpOptions,
+    /// What our message connections to other nodes prove.
+    peers: Credentials,
     stopping: Arc<AtomicBool>,
 }
 
@@ -589,6 +598,7 @@ impl Messenger {
         listen: SocketAddr,
         router: Arc<MailboxRouter>,
         options: TcpOptions,
+        credentials: &NodeCredentials,
     ) -> Result<Self, TransportError> {
         // Room for every posted receive of 256 source nodes.
         let recv_cq = CompletionQueue::new(&pd.ctx, (256 * RECV_BUFFERS) as u32, true)?;
@@ -599,7 +609,7 @@ impl Messenger {
             router: router.clone(),
             id: Mutex::new(NodeId(0)),
         });
-        let server = RpcServer::spawn(listen, shared.clone(), "ib-peer")?;
+        let server = RpcServer::spawn_with(listen, shared.clone(), "ib-peer", credentials.mailbox.clone())?;
         let stopping = Arc::new(AtomicBool::new(false));
         {
             let shared = shared.clone();
@@ -629,7 +639,15 @@ impl Messenger {
                 }
             })?;
         }
-        Ok(Self { shared, server, outbound: Mutex::new(HashMap::new()), router, options, stopping })
+        Ok(Self {
+            shared,
+            server,
+            outbound: Mutex::new(HashMap::new()),
+            router,
+            options,
+            peers: credentials.peers.clone(),
+            stopping,
+        })
     }
 
     fn listen_addr(&self) -> SocketAddr {
@@ -659,7 +677,7 @@ impl Messenger {
         let cq = CompletionQueue::new(&pd.ctx, 64, false)?;
         let qp = QueuePair::new(pd, &cq, &cq, QpSizes { send: 16, recv: 1, max_inline: 0 })?;
         let buffer = LocalBuffer::new(pd, MESSAGE_BUFFER)?;
-        let control = RpcClient::new(addr, self.options.reply_timeout);
+        let control = RpcClient::new(addr, self.options.reply_timeout).with_credentials(self.peers.clone());
         let me = *self.shared.id.lock();
         let remote = match control.call(&PeerRequest::Connect {
             version: PROTOCOL_VERSION,
