@@ -6,6 +6,8 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use citron_rpc::auth::Authority;
+
 use super::addr::IbDevice;
 use crate::rdma::error::TransportError;
 use crate::rdma::memory::RegionTable;
@@ -20,6 +22,7 @@ impl IbHost {
         device: &IbDevice,
         _listen: SocketAddr,
         _regions: Arc<RegionTable>,
+        _authority: Authority,
     ) -> Result<Self, TransportError> {
         Err(super::no_backend(device))
     }
