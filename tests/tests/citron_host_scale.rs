@@ -296,7 +296,16 @@ fn a_scale_up_survives_the_death_of_the_client_that_asked() {
             std::thread::sleep(Duration::from_millis(2));
         };
         assert_eq!(g.depths(), vec![2, 4], "{backend:?}");
-        let stats = host.scale_stats();
+        // The scaler counts an ask once its scale-up has returned, which is
+        // after the grown configuration is published: wait for the count.
+        let stats = loop {
+            let stats = host.scale_stats();
+            if stats.asked > 0 {
+                break stats;
+            }
+            assert!(std::time::Instant::now() < deadline, "{backend:?}: the host never counted its ask");
+            std::thread::sleep(Duration::from_millis(2));
+        };
         assert_eq!((stats.grew, stats.failed), (1, 0), "{backend:?}: {stats:?}");
         // A client of the old configuration follows and works in the grown tree.
         let mut c = known_client(&ep, &server, id, g0.clone());
