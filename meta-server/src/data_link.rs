@@ -61,14 +61,32 @@ impl DataServerLink {
             }
             _ => (Node::join_tcp_as(info.nic, TcpOptions::default(), credentials.clone())?, None),
         };
+        // The probe connection is made now, while the server registers, not
+        // at the first probe: a mount's work must not see the cluster open
+        // connections at some later moment of its own (they are counted).
+        // A server that does not answer yet is probed over a fresh
+        // connection later, like one whose connection broke.
+        let probe = Self::probe_endpoint(&info, &credentials, TcpOptions::default().connect_timeout)
+            .map_err(|e| log::info!("data server {}: no probe connection yet: {e}", info.id.0))
+            .ok();
         Ok(Self {
             info,
             endpoint: Mutex::new(node.endpoint()?),
             region_file,
             region,
-            prober: Mutex::new((None, None)),
+            prober: Mutex::new((probe, None)),
             credentials,
         })
+    }
+
+    /// A fresh endpoint on the server's NIC whose waits last at most `wait`.
+    fn probe_endpoint(
+        info: &DataServerInfo,
+        credentials: &NodeCredentials,
+        wait: Duration,
+    ) -> Result<Endpoint, FsError> {
+        let options = TcpOptions::with_timeouts(wait, wait);
+        Ok(Node::join_tcp_as(info.nic, options, credentials.clone())?.endpoint()?)
     }
 
     /// Reads one word of the server's memory through its NIC, over a fresh
@@ -80,10 +98,7 @@ impl DataServerLink {
         let mut prober = self.prober.lock();
         let (endpoint, failing_since) = &mut *prober;
         let answered = endpoint.as_ref().is_some_and(|ep| ep.read_u64(word).is_ok()) || {
-            let options = TcpOptions::with_timeouts(wait, wait);
-            match Node::join_tcp_as(self.info.nic, options, self.credentials.clone())
-                .and_then(|n| n.endpoint())
-            {
+            match Self::probe_endpoint(&self.info, &self.credentials, wait) {
                 Ok(fresh) if fresh.read_u64(word).is_ok() => {
                     *endpoint = Some(fresh);
                     true

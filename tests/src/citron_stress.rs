@@ -166,9 +166,35 @@ pub fn test_config(ep: &Endpoint) -> CitronConfig {
 /// A client of `instance` on the tree host at `host` (tcp RPC, whatever the
 /// verbs' backend).
 pub fn scaling_client(ep: &Endpoint, host: SocketAddr, instance: InstanceId) -> CitronClient {
+    scaling_client_with(ep, host, instance, test_config(ep))
+}
+
+/// As [`scaling_client`], with `config`.
+pub fn scaling_client_with(
+    ep: &Endpoint,
+    host: SocketAddr,
+    instance: InstanceId,
+    config: CitronConfig,
+) -> CitronClient {
     let rpc = RemoteTreeHost::connect(host, Duration::from_secs(10));
     let th: Arc<dyn TreeHost> = Arc::new(RemoteTreeHost::new(rpc, instance));
-    CitronClient::with_host(th, test_config(ep), Box::new(spillover(ep))).expect("client")
+    CitronClient::with_host(th, config, Box::new(spillover(ep))).expect("client")
+}
+
+/// T_lease of [`holding_config`].
+pub const HOLDING_LEASE: Duration = Duration::from_secs(60);
+
+/// [`test_config`] for tests that hold ranges on purpose across slow steps
+/// (scale-up RPCs, sleeps) and then check that others wait: on a loaded
+/// machine those steps can outlast the default lease (1 s), after which
+/// lease recovery rightly takes the ranges over (§3.10) and the holder's
+/// release is fenced. Such a test is not about leases, so its holders get
+/// a lease that no step of it comes near.
+pub fn holding_config(ep: &Endpoint) -> CitronConfig {
+    let mut config = test_config(ep);
+    config.lease = HOLDING_LEASE;
+    config.give_up = config.give_up.max(HOLDING_LEASE * 2);
+    config
 }
 
 /// A random range for a tree of `n` units: mostly small, a third of them in

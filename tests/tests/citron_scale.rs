@@ -19,8 +19,10 @@ use citronfs_tests::{spawn_worker, wait_all, Backend, TestFabric, BACKENDS};
 /// m of the paper, the default of `CitronConfig::from_rtt`.
 const M: u32 = 4;
 
+/// A client that holds ranges across slow steps (see
+/// [`citron_stress::holding_config`]); the lease recovery tests make their own.
 fn local_client(ep: &Endpoint, host: &Arc<dyn TreeHost>) -> CitronClient {
-    let config = citron_stress::test_config(ep);
+    let config = citron_stress::holding_config(ep);
     CitronClient::with_host(host.clone(), config, Box::new(citron_stress::spillover(ep))).expect("client")
 }
 
@@ -212,9 +214,10 @@ fn fast_path_is_two_round_trips_after_scale_ups() {
         let server = host.serve("127.0.0.1:0".parse().unwrap()).unwrap();
         let (id, _) = host.create(TreeShape::new(2)).unwrap();
         let ep = Node::join(&fabric.addr).unwrap().endpoint().unwrap();
-        let mut c = citron_stress::scaling_client(&ep, server.local_addr(), id);
+        let holding = citron_stress::holding_config(&ep);
+        let mut c = citron_stress::scaling_client_with(&ep, server.local_addr(), id, holding);
         // Some ranges held, so that the scale-ups carry something.
-        let mut other = citron_stress::scaling_client(&ep, server.local_addr(), id);
+        let mut other = citron_stress::scaling_client_with(&ep, server.local_addr(), id, holding);
         let held = [other.acquire(&ep, 600, 610).unwrap(), other.acquire(&ep, 0, 256).unwrap()];
         for units in [4096, 16 << 10, 256 << 10] {
             let up = c.scale_up(&ep, units).unwrap().unwrap();

@@ -62,6 +62,8 @@ pub fn run(args: RegionHostArgs) -> Result<()> {
     if args.listen.is_none() && args.shm.is_none() && args.ib.is_none() {
         bail!("nothing to serve: give --listen ADDR, --shm NAME, --ib DEVICE, or several");
     }
+    // Before anything is served: a signal from then on stops it cleanly.
+    let stop = crate::servers::StopSignal::install()?;
     let (shm, table) = match &args.shm {
         Some(name) => {
             let host = ShmHost::create(name).with_context(|| format!("cannot create shm fabric {name}"))?;
@@ -114,7 +116,7 @@ pub fn run(args: RegionHostArgs) -> Result<()> {
     if let Some(h) = &ib {
         println!("serving ib:DEVICE@{} (RDMA device {} here)", h.local_addr(), h.device());
     }
-    crate::servers::wait_for_signal()?;
+    stop.wait();
     println!("stopping");
     drop(tcp);
     drop(shm);

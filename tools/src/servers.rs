@@ -153,25 +153,40 @@ pub fn notify_stopping() {
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
 }
 
-/// Blocks until SIGINT, SIGTERM or SIGHUP.
-pub fn wait_for_signal() -> Result<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    ctrlc::set_handler(move || {
-        let _ = tx.send(());
-    })
-    .context("cannot install the signal handler")?;
-    let _ = rx.recv();
-    Ok(())
+/// The end of a server's life: SIGINT, SIGTERM or SIGHUP, caught from the
+/// moment it is made. Make it before announcing readiness: a service
+/// manager may send SIGTERM as soon as it hears `READY=1`, and a signal
+/// that came before the handler would kill the server without `STOPPING=1`
+/// and without the clean shutdown.
+pub struct StopSignal {
+    received: std::sync::mpsc::Receiver<()>,
+}
+
+impl StopSignal {
+    pub fn install() -> Result<Self> {
+        let (tx, received) = std::sync::mpsc::channel();
+        ctrlc::set_handler(move || {
+            let _ = tx.send(());
+        })
+        .context("cannot install the signal handler")?;
+        Ok(Self { received })
+    }
+
+    /// Blocks until one of the signals arrives (or has arrived).
+    pub fn wait(self) {
+        let _ = self.received.recv();
+    }
 }
 
 pub fn run_meta(args: MetaServerArgs) -> Result<()> {
     let mut config = args.config();
     config.keyring = args.key.for_server(args.listen, "the meta-server")?;
+    let stop = StopSignal::install()?;
     let server = MetaServer::start(config).with_context(|| format!("cannot start on {}", args.listen))?;
     let status = format!("meta-server listening on {} (nic {})", server.local_addr(), server.nic_addr());
     println!("{status}");
     notify_ready(&status);
-    wait_for_signal()?;
+    stop.wait();
     notify_stopping();
     drop(server);
     Ok(())
@@ -182,6 +197,7 @@ pub fn run_data(args: DataServerArgs) -> Result<()> {
     let capacity = args.capacity.unwrap_or_else(|| {
         ByteSize(citronfs_meta_server::data_server::default_capacity(args.shm.is_some(), 0))
     });
+    let stop = StopSignal::install()?;
     let mut server = DataServer::start_with(
         args.listen,
         args.meta,
@@ -194,7 +210,7 @@ pub fn run_data(args: DataServerArgs) -> Result<()> {
     let status = format!("data server {} exporting {} on {}", server.id().0, capacity, server.nic_addr());
     println!("{status}");
     notify_ready(&status);
-    wait_for_signal()?;
+    stop.wait();
     notify_stopping();
     if let Err(e) = server.leave() {
         // It stops all the same; the meta-server finds out when its probes fail.
