@@ -7,6 +7,17 @@
 //!   caller is blocked inside the system call while we answer, so
 //!   `/proc/<tid>/syscall` names it: `flock`, or `fcntl` with `F_OFD_*` or
 //!   plain `F_*LK*` commands.
+//!
+//!   When `/proc` does not say (the caller is outside the daemon's pid
+//!   namespace, so FUSE sends tid 0; or it is gone), the call is **refused
+//!   with `ENOLCK`** and logged, never guessed: a flock taken for POSIX is
+//!   owned by the open file but released only by a close of a POSIX owner
+//!   (a process's file table), which never comes, so it would be held until
+//!   the file is released everywhere; a POSIX lock taken for flock would
+//!   outlive its process's close. Either guess breaks a rule the program
+//!   relies on; a clear refusal does not. (A caller already seen making
+//!   POSIX calls through the same handle with the same owner is known, see
+//!   the mount's `lock_flavor`.)
 //! * **Whether a waiting caller was signalled.** fuser answers
 //!   `FUSE_INTERRUPT` with `ENOSYS`, after which the kernel never sends it
 //!   and a caller in `F_SETLKW` waits until the daemon answers (only a fatal
@@ -18,6 +29,30 @@
 //!   them). A handler installed with `SA_RESTART` cannot make the call
 //!   restart through FUSE (the kernel refuses `ERESTARTSYS` from a daemon),
 //!   so such a caller sees `EINTR` too.
+//!
+//! # Which pending signals are the waiting thread's
+//!
+//! `SigPnd` in `/proc/<tid>/status` is the thread's own queue: signals
+//! sent to that thread (`tgkill`, `pthread_kill`, a fault). Such a signal
+//! can only be taken by this thread, so one it does not block interrupts.
+//! `ShdPnd` is the process's queue (`kill`, `sigqueue`, a timer, SIGCHLD):
+//! the kernel gives such a signal to any thread that does not block it.
+//! It often lands on the waiting thread only because that thread looks
+//! idle to the kernel (it sleeps killable in FUSE, so the kernel marks it
+//! and cannot wake it) while another thread could run the handler as
+//! well. Ending the wait then would turn a signal meant for the process
+//! into a failed lock call of one thread. So a process-directed signal
+//! interrupts only if every other live thread of the process blocks it
+//! (no one else can take it), or if it is fatal and not caught (the whole
+//! process is dying: let the waiter go). The other threads' masks are read
+//! from `/proc/<tgid>/task/*/status` at the moment of the check; a thread
+//! that unblocks the signal later will take it then, and one that blocks
+//! it later makes the next check (every few milliseconds) answer `EINTR`.
+//!
+//! A caller with tid 0 (outside the daemon's pid namespace) cannot be
+//! watched: it is never taken for interrupted (before, `/proc/0` did not
+//! exist and every such wait was answered `EINTR` at once). Its wait ends
+//! with the grant, or when its file is released.
 //!
 //! `tid` is the request's pid as FUSE sends it: the calling thread's id.
 
@@ -45,7 +80,11 @@ impl SyscallFiles {
     /// The flavour of the lock request the thread `tid` is making right now,
     /// or `None` if `/proc` does not say (the thread is gone or not in a
     /// call we know).
-    pub fn lock_flavor(&self, tid: u32) -> Option<LockFlavor> {
+    pub fn lock_flavor(&self, tid: Tid) -> Option<LockFlavor> {
+        if !tid.visible() {
+            return None;
+        }
+        let tid = tid.0;
         let mut buf = [0u8; 256];
         let kept = self.files.lock().remove(&tid);
         let (file, len) = match kept.and_then(|f| f.read_at(&mut buf, 0).ok().map(|n| (f, n))) {
@@ -121,29 +160,101 @@ const FATAL_BY_DEFAULT: u64 = {
     mask
 };
 
-/// Whether the thread `tid` has a signal pending that should end its wait
-/// with `EINTR`; also true when the thread is gone.
-pub fn interrupted(tid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{tid}/status")) {
-        Ok(text) => signal_pending_in(&text),
-        Err(_) => true,
+/// A thread id as FUSE sends it (the request's pid); 0 when the caller is
+/// outside the daemon's pid namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tid(pub u32);
+
+impl Tid {
+    /// Whether `/proc` can name the thread.
+    pub fn visible(self) -> bool {
+        self.0 != 0
     }
 }
 
-fn signal_pending_in(status: &str) -> bool {
-    let mask = |key: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-            .unwrap_or(0)
+/// The signal masks of one thread, from its `/proc/.../status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SignalState {
+    /// The thread group (process) id.
+    pub tgid: u32,
+    /// Pending for this thread only (`SigPnd`).
+    pub own: u64,
+    /// Pending for the process (`ShdPnd`).
+    pub shared: u64,
+    pub blocked: u64,
+    /// Signals the process catches (`SigCgt`; shared by its threads).
+    pub caught: u64,
+    /// A zombie or dead thread takes no signal.
+    pub dead: bool,
+}
+
+impl SignalState {
+    pub fn parse(status: &str) -> SignalState {
+        let field = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).map(str::trim);
+        let mask = |key: &str| field(key).and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0);
+        SignalState {
+            tgid: field("Tgid:").and_then(|v| v.parse().ok()).unwrap_or(0),
+            own: mask("SigPnd:"),
+            shared: mask("ShdPnd:"),
+            blocked: mask("SigBlk:"),
+            caught: mask("SigCgt:"),
+            dead: field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X')),
+        }
+    }
+
+    fn read(path: &str) -> Option<SignalState> {
+        std::fs::read_to_string(path).ok().map(|s| Self::parse(&s))
+    }
+}
+
+/// Whether the thread `tid` has a signal pending that should end its wait
+/// with `EINTR` (see the module comment); also true when the thread is
+/// gone, never for tid 0.
+pub fn interrupted(tid: Tid) -> bool {
+    if !tid.visible() {
+        return false;
+    }
+    let Some(me) = SignalState::read(&format!("/proc/{}/status", tid.0)) else {
+        return true; // gone
     };
-    let pending = mask("SigPnd:") | mask("ShdPnd:");
-    let blocked = mask("SigBlk:");
-    let caught = mask("SigCgt:");
+    if me.dead {
+        return true;
+    }
+    let others = || other_threads(tid, me.tgid);
+    signal_pending_for(&me, others)
+}
+
+/// The signal states of the live threads of process `tgid` other than `tid`.
+fn other_threads(tid: Tid, tgid: u32) -> Vec<SignalState> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{tgid}/task")) else { return Vec::new() };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|&t| t != tid.0)
+        .filter_map(|t| SignalState::read(&format!("/proc/{tgid}/task/{t}/status")))
+        .filter(|s| !s.dead)
+        .collect()
+}
+
+/// Whether `me` has a signal that is its own to take (module comment);
+/// `others` (read only if needed) are the other live threads.
+fn signal_pending_for(me: &SignalState, others: impl FnOnce() -> Vec<SignalState>) -> bool {
     // Realtime signals (34 and up) are fatal by default too.
     let fatal = FATAL_BY_DEFAULT | !((1u64 << 33) - 1);
-    pending & !blocked & (caught | fatal) != 0
+    let takes = |pending: u64| pending & !me.blocked & (me.caught | fatal);
+    if takes(me.own) != 0 {
+        return true;
+    }
+    let shared = takes(me.shared);
+    if shared == 0 {
+        return false;
+    }
+    if shared & fatal & !me.caught != 0 {
+        return true; // uncaught and fatal: the process is dying
+    }
+    // Caught and process-directed: ours only if nobody else can take it.
+    let nobody_else = others().iter().fold(shared, |left, t| left & t.blocked);
+    nobody_else != 0
 }
 
 #[cfg(test)]
@@ -191,32 +302,82 @@ mod tests {
         let tid = rx.recv().unwrap();
         let files = SyscallFiles::default();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while files.lock_flavor(tid) != Some(LockFlavor::Ofd) {
+        while files.lock_flavor(Tid(tid)) != Some(LockFlavor::Ofd) {
             assert!(std::time::Instant::now() < deadline, "never saw the thread block in F_OFD_SETLKW");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        assert_eq!(files.lock_flavor(tid), Some(LockFlavor::Ofd), "read again through the kept file");
+        assert_eq!(files.lock_flavor(Tid(tid)), Some(LockFlavor::Ofd), "read again through the kept file");
         assert_eq!(ofd(holder.as_raw_fd(), libc::F_OFD_SETLK, libc::F_UNLCK), 0);
         assert_eq!(waiter.join().unwrap(), 0);
-        assert_eq!(files.lock_flavor(tid), None, "a thread that exited reports nothing");
+        assert_eq!(files.lock_flavor(Tid(tid)), None, "a thread that exited reports nothing");
+    }
+
+    fn state(own: u64, shared: u64, blocked: u64, caught: u64) -> SignalState {
+        SignalState { tgid: 1, own, shared, blocked, caught, dead: false }
+    }
+
+    fn bit(s: i32) -> u64 {
+        1u64 << (s - 1)
+    }
+
+    #[test]
+    fn status_is_parsed() {
+        let text = "Name:\tx\nState:\tS (sleeping)\nTgid:\t42\nSigQ:\t0/1\nSigPnd:\t0000000000000200\nShdPnd:\t0000000000000001\nSigBlk:\t0000000000000002\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000200\n";
+        assert_eq!(
+            SignalState::parse(text),
+            SignalState { tgid: 42, own: 0x200, shared: 1, blocked: 2, caught: 0x200, dead: false }
+        );
+        assert!(SignalState::parse("State:\tZ (zombie)\n").dead);
     }
 
     #[test]
     fn pending_signals_that_interrupt() {
-        let status = |pnd: u64, shd: u64, blk: u64, cgt: u64| {
-            format!("Name:\tx\nSigQ:\t0/1\nSigPnd:\t{pnd:016x}\nShdPnd:\t{shd:016x}\nSigBlk:\t{blk:016x}\nSigIgn:\t0000000000000000\nSigCgt:\t{cgt:016x}\n")
-        };
-        let bit = |s: i32| 1u64 << (s - 1);
-        assert!(!signal_pending_in(&status(0, 0, 0, 0)));
+        let alone = Vec::new;
+        assert!(!signal_pending_for(&state(0, 0, 0, 0), alone));
         // A caught SIGUSR1 interrupts, blocked it does not.
-        assert!(signal_pending_in(&status(bit(libc::SIGUSR1), 0, 0, bit(libc::SIGUSR1))));
-        assert!(!signal_pending_in(&status(bit(libc::SIGUSR1), 0, bit(libc::SIGUSR1), bit(libc::SIGUSR1))));
+        let usr1 = bit(libc::SIGUSR1);
+        assert!(signal_pending_for(&state(usr1, 0, 0, usr1), alone));
+        assert!(!signal_pending_for(&state(usr1, 0, usr1, usr1), alone));
         // SIGKILL, process-wide, is fatal.
-        assert!(signal_pending_in(&status(0, bit(libc::SIGKILL), 0, 0)));
+        assert!(signal_pending_for(&state(0, bit(libc::SIGKILL), 0, 0), alone));
         // An uncaught SIGCHLD or SIGCONT does not interrupt; a caught one does.
-        assert!(!signal_pending_in(&status(bit(libc::SIGCHLD), 0, 0, 0)));
-        assert!(!signal_pending_in(&status(0, bit(libc::SIGCONT), 0, 0)));
-        assert!(signal_pending_in(&status(bit(libc::SIGCHLD), 0, 0, bit(libc::SIGCHLD))));
-        assert!(!signal_pending_in(&status(0, bit(libc::SIGSTOP), 0, 0)));
+        assert!(!signal_pending_for(&state(bit(libc::SIGCHLD), 0, 0, 0), alone));
+        assert!(!signal_pending_for(&state(0, bit(libc::SIGCONT), 0, 0), alone));
+        assert!(signal_pending_for(&state(bit(libc::SIGCHLD), 0, 0, bit(libc::SIGCHLD)), alone));
+        assert!(!signal_pending_for(&state(0, bit(libc::SIGSTOP), 0, 0), alone));
+    }
+
+    /// A caught process-directed signal is the waiter's only if every other
+    /// thread blocks it; a thread-directed one is always its own; an
+    /// uncaught fatal one ends the wait whoever takes it.
+    #[test]
+    fn process_directed_signals_go_to_threads_that_can_take_them() {
+        let usr1 = bit(libc::SIGUSR1);
+        let other = |blocked| vec![state(0, usr1, blocked, usr1)];
+        assert!(!signal_pending_for(&state(0, usr1, 0, usr1), || other(0)), "another thread takes it");
+        assert!(signal_pending_for(&state(0, usr1, 0, usr1), || other(usr1)), "everyone else blocks it");
+        assert!(signal_pending_for(&state(0, usr1, 0, usr1), Vec::new), "no other thread");
+        assert!(signal_pending_for(&state(usr1, 0, 0, usr1), || other(0)), "sent to this thread");
+        assert!(signal_pending_for(&state(0, bit(libc::SIGTERM), 0, 0), || other(0)), "the process dies");
+    }
+
+    /// A caller outside the daemon's pid namespace (tid 0) cannot be
+    /// watched and is not taken for interrupted.
+    #[test]
+    fn tid_zero_is_never_interrupted() {
+        assert!(!interrupted(Tid(0)));
+    }
+
+    /// A thread that has exited is let go.
+    #[test]
+    fn a_gone_thread_is_interrupted() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+        })
+        .join()
+        .unwrap();
+        assert!(interrupted(Tid(rx.recv().unwrap())));
     }
 }

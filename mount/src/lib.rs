@@ -9,7 +9,7 @@
 //! session is multi-threaded.
 
 mod access;
-mod caller;
+pub mod caller;
 mod coherence;
 mod setid;
 
@@ -294,19 +294,25 @@ impl CitronFuse {
     /// live objects, so an owner seen making POSIX calls through a handle
     /// makes only POSIX calls through it until the handle is released (when
     /// the memory is forgotten). OFD and flock calls share their owner, so
-    /// they are read every time.
-    fn lock_flavor(&self, tid: u32, fh: FileHandle, owner: LockOwner) -> LockFlavor {
+    /// they are read every time. A call `/proc` cannot name is refused
+    /// with `ENOLCK`, never guessed (see [`caller`]).
+    fn lock_flavor(&self, tid: caller::Tid, fh: FileHandle, owner: LockOwner) -> Result<LockFlavor, Errno> {
         if self.posix_owners.lock().get(&fh.0).is_some_and(|o| o.contains(&owner.0)) {
-            return LockFlavor::Posix;
+            return Ok(LockFlavor::Posix);
         }
-        let flavor = self.syscalls.lock_flavor(tid).unwrap_or_else(|| {
-            log::debug!("cannot tell the lock call of thread {tid}; taking it for POSIX");
-            LockFlavor::Posix
-        });
+        let Some(flavor) = self.syscalls.lock_flavor(tid) else {
+            log::warn!(
+                "lock call of thread {} through handle {}: /proc does not say whether it is flock or fcntl \
+                 (caller outside this daemon's pid namespace, or gone); refused with ENOLCK",
+                tid.0,
+                fh.0
+            );
+            return Err(Errno::ENOLCK);
+        };
         if flavor == LockFlavor::Posix {
             self.posix_owners.lock().entry(fh.0).or_default().insert(owner.0);
         }
-        flavor
+        Ok(flavor)
     }
 
     /// A lock request as the kernel sent it, with its flavour read from the
@@ -331,7 +337,7 @@ impl CitronFuse {
             _ => return Err(Errno::EINVAL),
         };
         let range = ByteRange::new(start, end.min(OFFSET_MAX)).ok_or(Errno::EINVAL)?;
-        let flavor = self.lock_flavor(req.pid(), fh, owner);
+        let flavor = self.lock_flavor(caller::Tid(req.pid()), fh, owner)?;
         Ok(LockCall {
             ino: Ino(ino.0),
             owner: citronfs_core::locks::LockOwner(owner.0),
@@ -364,7 +370,7 @@ fn lock(
         _ => done(reply, r),
     };
     if sleep && call.mode.is_some() {
-        client.setlkw(&call, Box::new(move || caller::interrupted(tid)), Box::new(answer));
+        client.setlkw(&call, Box::new(move || caller::interrupted(caller::Tid(tid))), Box::new(answer));
     } else {
         answer(client.setlk(&call))
     }

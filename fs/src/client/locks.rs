@@ -91,7 +91,10 @@ impl FsClient {
             timing: self.timing.clone(),
             waits_for: self.waits_for,
         });
-        self.waiters = Some(Waiters::start(ep, context).map_err(|e| FsError::Io(e.to_string()))?);
+        // One endpoint (and mailbox) per waiter thread; `ep` is the first.
+        let node = self.meta_node.clone();
+        let open = Box::new(move || Ok(node.endpoint()?));
+        self.waiters = Some(Waiters::start(ep, open, context)?);
         Ok(())
     }
 
@@ -227,7 +230,7 @@ impl FsClient {
             };
             let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
             let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
-            let spec = WaitSpec { mailbox: waiters.mailbox(), registered: None };
+            let spec = WaitSpec { mailbox: waiters.mailbox(call.ino)?, registered: None };
             Ok((locks.set(&req, Some(spec))?, area, table))
         });
         match attempt {

@@ -1,9 +1,11 @@
 //! Blocked lock requests (`F_SETLKW`, blocking `flock`) of one client,
-//! served by one thread so that no FUSE worker waits (DESIGN.md §7).
+//! served by a small pool of waiter threads, sharded by file, so that no
+//! FUSE worker waits (DESIGN.md §7) and waits on many files do not queue
+//! behind one thread.
 //!
-//! A request that finds a conflict registers a waiting record (with this
-//! thread's mailbox) and is handed here with a completion. The thread then
-//! tries it again
+//! A request that finds a conflict registers a waiting record (with its
+//! shard's mailbox) and is handed to the shard of its file with a
+//! completion. The shard's thread then tries it again
 //! * when a releaser's [`LockMessage::Wake`] for its file arrives,
 //! * at once when it is handed over (a wake may have come first),
 //! * every [`RETRY_EVERY`] anyway (a releaser that died before sending);
@@ -11,6 +13,25 @@
 //! and, every [`WATCH_EVERY`], asks each request's `interrupted` probe
 //! (the mount watches the caller's pending signals), withdrawing and
 //! answering `EINTR` for those that were interrupted.
+//!
+//! # Why a pool sharded by file
+//!
+//! A retry, a withdrawal and an `EINTR` check are blocking work: a range
+//! lock acquisition (which may wait behind another client's I/O on the
+//! same bytes), table reads and writes, a `/proc` read. With one thread per
+//! mount, a retry stuck behind a busy range of one file delayed the grants
+//! of every other file. Each shard ([`WAITER_THREADS`] of them) has its own
+//! thread, endpoint and mailbox, and serves the files whose inode number
+//! falls to it (`ino mod shards`: consecutive inodes spread over every
+//! shard); a shard other than the first starts at its first wait, so a
+//! mount that never waits costs one thread and one endpoint, as before. A file's requests all live in one shard, so its wakes, retries
+//! and cancellation stay ordered as before (a releaser wakes the mailbox a
+//! waiting record names, which is its file's shard); only files of one
+//! shard can delay each other. A few threads, not one per wait: a mount
+//! may have thousands of waits, and each thread is idle but for the few
+//! that are woken. (Per-wait non-blocking state machines would remove even
+//! that sharing, at the price of making every verb of the lock protocol
+//! asynchronous.)
 //!
 //! A pending request holds its file's table address, which is valid only
 //! while the file is open on this client: before the client's last release
@@ -45,6 +66,10 @@ use crate::types::{ClientId, Ino};
 pub const WATCH_EVERY: Duration = Duration::from_millis(10);
 /// How often every pending request is retried without a wake-up.
 pub const RETRY_EVERY: Duration = Duration::from_millis(500);
+/// How often an idle waiter thread looks at its stop flag.
+const IDLE_TICK: Duration = Duration::from_millis(100);
+/// Waiter threads (shards) per client.
+pub const WAITER_THREADS: usize = 4;
 
 /// Called once with the request's result.
 pub type LockDone = Box<dyn FnOnce(Result<(), FsError>) + Send>;
@@ -82,37 +107,88 @@ enum Handoff {
 /// (the waiter thread may be in the middle of one retry).
 const CANCEL_WAIT: Duration = Duration::from_secs(30);
 
-/// The client's side of its waiter thread.
-pub struct Waiters {
+/// One waiter thread as the client sees it.
+#[derive(Clone)]
+struct Shard {
     mailbox: ClientAddr,
     handoff: Sender<Handoff>,
+}
+
+/// Opens an endpoint for a new waiter thread.
+pub type OpenEndpoint = Box<dyn Fn() -> Result<Endpoint, FsError> + Send + Sync>;
+
+/// The client's side of its waiter threads.
+///
+/// Shard 0 starts with the client on the endpoint it is given; the others
+/// start at their first wait (a mount that never waits on their files opens
+/// no endpoint, so no connection, for them).
+pub struct Waiters {
+    shards: Vec<parking_lot::Mutex<Option<Shard>>>,
+    open: OpenEndpoint,
+    context: Arc<dyn WaiterContext>,
     stop: Arc<AtomicBool>,
-    thread: parking_lot::Mutex<Option<JoinHandle<()>>>,
+    /// Joined at shutdown. Its lock also orders starting a shard against
+    /// the stop flag: no thread starts after `shutdown` has taken the list.
+    threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Waiters {
-    /// Starts the thread on `ep` (whose mailbox waiting records name).
-    pub fn start(ep: Endpoint, context: Arc<dyn WaiterContext>) -> std::io::Result<Self> {
+    /// Starts the first of [`WAITER_THREADS`] shards on `ep`; the others
+    /// start on endpoints from `open` when first needed.
+    pub fn start(ep: Endpoint, open: OpenEndpoint, context: Arc<dyn WaiterContext>) -> Result<Self, FsError> {
+        let waiters = Self {
+            shards: (0..WAITER_THREADS).map(|_| parking_lot::Mutex::new(None)).collect(),
+            open,
+            context,
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: parking_lot::Mutex::new(Vec::new()),
+        };
+        *waiters.shards[0].lock() = Some(waiters.spawn(0, ep)?);
+        Ok(waiters)
+    }
+
+    fn spawn(&self, i: usize, ep: Endpoint) -> Result<Shard, FsError> {
+        let mut threads = self.threads.lock();
+        // Relaxed: read under the `threads` lock, which `shutdown` holds
+        // while it sets the flag.
+        if self.stop.load(Ordering::Relaxed) {
+            return Err(FsError::Io("the lock waiter has stopped".into()));
+        }
         let mailbox = ep.addr();
         let (handoff, incoming) = crossbeam_channel::unbounded();
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("citronfs-lock-waiter".into())
-                .spawn(move || WaiterThread { ep, context, incoming, pending: Vec::new(), stop }.run())?
-        };
-        Ok(Self { mailbox, handoff, stop, thread: parking_lot::Mutex::new(Some(thread)) })
+        let (stop, context) = (self.stop.clone(), self.context.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("citronfs-lock-waiter-{i}"))
+            .spawn(move || WaiterThread { ep, context, incoming, pending: Vec::new(), stop }.run())
+            .map_err(|e| FsError::Io(format!("starting a lock waiter: {e}")))?;
+        threads.push(thread);
+        Ok(Shard { mailbox, handoff })
     }
 
-    /// Where waiting records of this client are woken.
-    pub fn mailbox(&self) -> ClientAddr {
-        self.mailbox
+    /// The shard that serves `ino`, started if it was not.
+    fn shard(&self, ino: Ino) -> Result<Shard, FsError> {
+        let i = shard_of(ino, self.shards.len());
+        let mut slot = self.shards[i].lock();
+        if let Some(s) = slot.as_ref() {
+            return Ok(s.clone());
+        }
+        let shard = self.spawn(i, (self.open)()?)?;
+        *slot = Some(shard.clone());
+        Ok(shard)
     }
 
-    /// Hands a registered request to the thread.
+    /// Where waiting records of `ino` on this client are woken.
+    pub fn mailbox(&self, ino: Ino) -> Result<ClientAddr, FsError> {
+        Ok(self.shard(ino)?.mailbox)
+    }
+
+    /// Hands a registered request to its file's thread.
     pub fn wait(&self, pending: Pending) {
-        if let Err(e) = self.handoff.send(Handoff::Wait(Box::new(pending))) {
+        let shard = match self.shard(pending.ino) {
+            Ok(s) => s,
+            Err(e) => return (pending.done)(Err(e)),
+        };
+        if let Err(e) = shard.handoff.send(Handoff::Wait(Box::new(pending))) {
             // The thread is gone (shutting down): answer now.
             if let Handoff::Wait(p) = e.0 {
                 (p.done)(Err(FsError::Io("the lock waiter has stopped".into())));
@@ -122,28 +198,39 @@ impl Waiters {
 
     /// Withdraws every request waiting on `ino` (answered
     /// [`FsError::Interrupted`]) and returns once they are withdrawn: after
-    /// this the thread holds no address of the file's lock memory.
+    /// this no waiter thread holds an address of the file's lock memory.
     pub fn cancel_file(&self, ino: Ino) {
+        let shard = self.shards[shard_of(ino, self.shards.len())].lock().clone();
+        let Some(shard) = shard else { return }; // never started: it holds nothing
         let (ack, acked) = crossbeam_channel::bounded(1);
-        if self.handoff.send(Handoff::Cancel(ino, ack)).is_err() {
+        if shard.handoff.send(Handoff::Cancel(ino, ack)).is_err() {
             return; // stopped: it holds nothing
         }
         if acked.recv_timeout(CANCEL_WAIT).is_err() {
             log::error!("the lock waiter did not withdraw the waits on inode {} in {CANCEL_WAIT:?}", ino.0);
         }
     }
-}
 
-impl Waiters {
-    /// Stops the thread: every request still waiting is answered with an
+    /// Stops the threads: every request still waiting is answered with an
     /// error (EIO at the mount), and later ones at once. Returns when the
     /// answers are given.
     pub fn shutdown(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.lock().take() {
+        let threads: Vec<_> = {
+            let mut threads = self.threads.lock();
+            // Relaxed: the threads poll it and their join orders the rest;
+            // starting a shard reads it under this lock.
+            self.stop.store(true, Ordering::Relaxed);
+            threads.drain(..).collect()
+        };
+        for t in threads {
             let _ = t.join();
         }
     }
+}
+
+/// The shard of `ino` among `shards`.
+pub fn shard_of(ino: Ino, shards: usize) -> usize {
+    (ino.0 % shards.max(1) as u64) as usize
 }
 
 impl Drop for Waiters {
@@ -151,6 +238,17 @@ impl Drop for Waiters {
         self.shutdown();
     }
 }
+
+/// A test hook: called with the file before every retry on a waiter
+/// thread (a test makes one file's retries block there to show that other
+/// files are not held up). `None` removes it.
+#[doc(hidden)]
+pub fn set_retry_hook(hook: Option<Arc<dyn Fn(Ino) + Send + Sync>>) {
+    *RETRY_HOOK.write() = hook;
+}
+
+type RetryHook = Option<Arc<dyn Fn(Ino) + Send + Sync>>;
+static RETRY_HOOK: parking_lot::RwLock<RetryHook> = parking_lot::RwLock::new(None);
 
 struct WaiterThread {
     ep: Endpoint,
@@ -180,7 +278,7 @@ impl WaiterThread {
                         Err(e) => log::warn!("from {}: {e}", m.from),
                     }
                 },
-                default(WATCH_EVERY) => {},
+                default(if self.pending.is_empty() { IDLE_TICK } else { WATCH_EVERY }) => {},
             }
             // Take whatever else is queued without waiting.
             for h in self.incoming.try_iter() {
@@ -268,6 +366,10 @@ impl WaiterThread {
 
     /// Tries a request again; `Some` if it still waits.
     fn retry(&self, mut p: Pending) -> Option<Pending> {
+        let hook = RETRY_HOOK.read().clone();
+        if let Some(hook) = hook {
+            hook(p.ino);
+        }
         let timing = self.context.timing();
         let growth = self.context.growth(p.ino);
         let locks = self.locks(&p, &timing, &*growth);

@@ -11,6 +11,28 @@
 //! [`MAX_DEPTH`] steps (Linux: `MAX_DEADLK_ITERATIONS`, 10). Reaching itself
 //! means a cycle: the request fails with `EDEADLK` and withdraws its entry.
 //!
+//! # Never a spurious `EDEADLK`
+//!
+//! Linux follows the chain under one global lock, so what it sees is one
+//! moment. Here the entries and tables are read one after another while
+//! other owners come and go, so a chain put together from those reads may
+//! never have existed at any one moment (an owner that waited when its
+//! entry was read was granted before the next table was read). So a cycle
+//! found is checked again before it is answered (a double collect): every
+//! entry and every holder's record on it is read a second time, and only if
+//! each is word for word what the first pass read is the cycle reported.
+//! Every entry and record carries a generation that changes at each
+//! publish, withdrawal-and-reuse, claim and rewrite, so "unchanged" means
+//! "there all along" between its two reads; every first read precedes every
+//! second read, so at the moment between the two passes every edge of the
+//! cycle existed together. The first edge (the requester is blocked by its
+//! blockers) is fixed while it holds the range lock over its request, and
+//! its own entry is its own. A cycle that does not survive the second pass
+//! is looked for again a few times, then the request waits: it checks again
+//! at its next retry (every wake-up and every periodic sweep), so a real
+//! cycle — whose owners are all blocked, so whose edges stand still — is
+//! still reported.
+//!
 //! Why one of two racing requesters always sees the cycle: each publishes
 //! before it reads (every verb is linearisable at the lock server), so of two
 //! owners that close a cycle at the same time, the one that reads second
@@ -24,21 +46,33 @@
 //!
 //! | word | meaning |
 //! |---|---|
-//! | 0 | bit 0: occupied; bits 32..64: client id |
+//! | 0 | bit 0: occupied; bits 1..32: generation; bits 32..64: client id |
 //! | 1 | lock owner |
 //! | 2 | packed address of the file's record table (first block) |
 //! | 3, 4 | first and last byte waited for |
 //! | 5 | bit 0: write mode |
-//! | 6 | generation (changes at every publish) |
+//! | 6 | reserved (0) |
 //! | 7 | checksum of words 0..7 |
 //!
-//! Entries are claimed with a CAS on word 0 and withdrawn with a write of 0.
+//! An entry is claimed with a CAS on word 0 from free at generation `g` to
+//! occupied at `g + 1`, then its body is written; it is withdrawn with a
+//! write of word 0 that clears "occupied" and keeps the generation. The
+//! generation is what makes a withdrawn body dead: before, withdrawing
+//! zeroed word 0, so a publisher of the same client that claimed the slot
+//! again produced the very same word 0, and until it wrote its body the
+//! old body's checksum matched again — a reader followed a wait that had
+//! ended. With the generation in word 0, the old checksum never matches a
+//! newer claim.
+//!
 //! The table is read whole (it is small: [`WaitsFor::capacity`] entries).
+
+use std::collections::HashMap;
 
 use citron_lock::rdma::{Endpoint, RemoteAddr, Verb};
 use serde::{Deserialize, Serialize};
 
-use super::record::{checksum, pack_addr, unpack_addr, SLOT_WORDS};
+use super::plan::Located;
+use super::record::{checksum, decode, pack_addr, unpack_addr, SlotView, SLOT_WORDS};
 use super::table;
 use super::types::{ByteRange, LockFlavor, LockMode, LockOwner, OwnerKey};
 use crate::error::FsError;
@@ -48,6 +82,11 @@ use crate::types::ClientId;
 pub const MAX_DEPTH: usize = 10;
 pub const ENTRY_BYTES: u64 = 64;
 const OCCUPIED: u64 = 1;
+const GEN_SHIFT: u32 = 1;
+const GEN_MASK: u64 = 0x7fff_ffff;
+/// How often a cycle that did not survive its second read is looked for
+/// again before the request waits (and checks again at its next retry).
+const CONFIRM_TRIES: usize = 4;
 
 /// Where the table is (from the cluster info).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,9 +109,45 @@ pub struct Waiting {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Published {
     addr: RemoteAddr,
+    /// Word 0 as claimed.
+    claimed: u64,
+}
+
+/// One entry's words as read.
+type Words = [u64; SLOT_WORDS];
+
+/// An edge of the chain as the first pass read it: an owner's entry, and
+/// the record (of the next owner) that blocks what the entry waits for.
+#[derive(Clone, Copy, Debug)]
+struct Edge {
+    entry: RemoteAddr,
+    entry_words: Words,
+    holder_slot: RemoteAddr,
+    holder: Located,
+}
+
+fn generation(word0: u64) -> u64 {
+    (word0 >> GEN_SHIFT) & GEN_MASK
+}
+
+/// Word 0 of a free entry that keeps `word0`'s generation.
+fn freed(word0: u64) -> u64 {
+    generation(word0) << GEN_SHIFT
+}
+
+fn words_of(bytes: &[u8]) -> Words {
+    let mut e = [0u64; SLOT_WORDS];
+    for (j, w) in e.iter_mut().enumerate() {
+        *w = u64::from_le_bytes(bytes[j * 8..j * 8 + 8].try_into().expect("8 bytes"));
+    }
+    e
 }
 
 impl WaitsFor {
+    pub fn new(base: RemoteAddr, capacity: u32) -> Self {
+        Self { base, capacity }
+    }
+
     pub fn bytes(capacity: u32) -> u64 {
         ENTRY_BYTES * u64::from(capacity)
     }
@@ -81,20 +156,20 @@ impl WaitsFor {
         self.base + ENTRY_BYTES * u64::from(i)
     }
 
-    fn encode(w: &Waiting, gen: u64) -> [u64; SLOT_WORDS] {
+    fn encode(w: &Waiting, free_word0: u64) -> Words {
+        let gen = (generation(free_word0) + 1) & GEN_MASK;
         let mut e = [0u64; SLOT_WORDS];
-        e[0] = OCCUPIED | ((w.owner.client.0 & 0xffff_ffff) << 32);
+        e[0] = OCCUPIED | (gen << GEN_SHIFT) | ((w.owner.client.0 & 0xffff_ffff) << 32);
         e[1] = w.owner.owner.0;
         e[2] = pack_addr(w.table).unwrap_or(0);
         e[3] = w.range.start;
         e[4] = w.range.last;
         e[5] = u64::from(w.mode == LockMode::Write);
-        e[6] = gen;
         e[7] = checksum(&e);
         e
     }
 
-    fn decode(e: &[u64; SLOT_WORDS]) -> Option<Waiting> {
+    fn decode(e: &Words) -> Option<Waiting> {
         if e[0] & OCCUPIED == 0 || checksum(e) != e[7] {
             return None;
         }
@@ -106,21 +181,11 @@ impl WaitsFor {
         })
     }
 
-    /// Every entry that reads whole, with its index.
-    fn read_all(&self, ep: &Endpoint) -> Result<Vec<(u32, [u64; SLOT_WORDS])>, FsError> {
+    /// Every entry as read, with its index.
+    fn read_all(&self, ep: &Endpoint) -> Result<Vec<(u32, Words)>, FsError> {
         let mut buf = vec![0u8; Self::bytes(self.capacity) as usize];
         ep.read(self.base, &mut buf)?;
-        Ok(buf
-            .chunks_exact(ENTRY_BYTES as usize)
-            .enumerate()
-            .map(|(i, c)| {
-                let mut e = [0u64; SLOT_WORDS];
-                for (j, w) in e.iter_mut().enumerate() {
-                    *w = u64::from_le_bytes(c[j * 8..j * 8 + 8].try_into().expect("8 bytes"));
-                }
-                (i as u32, e)
-            })
-            .collect())
+        Ok(buf.chunks_exact(ENTRY_BYTES as usize).enumerate().map(|(i, c)| (i as u32, words_of(c))).collect())
     }
 
     /// Every published wait, for diagnostics.
@@ -130,33 +195,50 @@ impl WaitsFor {
 
     /// Publishes `w`. `ENOLCK` when the table is full.
     pub fn publish(&self, ep: &Endpoint, w: &Waiting) -> Result<Published, FsError> {
+        self.publish_with(ep, w, || {})
+    }
+
+    /// As [`WaitsFor::publish`], running `between` after the entry is
+    /// claimed and before its body is written (a test hook: a publisher
+    /// that stalls there).
+    #[doc(hidden)]
+    pub fn publish_with(
+        &self,
+        ep: &Endpoint,
+        w: &Waiting,
+        between: impl FnOnce(),
+    ) -> Result<Published, FsError> {
+        let mut between = Some(between);
         for attempt in 0..4 {
             for (i, e) in self.read_all(ep)? {
                 if e[0] & OCCUPIED != 0 {
                     continue;
                 }
                 let addr = self.entry(i);
-                let gen = e[6].wrapping_add(1);
-                let words = Self::encode(w, gen);
-                // Claim with a CAS of word 0 (it names the owner), then
-                // write the rest: until the body lands the checksum does not
-                // match and readers skip the entry, and the publisher reads
-                // nobody's entry before its own is whole.
+                let words = Self::encode(w, e[0]);
+                // Claim with a CAS of word 0 (it names the owner and a new
+                // generation), then write the rest: until the body lands the
+                // checksum does not match (the old body was summed with an
+                // older generation) and readers skip the entry, and the
+                // publisher reads nobody's entry before its own is whole.
                 if ep.cas(addr, e[0], words[0])? != e[0] {
                     continue;
                 }
+                if let Some(f) = between.take() {
+                    f();
+                }
                 let body: Vec<u8> = words[1..].iter().flat_map(|x| x.to_le_bytes()).collect();
                 table::execute(ep, &[Verb::Write { addr: addr + 8, data: body }])?;
-                return Ok(Published { addr });
+                return Ok(Published { addr, claimed: words[0] });
             }
             log::debug!("waits-for table full (attempt {attempt})");
         }
         Err(FsError::NoLocks)
     }
 
-    /// Withdraws an entry.
+    /// Withdraws an entry: clears "occupied", keeps the generation.
     pub fn withdraw(&self, ep: &Endpoint, p: Published) -> Result<(), FsError> {
-        ep.write_u64(p.addr, 0)?;
+        ep.write_u64(p.addr, freed(p.claimed))?;
         Ok(())
     }
 
@@ -166,7 +248,7 @@ impl WaitsFor {
         let mut n = 0;
         for (i, e) in self.read_all(ep)? {
             if Self::decode(&e).is_some_and(|w| w.owner.client == client) {
-                ep.cas(self.entry(i), e[0], 0)?;
+                ep.cas(self.entry(i), e[0], freed(e[0]))?;
                 n += 1;
             }
         }
@@ -174,42 +256,111 @@ impl WaitsFor {
     }
 
     /// Whether `me`, blocked by `blockers`, would close a cycle of waiting
-    /// POSIX owners. `me`'s own entry must already be published.
+    /// POSIX owners that existed at one moment (see the module comment).
+    /// `me`'s own entry must already be published, and the records of
+    /// `blockers` that block it must be held still (by the caller's range
+    /// lock).
     pub fn closes_cycle(&self, ep: &Endpoint, me: OwnerKey, blockers: &[OwnerKey]) -> Result<bool, FsError> {
-        let mut frontier: Vec<OwnerKey> = blockers.to_vec();
-        let mut seen: Vec<OwnerKey> = Vec::new();
-        for _ in 0..MAX_DEPTH {
-            if frontier.contains(&me) {
+        for attempt in 0..CONFIRM_TRIES {
+            let Some(path) = self.find_cycle(ep, me, blockers)? else { return Ok(false) };
+            if self.unchanged(ep, &path)? {
                 return Ok(true);
             }
-            if frontier.is_empty() {
-                return Ok(false);
+            log::debug!("a wait-for cycle of {me:?} changed before it was confirmed (attempt {attempt})");
+        }
+        Ok(false)
+    }
+
+    /// The first pass: a chain from one of `blockers` back to `me`, as read
+    /// one entry and table after another.
+    fn find_cycle(
+        &self,
+        ep: &Endpoint,
+        me: OwnerKey,
+        blockers: &[OwnerKey],
+    ) -> Result<Option<Vec<Edge>>, FsError> {
+        // How each owner reached was reached: from which owner, by which
+        // edge (`None` for the blockers themselves).
+        let mut reached: HashMap<OwnerKey, Option<(OwnerKey, Edge)>> = HashMap::new();
+        let mut frontier: Vec<OwnerKey> = Vec::new();
+        for &b in blockers {
+            if b == me {
+                // Cannot happen (an owner never blocks itself); no edge to
+                // confirm, so no cycle claimed.
+                continue;
             }
-            let waits = self.list(ep)?;
+            if reached.insert(b, None).is_none() {
+                frontier.push(b);
+            }
+        }
+        let path_to =
+            |reached: &HashMap<OwnerKey, Option<(OwnerKey, Edge)>>, mut at: OwnerKey, last: Edge| {
+                let mut path = vec![last];
+                while let Some(Some((from, edge))) = reached.get(&at) {
+                    path.push(*edge);
+                    at = *from;
+                }
+                path
+            };
+        for _ in 0..MAX_DEPTH {
+            if frontier.is_empty() {
+                return Ok(None);
+            }
+            let entries: Vec<(RemoteAddr, Words, Waiting)> = self
+                .read_all(ep)?
+                .into_iter()
+                .filter_map(|(i, e)| Self::decode(&e).map(|w| (self.entry(i), e, w)))
+                .collect();
             let mut next = Vec::new();
             for b in frontier.drain(..) {
-                if seen.contains(&b) {
-                    continue;
-                }
-                seen.push(b);
-                for w in waits.iter().filter(|w| w.owner == b) {
-                    // Who holds what `b` waits for: read that file's table
-                    // without a range lock (a snapshot, as Linux's check is
-                    // a snapshot under its global lock); torn records are
-                    // skipped.
+                for (entry, entry_words, w) in entries.iter().filter(|(_, _, w)| w.owner == b) {
+                    // Who holds what `b` waits for: that file's table, read
+                    // without a range lock (torn records are skipped; the
+                    // second pass confirms what is used).
                     let snapshot = table::read(ep, w.table)?;
                     for l in snapshot.records() {
-                        if l.record.flavor == LockFlavor::Posix
-                            && l.record.blocks(b, LockFlavor::Posix, w.mode, w.range)
-                            && !next.contains(&l.record.owner)
+                        if l.record.flavor != LockFlavor::Posix
+                            || !l.record.blocks(b, LockFlavor::Posix, w.mode, w.range)
                         {
-                            next.push(l.record.owner);
+                            continue;
+                        }
+                        let edge = Edge {
+                            entry: *entry,
+                            entry_words: *entry_words,
+                            holder_slot: snapshot.slot_addr(l.slot)?,
+                            holder: l,
+                        };
+                        let holder = l.record.owner;
+                        if holder == me {
+                            return Ok(Some(path_to(&reached, b, edge)));
+                        }
+                        if let std::collections::hash_map::Entry::Vacant(v) = reached.entry(holder) {
+                            v.insert(Some((b, edge)));
+                            next.push(holder);
                         }
                     }
                 }
             }
             frontier = next;
         }
-        Ok(frontier.contains(&me))
+        Ok(None)
+    }
+
+    /// The second pass: whether every entry and holder record of `path`
+    /// reads now exactly as the first pass read it.
+    fn unchanged(&self, ep: &Endpoint, path: &[Edge]) -> Result<bool, FsError> {
+        let mut buf = [0u8; ENTRY_BYTES as usize];
+        for edge in path {
+            ep.read(edge.entry, &mut buf)?;
+            if words_of(&buf) != edge.entry_words {
+                return Ok(false);
+            }
+            ep.read(edge.holder_slot, &mut buf)?;
+            match decode(&words_of(&buf)) {
+                SlotView::Record(record, gen) if record == edge.holder.record && gen == edge.holder.gen => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(true)
     }
 }

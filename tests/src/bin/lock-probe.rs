@@ -15,6 +15,8 @@
 //! write FD OFFSET TEXT / read FD OFFSET LEN -> ok / data TEXT
 //! incr FD OFFSET         -> ok N  (read a decimal counter, add 1, write back)
 //! catch-usr1             -> ok    (a SIGUSR1 handler without SA_RESTART)
+//! spare-thread           -> ok    (a second thread that sleeps with no signal
+//!                                  blocked: it could take a process-directed one)
 //! pid                    -> pid N
 //! ```
 //!
@@ -155,6 +157,19 @@ fn run(words: &[&str]) -> Result<String, String> {
                     return Ok(last_err());
                 }
             }
+            Ok("ok".into())
+        }
+        "spare-thread" => {
+            // Answered once the thread runs its own code: while a thread is
+            // being created, it blocks every signal.
+            let (running, started) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = running.send(());
+                loop {
+                    std::thread::park();
+                }
+            });
+            started.recv().map_err(|e| e.to_string())?;
             Ok("ok".into())
         }
         "pid" => Ok(format!("pid {}", std::process::id())),
