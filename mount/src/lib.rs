@@ -52,6 +52,10 @@ impl Default for MountOptions {
     }
 }
 
+/// Entries asked of the meta-server at once by `readdir` (it answers up to
+/// 4096).
+const READDIR_PAGE: u32 = 512;
+
 /// A virtual extended attribute (never listed) whose value is the
 /// cluster-wide list of the file's lock holders and waiters, one per line,
 /// for `citronfs locks` (and `getfattr`): `state flavour mode first last pid
@@ -636,7 +640,9 @@ impl Filesystem for CitronFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.requests.count(FuseOp::Release);
+        // Counted once done (the others as they arrive): the kernel sends a
+        // release after close(2) returns, and whoever counts waits for it.
+        let _counted = self.requests.on_drop(FuseOp::Release);
         let open = self.open_files.lock().remove(&fh.0);
         self.posix_owners.lock().remove(&fh.0);
         match open {
@@ -667,18 +673,21 @@ impl Filesystem for CitronFuse {
         self.requests.count(FuseOp::ReadDir);
         let mut after = offset;
         loop {
-            let page = match self.client.readdir(caller(req), Ino(ino.0), after, 512) {
+            let page = match self.client.readdir(caller(req), Ino(ino.0), after, READDIR_PAGE) {
                 Ok(p) => p,
                 Err(e) => return reply.error(errno(&e)),
             };
-            if page.is_empty() {
-                break;
-            }
+            // A short page is the directory's end: asking again would only
+            // cost a round trip for an empty one.
+            let last = page.len() < READDIR_PAGE as usize;
             for e in page {
                 if reply.add(INodeNo(e.ino.0), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name)) {
                     return reply.ok();
                 }
                 after = e.cookie;
+            }
+            if last {
+                break;
             }
         }
         reply.ok()

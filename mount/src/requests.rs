@@ -1,7 +1,10 @@
 //! FUSE requests counted by kind (issue 13): with the client's metadata
 //! call counters ([`citronfs_core::client::FsClient::rpc_counts`]) they say
 //! what one system call costs — how many requests the kernel sends, and how
-//! many round trips to the meta-server those make.
+//! many round trips to the meta-server those make. A request is counted
+//! as it arrives, except `Release`, counted once answered: the kernel sends
+//! it after close(2) has returned, so a test waits for the count to know
+//! the release is done.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -67,8 +70,26 @@ impl FuseCounters {
         self.0[op as usize].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Counts `op` when the returned guard is dropped (at the end of the
+    /// request's handling rather than its start).
+    pub fn on_drop(&self, op: FuseOp) -> CountOnDrop<'_> {
+        CountOnDrop { counters: self, op }
+    }
+
     pub fn snapshot(&self) -> FuseCounts {
         FuseCounts(std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed)))
+    }
+}
+
+/// See [`FuseCounters::on_drop`].
+pub struct CountOnDrop<'a> {
+    counters: &'a FuseCounters,
+    op: FuseOp,
+}
+
+impl Drop for CountOnDrop<'_> {
+    fn drop(&mut self) {
+        self.counters.count(self.op);
     }
 }
 
