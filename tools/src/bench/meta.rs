@@ -87,7 +87,7 @@ pub struct MetaArgs {
     /// Repeatable.
     #[arg(long = "peer", value_name = "NAME=DIR_A,DIR_B")]
     peers: Vec<PeerMounts>,
-    /// Directory for meta.csv, meta-costs.csv and meta.png.
+    /// Directory for meta.csv, meta-costs.csv, meta-latency.csv and meta.png.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
 }
@@ -406,6 +406,37 @@ impl CostOp {
     }
 }
 
+/// Where the time of a call goes: one metadata RPC made by the mount's
+/// client directly (no FUSE, no kernel), against `stat(2)` of the same file
+/// through the mount (its FUSE requests and their RPCs), each `calls` times
+/// one after another; mean µs.
+fn latencies(c: &Cluster, calls: u32) -> Result<Table> {
+    use std::os::unix::fs::MetadataExt;
+    let name = format!("bench-meta-latency-{}", std::process::id());
+    let path = c.dirs[0].join(&name);
+    fs::write(&path, b"")?;
+    let ino = citronfs_core::types::Ino(fs::metadata(&path)?.ino());
+    let root = citronfs_core::types::Ino(fs::metadata(&c.dirs[0])?.ino());
+    let client = &c.clients[0];
+    let caller = citronfs_core::types::Caller::ROOT;
+    let mean_us = |f: &mut dyn FnMut() -> Result<()>| -> Result<String> {
+        let t = Instant::now();
+        for _ in 0..calls {
+            f()?;
+        }
+        Ok(format!("{:.1}", t.elapsed().as_secs_f64() * 1e6 / calls as f64))
+    };
+    let mut table = Table::new(&["call", "mean_us"]);
+    let getattr = mean_us(&mut || Ok(client.getattr(ino).map(drop)?))?;
+    table.push(vec!["GetAttr RPC (client, no FUSE)".into(), getattr]);
+    let lookup = mean_us(&mut || Ok(client.lookup(caller, root, name.as_bytes()).map(drop)?))?;
+    table.push(vec!["Lookup RPC (client, no FUSE)".into(), lookup]);
+    let stat = mean_us(&mut || Ok(fs::metadata(&path).map(drop)?))?;
+    table.push(vec!["stat(2) of a file in the mount's root".into(), stat]);
+    fs::remove_file(&path)?;
+    Ok(table)
+}
+
 /// The cost table: each operation `samples` times, one at a time, with the
 /// mounts' counters read around each.
 fn costs(c: &Cluster, counters: &Counters, samples: u32) -> Result<Table> {
@@ -484,6 +515,9 @@ pub fn run(args: MetaArgs) -> Result<()> {
     println!("\nwhat one call costs on {citron} (mean of {} calls each):", args.cost_samples);
     let cost_table = costs(&cluster, &counters, args.cost_samples.max(1))?;
     cost_table.print();
+    println!("\nwhere a call's time goes ({} calls each, one at a time):", args.cost_samples * 20);
+    let latency_table = latencies(&cluster, args.cost_samples.max(1) * 20)?;
+    latency_table.print();
 
     let mut targets =
         vec![Target { name: citron.clone(), dirs: cluster.dirs.clone(), counters: Some(counters) }];
@@ -522,7 +556,9 @@ pub fn run(args: MetaArgs) -> Result<()> {
     table.write_csv(&csv)?;
     let costs_csv = args.out.join("meta-costs.csv");
     cost_table.write_csv(&costs_csv)?;
-    println!("\nwrote {} and {}", csv.display(), costs_csv.display());
+    let latency_csv = args.out.join("meta-latency.csv");
+    latency_table.write_csv(&latency_csv)?;
+    println!("\nwrote {}, {} and {}", csv.display(), costs_csv.display(), latency_csv.display());
     let bars: Vec<(String, f64)> = rows
         .iter()
         .map(|r| (format!("{} {}p {} {}", r.fs, r.processes, r.tree.name(), r.phase.name()), r.per_s))
