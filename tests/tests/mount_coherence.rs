@@ -168,3 +168,29 @@ fn only_the_last_close_on_a_mount_reaches_the_meta_server() {
     let files = c.meta.status().files;
     assert_eq!((files.opens, files.open_files), (0, 0), "the meta-server still counts opens: {files:?}");
 }
+
+/// `readdir` asks the meta-server for pages of entries and stops at a short
+/// one: a directory of several pages (and one of exactly a page) is listed
+/// whole on the other mount, and a name added or removed on A is in or out
+/// of B's very next listing.
+#[test]
+fn big_directories_are_listed_whole_on_the_other_mount() {
+    let (_c, a, b) = cluster();
+    // 512 is the page: "." and ".." plus 510 names fill exactly one.
+    for (dir, n) in [("one-page", 510usize), ("pages", 1300)] {
+        fs::create_dir(a.path(dir)).unwrap();
+        for i in 0..n {
+            fs::File::create(a.path(&format!("{dir}/n{i}"))).unwrap();
+        }
+        let listed = names(&b, dir);
+        assert_eq!(listed.len(), n, "{dir}: B lists {} of {n}", listed.len());
+        let mut want: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
+        want.sort();
+        assert_eq!(listed, want, "{dir}");
+        fs::File::create(a.path(&format!("{dir}/late"))).unwrap();
+        assert_eq!(names(&b, dir).len(), n + 1, "{dir}: B misses a name A added");
+        fs::remove_file(a.path(&format!("{dir}/n0"))).unwrap();
+        let after = names(&b, dir);
+        assert!(!after.contains(&"n0".to_string()) && after.len() == n, "{dir}: B lists a removed name");
+    }
+}
