@@ -313,6 +313,20 @@ impl Cluster {
         capacity: u64,
         far: Option<Duration>,
     ) -> Result<Self> {
+        Self::start_caching(range, backend, threads, mounts, capacity, far, Duration::ZERO)
+    }
+
+    /// As [`Cluster::start`], with mounts whose kernel caches attributes and
+    /// entries for `attr_ttl` (not coherent across mounts unless zero).
+    pub(super) fn start_caching(
+        range: RangeAlgorithm,
+        backend: BackendChoice,
+        threads: usize,
+        mounts: usize,
+        capacity: u64,
+        far: Option<Duration>,
+        attr_ttl: Duration,
+    ) -> Result<Self> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let tag = format!("fcntl-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
         let mut cfg = MetaServerConfig::new("127.0.0.1:0".parse()?);
@@ -345,7 +359,7 @@ impl Cluster {
                 config.added_rtt = far;
             }
             let client = FsClient::connect(config).context("cannot join the cluster")?;
-            let fs = CitronFuse::new(client, MountOptions { attr_ttl: Duration::ZERO, threads });
+            let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads });
             clients.push(fs.client());
             requests.push(fs.requests());
             sessions.push(

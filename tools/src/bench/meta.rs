@@ -23,7 +23,10 @@
 //! time (the cost table). bindfs over tmpfs is a passthrough FUSE file
 //! system on one host (its M "mounts" are one directory); `--peer
 //! NAME=DIR_A,DIR_B` adds another file system's two mounts of one volume.
-//! Ratios are only taken between figures of this run.
+//! `--cached-ttl SECS` adds a second CitronFS cluster whose kernels cache
+//! attributes and entries (not coherent across mounts: it bounds what
+//! coherent caching could buy, and says so in its name). Ratios are only
+//! taken between figures of this run.
 
 pub mod worker;
 
@@ -79,6 +82,12 @@ pub struct MetaArgs {
     /// System calls of each kind in the cost table.
     #[arg(long, default_value_t = 50)]
     cost_samples: u32,
+    /// Also measure a second CitronFS cluster whose mounts let the kernel
+    /// cache attributes and entries for this many seconds (`--attr-ttl`):
+    /// NOT coherent across mounts, a bound on what coherent caching could
+    /// buy. None by default.
+    #[arg(long)]
+    cached_ttl: Option<f64>,
     /// Skip bindfs over tmpfs.
     #[arg(long)]
     no_bindfs: bool,
@@ -521,6 +530,28 @@ pub fn run(args: MetaArgs) -> Result<()> {
 
     let mut targets =
         vec![Target { name: citron.clone(), dirs: cluster.dirs.clone(), counters: Some(counters) }];
+    let cached = match args.cached_ttl {
+        Some(secs) => {
+            let ttl = Duration::try_from_secs_f64(secs).context("--cached-ttl")?;
+            let c = Cluster::start_caching(
+                RangeAlgorithm::Citron,
+                args.backend,
+                args.threads,
+                args.mounts,
+                args.capacity.0,
+                None,
+                ttl,
+            )?;
+            let counters = Counters { clients: c.clients.clone(), requests: c.requests.clone() };
+            targets.push(Target {
+                name: format!("{citron}-ttl{secs}s-incoherent"),
+                dirs: c.dirs.clone(),
+                counters: Some(counters),
+            });
+            Some(c)
+        }
+        None => None,
+    };
     let bindfs = if args.no_bindfs {
         None
     } else if !have_bindfs() {
@@ -546,6 +577,7 @@ pub fn run(args: MetaArgs) -> Result<()> {
         }
     }
     drop(bindfs);
+    drop(cached);
     let table = rows_table(&rows);
     println!();
     table.print();
