@@ -76,7 +76,7 @@ pub fn fitting_capacity(end_in_chunk: u64, chunk_size: u64) -> u64 {
 
 /// Gives the pages of `[offset, offset + len)` of a server's region back to
 /// the host so that they read zero; `false` if it could not.
-pub type Discard = Box<dyn FnMut(u64, u64) -> bool + Send + Sync>;
+pub type Discard = Box<dyn FnMut(u64, u64) -> bool + Send>;
 
 /// An extent handed out, and whether its memory must be zeroed before a
 /// client may read it.

@@ -89,7 +89,7 @@ use citronfs_core::status::{
 };
 use citronfs_core::types::{Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, FileKind, Ino};
 use citronfs_core::FsError;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::access::{Access, Class, Placed, ServerRef};
 use crate::data_link::DataServerLink;
@@ -230,9 +230,7 @@ impl Revocation for NicRevocation {
 }
 
 pub struct MetaService {
-    /// Read-locked by requests that only look (lookup, getattr, readdir,
-    /// ...), so those run in parallel; write-locked by those that change it.
-    ns: RwLock<Namespace>,
+    ns: Mutex<Namespace>,
     /// Where memory lent to clients comes back and fences begin.
     reclaim: Arc<Reclamation>,
     /// `--lock-memory`, and the tree host's share of it.
@@ -283,14 +281,14 @@ struct NamespaceGrowth<'a> {
 
 impl TableGrowth for NamespaceGrowth<'_> {
     fn grow(&self, last: Option<RemoteAddr>) -> Result<RemoteAddr, FsError> {
-        self.service.ns.write().grow_lock_table(self.ino, last)
+        self.service.ns.lock().grow_lock_table(self.ino, last)
     }
 }
 
 impl MetaService {
     /// A word of lock memory, as the meta-server's CPU sees it.
     fn lock_word(&self, addr: RemoteAddr) -> Option<u64> {
-        let ns = self.ns.read();
+        let ns = self.ns.lock();
         ns.lock_memory_word(addr)
     }
 
@@ -299,15 +297,15 @@ impl MetaService {
     /// — a client holds it, or died holding it and is being recovered —
     /// never holds up the other requests.
     fn with_attr_locked<T>(&self, ino: Ino, op: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
-        let Some(lock) = self.ns.read().attr_lock_of(ino) else { return op() };
+        let Some(lock) = self.ns.lock().attr_lock_of(ino) else { return op() };
         let lock_err = |e: citron_lock::rwlock::LockError| {
             FsError::Io(format!("attribute lock of inode {}: {e}", ino.0))
         };
         let mut local = self.attr_host.local().map_err(lock_err)?;
         let guard = local.lock(lock).map_err(lock_err)?;
-        self.ns.write().attr_held.insert(ino);
+        self.ns.lock().attr_held.insert(ino);
         let result = op();
-        self.ns.write().attr_held.remove(&ino);
+        self.ns.lock().attr_held.remove(&ino);
         if let Err(e) = guard.unlock() {
             log::error!("releasing the attribute ALock of inode {}: {e}", ino.0);
         }
@@ -344,7 +342,7 @@ impl MetaService {
         let link =
             DataServerLink::connect(DataServerInfo { id, nic, shm, ib }, RegionId(region), credentials)?;
         self.access.add_data_server(id, nic);
-        self.ns.write().extents.add_server(id, RegionId(region), capacity, link.discard());
+        self.ns.lock().extents.add_server(id, RegionId(region), capacity, link.discard());
         links.push(Arc::new(link));
         log::info!("data server {} at {nic}: {capacity} bytes", id.0);
         Ok(MetaResponse::DataServerRegistered(id))
@@ -363,7 +361,7 @@ impl MetaService {
             links.len() < before
         };
         if gone {
-            let files = self.ns.write().lose_data_server(id);
+            let files = self.ns.lock().lose_data_server(id);
             log::warn!("data server {} is gone ({why}): {files} files lost data on it", id.0);
         }
     }
@@ -394,7 +392,7 @@ impl MetaService {
         plan: impl Fn(&mut Namespace) -> Result<ExtentPlan, FsError>,
     ) -> Result<Vec<(ChunkIndex, ChunkLoc)>, FsError> {
         let plan = {
-            let mut ns = self.ns.write();
+            let mut ns = self.ns.lock();
             ns.sweep_orphans();
             match plan(&mut ns) {
                 Err(FsError::NoSpace) if ns.free_orphans_now() => plan(&mut ns)?,
@@ -403,10 +401,10 @@ impl MetaService {
         };
         if let Err(e) = self.fill(&plan) {
             log::error!("preparing extents of inode {}: {e}", ino.0);
-            self.ns.write().abandon_extents(plan);
+            self.ns.lock().abandon_extents(plan);
             return Err(e);
         }
-        let mut ns = self.ns.write();
+        let mut ns = self.ns.lock();
         let chunks = ns.commit_extents(plan)?;
         if self.access.enforcing() {
             // Openers gain the new extents and lose a moved chunk's old one.
@@ -465,26 +463,26 @@ impl MetaService {
             }
             self.reclaim.fence(c);
             // Pinned, so no file's lock memory goes while we work on it.
-            let tables = self.ns.write().pin_lock_tables();
+            let tables = self.ns.lock().pin_lock_tables();
             let growth = |ino| NamespaceGrowth { service: self, ino };
             match lock_cleanup::release_client(ep, timing, &tables, self.waits_for, c, &growth) {
                 Ok(n) if n > 0 => log::warn!("released {n} lock records of client {}", c.0),
                 Ok(_) => {}
                 Err(e) => log::error!("releasing the locks of client {}: {e}", c.0),
             }
-            let mut ns = self.ns.write();
+            let mut ns = self.ns.lock();
             for t in &tables {
                 ns.unpin(t.ino, Cause::Fenced(c));
             }
             ns.drop_client(c);
         }
-        self.ns.write().sweep_orphans();
+        self.ns.lock().sweep_orphans();
     }
 
     /// The cluster as `citronfs status` shows it.
     fn status(&self) -> ClusterStatus {
         let (space, counts, usage, by_client, areas_in_use) = {
-            let ns = self.ns.read();
+            let ns = self.ns.lock();
             (
                 ns.extents.servers(),
                 ns.file_counts(),
@@ -587,7 +585,7 @@ impl MetaService {
         // Openers of `ino` follow its memory (chunks freed or added).
         let memory_changed = |ino: Ino| {
             if self.access.enforcing() {
-                let memory = self.ns.read().file_memory(ino);
+                let memory = self.ns.lock().file_memory(ino);
                 self.access.file_changed(ino, memory);
             }
         };
@@ -668,14 +666,14 @@ impl MetaService {
                 self.lose_data_server(id, "it left");
                 A::Done
             }
-            R::Lookup { parent, name, .. } => A::Attr(self.ns.read().lookup(parent, &name)?),
-            R::GetAttr { ino } => A::Attr(self.ns.read().attr(ino)?),
+            R::Lookup { parent, name, .. } => A::Attr(self.ns.lock().lookup(parent, &name)?),
+            R::GetAttr { ino } => A::Attr(self.ns.lock().attr(ino)?),
             R::SetAttr { caller, ino, set } => {
-                checks.setattr(&self.ns.read(), caller, ino, &set)?;
+                checks.setattr(&self.ns.lock(), caller, ino, &set)?;
                 let (attr, zero) = if set.size.is_some() || set.mtime.is_some() {
-                    self.with_attr_locked(ino, || self.ns.write().setattr(ino, &set))?
+                    self.with_attr_locked(ino, || self.ns.lock().setattr(ino, &set))?
                 } else {
-                    self.ns.write().setattr(ino, &set)?
+                    self.ns.lock().setattr(ino, &set)?
                 };
                 if set.size.is_some() {
                     memory_changed(ino);
@@ -688,31 +686,31 @@ impl MetaService {
                     return Err(FsError::Invalid("symlinks are made with Symlink".into()));
                 }
                 let new = NewInode { kind, perm, rdev, symlink_target: None };
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
                 A::Attr(ns.create(caller, parent, &name, new)?)
             }
             R::Symlink { caller, parent, name, target } => {
                 let new =
                     NewInode { kind: FileKind::Symlink, perm: 0o777, rdev: 0, symlink_target: Some(target) };
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
                 A::Attr(ns.create(caller, parent, &name, new)?)
             }
-            R::ReadLink { ino } => A::Target(self.ns.read().readlink(ino)?),
+            R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
             R::Link { caller, ino, new_parent, new_name } => {
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, new_parent)?;
                 A::Attr(ns.link(ino, new_parent, &new_name)?)
             }
             R::Unlink { caller, parent, name } => {
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 checks.remove_entry(&ns, caller, parent, &name)?;
                 ns.unlink(parent, &name)?;
                 A::Done
             }
             R::Rmdir { caller, parent, name } => {
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 if name != b"." && name != b".." {
                     checks.remove_entry(&ns, caller, parent, &name)?;
                 }
@@ -720,21 +718,21 @@ impl MetaService {
                 A::Done
             }
             R::Rename { caller, parent, name, new_parent, new_name, flags } => {
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 checks.rename(&ns, caller, (parent, &name), (new_parent, &new_name))?;
                 ns.rename(parent, &name, new_parent, &new_name, flags)?;
                 A::Done
             }
             R::ReadDir { ino, after, max, .. } => {
-                A::Entries(self.ns.read().readdir(ino, after, max.min(4096))?)
+                A::Entries(self.ns.lock().readdir(ino, after, max.min(4096))?)
             }
             R::Access { caller, ino, access } => {
-                checks.access(&self.ns.read(), caller, ino, access)?;
+                checks.access(&self.ns.lock(), caller, ino, access)?;
                 A::Done
             }
             R::CreateOpen { caller, client, parent, name, perm, exclusive } => {
                 let new = NewInode { kind: FileKind::File, perm, rdev: 0, symlink_target: None };
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
                 let opened = match ns.create(caller, parent, &name, new) {
                     Ok(attr) => match ns.open(client, attr.ino) {
@@ -768,25 +766,25 @@ impl MetaService {
                 }
                 opened
             }
-            R::KillSuidGid { ino, groups } => A::Attr(self.ns.write().kill_suidgid(ino, &groups)?),
+            R::KillSuidGid { ino, groups } => A::Attr(self.ns.lock().kill_suidgid(ino, &groups)?),
             R::Open { caller, client, ino, flags } => {
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 checks.open(&ns, caller, ino, flags)?;
                 let layout = ns.open(client, ino)?;
                 let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
                 self.access.opened(client, ino, ns.file_memory(ino), write);
                 A::Layout(layout)
             }
-            R::Layout { ino } => A::Layout(self.ns.read().layout(ino)?),
+            R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
             R::Release { client, ino, opens } => {
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 ns.release(client, ino, opens)?;
                 self.access.closed(client, ino, ns.is_open_by(ino, client));
                 A::Done
             }
             R::GrowLockTable { ino, last } => {
                 must_hold(ino, false)?;
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 let first = ns.grow_lock_table(ino, last)?;
                 self.access.file_changed(ino, ns.file_memory(ino));
                 A::LockTable(first)
@@ -809,7 +807,7 @@ impl MetaService {
             R::Fallocate { ino, offset, len, keep_size } => {
                 must_hold(ino, true)?;
                 self.with_extents(ino, |ns| ns.plan_fallocate(ino, offset, len))?;
-                let grow = || self.ns.write().fallocate_size(ino, offset, len, keep_size);
+                let grow = || self.ns.lock().fallocate_size(ino, offset, len, keep_size);
                 if keep_size {
                     grow()?;
                 } else {
@@ -818,21 +816,21 @@ impl MetaService {
                 A::Done
             }
             R::StatFs => {
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 ns.sweep_orphans();
                 A::Stats(ns.stats())
             }
             R::Status => A::Status(Box::new(self.status())),
             R::SetXattr { caller, ino, name, value, mode } => {
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 checks.xattr_write(&ns, caller, ino, &name)?;
                 ns.set_xattr(ino, &name, &value, mode)?;
                 A::Done
             }
-            R::GetXattr { ino, name, .. } => A::Xattr(self.ns.read().get_xattr(ino, &name)?),
-            R::ListXattr { ino, .. } => A::XattrNames(self.ns.read().list_xattr(ino)?),
+            R::GetXattr { ino, name, .. } => A::Xattr(self.ns.lock().get_xattr(ino, &name)?),
+            R::ListXattr { ino, .. } => A::XattrNames(self.ns.lock().list_xattr(ino)?),
             R::RemoveXattr { caller, ino, name } => {
-                let mut ns = self.ns.write();
+                let mut ns = self.ns.lock();
                 checks.xattr_write(&ns, caller, ino, &name)?;
                 ns.remove_xattr(ino, &name)?;
                 A::Done
@@ -1118,7 +1116,7 @@ impl MetaServer {
         let service = Arc::new(MetaService {
             // The lookup-then-open window an orphan's grace covers is
             // microseconds; a second is ample.
-            ns: RwLock::new(Namespace::new(
+            ns: Mutex::new(Namespace::new(
                 slots,
                 ExtentAllocator::new(config.chunk_size),
                 FileLocking { areas, attr_host: attr_host.clone() },
@@ -1220,7 +1218,7 @@ impl MetaServer {
     /// the Citron trees (with their later segments) on the tree host.
     pub fn lock_memory_in_use(&self) -> u64 {
         let service = self.rpc.service();
-        let areas = service.ns.write().lock_memory_in_use();
+        let areas = service.ns.lock().lock_memory_in_use();
         areas + service.trees_in_use()
     }
 
@@ -1237,7 +1235,7 @@ impl MetaServer {
 
     /// A file's lock area while it has lock memory (diagnostics, tests).
     pub fn lock_area(&self, ino: Ino) -> Option<citronfs_core::locks::LockArea> {
-        self.rpc.service().ns.read().lock_area(ino)
+        self.rpc.service().ns.lock().lock_area(ino)
     }
 
     /// Citron instances alive on the tree host.
@@ -1259,7 +1257,7 @@ impl MetaServer {
     /// (diagnostics and tests): `None` if the file has none.
     pub fn citron_tree(&self, ino: Ino) -> Option<CitronTreeState> {
         let (host, _, _) = self.trees.as_ref()?;
-        let (instance, site) = self.rpc.service().ns.read().hosted_tree(ino)?;
+        let (instance, site) = self.rpc.service().ns.lock().hosted_tree(ino)?;
         let RangeLockSite::CitronHosted { spillover, max_depth, .. } = site else { return None };
         let geometry = host.instance(instance).configuration().ok()?;
         let word = |a| self.rpc.service().lock_word(a);
