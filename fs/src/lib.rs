@@ -3,6 +3,7 @@
 //!
 //! * [`types`]: inode numbers, attributes, chunk locations — the vocabulary.
 //! * [`proto`]: requests to the meta-server and its answers (serde + bincode).
+//! * [`rpc_counts`]: metadata round trips counted by request kind.
 //! * [`status`]: the cluster as `citronfs status` shows it.
 //! * [`layout`]: the arithmetic of splitting byte ranges over chunks.
 //! * [`locks`]: byte-range locks (fcntl, flock) across mounts, over one-sided
@@ -15,6 +16,7 @@ pub mod error;
 pub mod layout;
 pub mod locks;
 pub mod proto;
+pub mod rpc_counts;
 pub mod session;
 pub mod status;
 pub mod types;

@@ -253,9 +253,13 @@ pub enum MetaRequest {
     Layout {
         ino: Ino,
     },
+    /// Gives back `opens` of the client's opens of `ino` (a client tells
+    /// the meta-server only at its last close of a file, handing back every
+    /// open it made since; see `fs::client::opens`).
     Release {
         client: ClientId,
         ino: Ino,
+        opens: u32,
     },
     /// Creates the file's lock-record table (`last: None`) or appends a
     /// block after `last`; answers the table's first block. Idempotent: a

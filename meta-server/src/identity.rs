@@ -154,7 +154,7 @@ mod tests {
         assert!(matches!(vet(&session, &mut open, |_| None, live), Ok(Asker::Client(ClientId(7), _))));
         let MetaRequest::Open { caller, .. } = open else { unreachable!() };
         assert_eq!((caller.uid, caller.gid), (65534, 65534));
-        let mut other = MetaRequest::Release { client: ClientId(8), ino: Ino(2) };
+        let mut other = MetaRequest::Release { client: ClientId(8), ino: Ino(2), opens: 1 };
         assert_eq!(vet(&session, &mut other, |_| None, live), Err(FsError::Perm));
         let mut register = MetaRequest::RegisterClient { hostname: "h".into(), pid: 1 };
         assert_eq!(vet(&session, &mut register, |_| None, live), Err(FsError::Perm));

@@ -776,9 +776,9 @@ impl MetaService {
                 A::Layout(layout)
             }
             R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
-            R::Release { client, ino } => {
+            R::Release { client, ino, opens } => {
                 let mut ns = self.ns.lock();
-                ns.release(client, ino)?;
+                ns.release(client, ino, opens)?;
                 self.access.closed(client, ino, ns.is_open_by(ino, client));
                 A::Done
             }

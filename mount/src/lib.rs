@@ -11,7 +11,10 @@
 mod access;
 pub mod caller;
 mod coherence;
+mod requests;
 mod setid;
+
+pub use requests::{FuseCounters, FuseCounts, FuseOp};
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -48,6 +51,10 @@ impl Default for MountOptions {
         Self { attr_ttl: Duration::ZERO, threads: 4 }
     }
 }
+
+/// Entries asked of the meta-server at once by `readdir` (it answers up to
+/// 4096).
+const READDIR_PAGE: u32 = 512;
 
 /// A virtual extended attribute (never listed) whose value is the
 /// cluster-wide list of the file's lock holders and waiters, one per line,
@@ -166,6 +173,8 @@ pub struct CitronFuse {
     syscalls: caller::SyscallFiles,
     /// Page-cache coherence of shared mappings through locks.
     coherence: coherence::Coherence,
+    /// Requests answered, by kind.
+    requests: FuseCounters,
 }
 
 impl CitronFuse {
@@ -178,6 +187,7 @@ impl CitronFuse {
             posix_owners: Mutex::new(HashMap::new()),
             syscalls: caller::SyscallFiles::default(),
             coherence: coherence::Coherence::start().expect("start the coherence threads"),
+            requests: FuseCounters::default(),
         }
     }
 
@@ -186,6 +196,11 @@ impl CitronFuse {
     /// mount serves). The client lives until the last handle is dropped.
     pub fn client(&self) -> Arc<FsClient> {
         self.client.clone()
+    }
+
+    /// The mount's request counters, readable while it serves.
+    pub fn requests(&self) -> FuseCounters {
+        self.requests.clone()
     }
 
     fn entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
@@ -416,10 +431,12 @@ impl Filesystem for CitronFuse {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        self.requests.count(FuseOp::Lookup);
         self.entry(reply, self.client.lookup(caller(req), Ino(parent.0), name(n)))
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.requests.count(FuseOp::GetAttr);
         match self.client.getattr(Ino(ino.0)) {
             Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -444,6 +461,7 @@ impl Filesystem for CitronFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.requests.count(FuseOp::SetAttr);
         let set = SetAttr {
             perm: mode.map(|m| (m & 0o7777) as u16),
             uid,
@@ -471,6 +489,7 @@ impl Filesystem for CitronFuse {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.requests.count(FuseOp::ReadLink);
         data(reply, self.client.readlink(Ino(ino.0)))
     }
 
@@ -484,6 +503,7 @@ impl Filesystem for CitronFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.requests.count(FuseOp::Mknod);
         let r = kind_of_mode(mode).and_then(|kind| {
             let perm = (mode & !umask & 0o7777) as u16;
             self.client.create(caller(req), Ino(parent.0), name(n), kind, perm, rdev)
@@ -492,19 +512,23 @@ impl Filesystem for CitronFuse {
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        self.requests.count(FuseOp::Mkdir);
         let perm = (mode & !umask & 0o7777) as u16;
         self.entry(reply, self.client.create(caller(req), Ino(parent.0), name(n), FileKind::Dir, perm, 0))
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::Unlink);
         done(reply, self.client.unlink(caller(req), Ino(parent.0), name(n)))
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::Rmdir);
         done(reply, self.client.rmdir(caller(req), Ino(parent.0), name(n)))
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
+        self.requests.count(FuseOp::Symlink);
         let target = target.as_os_str().as_bytes();
         self.entry(reply, self.client.symlink(caller(req), Ino(parent.0), name(link), target))
     }
@@ -519,6 +543,7 @@ impl Filesystem for CitronFuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(FuseOp::Rename);
         let mode = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
             RenameMode::Exchange
         } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
@@ -535,10 +560,12 @@ impl Filesystem for CitronFuse {
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        self.requests.count(FuseOp::Link);
         self.entry(reply, self.client.link(caller(req), Ino(ino.0), Ino(newparent.0), name(newname)))
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.requests.count(FuseOp::Open);
         // One round trip: the meta-server's Open refuses directories (EISDIR)
         // itself, and the kernel opens devices, fifos and sockets without us.
         match self.open_fh(caller(req), Ino(ino.0), flags.0) {
@@ -558,6 +585,7 @@ impl Filesystem for CitronFuse {
         lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.requests.count(FuseOp::Read);
         if let Err(e) = self.check_handle(fh) {
             return reply.error(e);
         }
@@ -581,6 +609,7 @@ impl Filesystem for CitronFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.requests.count(FuseOp::Write);
         let append = match self.check_handle(fh) {
             Ok(a) => a,
             Err(e) => return reply.error(e),
@@ -601,6 +630,7 @@ impl Filesystem for CitronFuse {
     }
 
     fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, owner: LockOwner, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::Flush);
         // Data is in the data servers' memory when `write` answers. A close
         // by a POSIX lock owner releases all its locks on the file.
         done(reply, self.client.release_owner_locks(Ino(ino.0), citronfs_core::locks::LockOwner(owner.0)))
@@ -616,6 +646,9 @@ impl Filesystem for CitronFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        // Counted once done (the others as they arrive): the kernel sends a
+        // release after close(2) returns, and whoever counts waits for it.
+        let _counted = self.requests.on_drop(FuseOp::Release);
         let open = self.open_files.lock().remove(&fh.0);
         self.posix_owners.lock().remove(&fh.0);
         match open {
@@ -638,30 +671,36 @@ impl Filesystem for CitronFuse {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::Fsync);
         reply.ok()
     }
 
     fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        self.requests.count(FuseOp::ReadDir);
         let mut after = offset;
         loop {
-            let page = match self.client.readdir(caller(req), Ino(ino.0), after, 512) {
+            let page = match self.client.readdir(caller(req), Ino(ino.0), after, READDIR_PAGE) {
                 Ok(p) => p,
                 Err(e) => return reply.error(errno(&e)),
             };
-            if page.is_empty() {
-                break;
-            }
+            // A short page is the directory's end: asking again would only
+            // cost a round trip for an empty one.
+            let last = page.len() < READDIR_PAGE as usize;
             for e in page {
                 if reply.add(INodeNo(e.ino.0), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name)) {
                     return reply.ok();
                 }
                 after = e.cookie;
             }
+            if last {
+                break;
+            }
         }
         reply.ok()
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.requests.count(FuseOp::StatFs);
         match self.client.statfs() {
             Ok(s) => {
                 let (blocks, free) = (s.total_bytes / 4096, s.free_bytes / 4096);
@@ -682,6 +721,7 @@ impl Filesystem for CitronFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(FuseOp::SetXattr);
         let mode = match flags {
             0 => XattrMode::Any,
             libc::XATTR_CREATE => XattrMode::Create,
@@ -692,6 +732,7 @@ impl Filesystem for CitronFuse {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        self.requests.count(FuseOp::GetXattr);
         let value = if name(n) == LOCKS_XATTR.as_bytes() {
             self.lock_listing(Ino(ino.0))
         } else if name(n) == META_XATTR.as_bytes() {
@@ -708,6 +749,7 @@ impl Filesystem for CitronFuse {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.requests.count(FuseOp::ListXattr);
         match self.client.list_xattr(caller(req), Ino(ino.0)) {
             Ok(names) => {
                 let mut buf = Vec::new();
@@ -728,10 +770,12 @@ impl Filesystem for CitronFuse {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::RemoveXattr);
         done(reply, self.client.remove_xattr(caller(req), Ino(ino.0), name(n)))
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::Access);
         // Only called without default_permissions; existence is what we know.
         done(reply, self.client.getattr(Ino(ino.0)).map(|_| ()))
     }
@@ -746,6 +790,7 @@ impl Filesystem for CitronFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.requests.count(FuseOp::Create);
         let perm = (mode & !umask & 0o7777) as u16;
         let (who, parent, n) = (caller(req), Ino(parent.0), name(n));
         let opened = if flags & libc::O_EXCL != 0 {
@@ -783,6 +828,7 @@ impl Filesystem for CitronFuse {
         pid: u32,
         reply: ReplyLock,
     ) {
+        self.requests.count(FuseOp::GetLk);
         let call = match self.lock_call(req, ino, fh, lock_owner, start, end, typ, pid) {
             Ok(c) => c,
             Err(e) => return reply.error(e),
@@ -810,6 +856,7 @@ impl Filesystem for CitronFuse {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(FuseOp::SetLk);
         let call = match self.lock_call(req, ino, fh, lock_owner, start, end, typ, pid) {
             Ok(c) => c,
             Err(e) => return reply.error(e),
@@ -838,6 +885,7 @@ impl Filesystem for CitronFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(FuseOp::Fallocate);
         let keep_size = match mode {
             0 => false,
             libc::FALLOC_FL_KEEP_SIZE => true,

@@ -199,6 +199,10 @@ pub fn wait_all(children: Vec<Child>) {
 pub struct TestMount {
     pub dir: tempfile::TempDir,
     session: Option<citronfs_mount::BackgroundSession>,
+    /// The mount's client (its counters: verbs, metadata calls by kind).
+    pub client: Arc<citronfs_core::client::FsClient>,
+    /// The mount's FUSE requests by kind.
+    pub requests: citronfs_mount::FuseCounters,
 }
 
 impl TestMount {
@@ -249,10 +253,11 @@ impl TestMount {
         }
         let client = citronfs_core::client::FsClient::connect(config).expect("join the cluster");
         let fs = citronfs_mount::CitronFuse::new(client, options);
+        let (client, requests) = (fs.client(), fs.requests());
         let dir = tempfile::tempdir().expect("temp dir");
         let session = citronfs_mount::spawn_mount(fs, dir.path())
             .expect("mount (needs root, /dev/fuse and fusermount3 from Debian's fuse3)");
-        Self { dir, session: Some(session) }
+        Self { dir, session: Some(session), client, requests }
     }
 
     pub fn path(&self, rel: &str) -> std::path::PathBuf {

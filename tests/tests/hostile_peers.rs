@@ -144,7 +144,7 @@ fn meta_requests(aim: &Aim) -> Vec<Vec<u8>> {
         MetaRequest::ClientLeaves { client: aim.other },
         MetaRequest::Fallocate { ino: aim.honest, offset: 0, len: 1 << 22, keep_size: false },
         MetaRequest::GrowLockTable { ino: aim.honest, last: None },
-        MetaRequest::Release { client: aim.other, ino: aim.honest },
+        MetaRequest::Release { client: aim.other, ino: aim.honest, opens: 1 },
         MetaRequest::Heartbeat { client: aim.other },
         MetaRequest::SetXattr {
             caller: root,

@@ -52,7 +52,7 @@ struct RpcGrowth<'a> {
 
 impl TableGrowth for RpcGrowth<'_> {
     fn grow(&self, last: Option<RemoteAddr>) -> Result<RemoteAddr, FsError> {
-        match super::answer(self.shared.rpc.call(&MetaRequest::GrowLockTable { ino: self.ino, last }))? {
+        match super::answer(self.shared.call(&MetaRequest::GrowLockTable { ino: self.ino, last }))? {
             MetaResponse::LockTable(first) => Ok(first),
             other => Err(unexpected(other)),
         }

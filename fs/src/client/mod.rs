@@ -49,6 +49,7 @@ use crate::locks::{LockArea, LockTiming, WaitsFor};
 use crate::proto::{
     AttrSlot, ClusterInfo, DataServerInfo, FileLayout, MetaRequest, MetaResponse, RenameMode, XattrMode,
 };
+use crate::rpc_counts::{RpcCounters, RpcCounts};
 use crate::types::{
     Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino,
 };
@@ -205,9 +206,17 @@ struct Shared {
     hostname: String,
     /// The files open here and the lock memory lent with them.
     opens: opens::OpenFiles,
+    /// Calls to the meta-server by kind.
+    rpc_counts: RpcCounters,
 }
 
 impl Shared {
+    /// One call to the meta-server, counted by kind.
+    fn call(&self, request: &MetaRequest) -> Result<MetaResponse, RpcError> {
+        self.rpc_counts.count(request.kind());
+        self.rpc.call(request)
+    }
+
     /// Whether this client must stop acting: its lease was refused, or it
     /// has not renewed it for 3/4 of the lease (the meta-server fences at
     /// a whole lease after it last heard from us, which is later, so we stop
@@ -322,6 +331,7 @@ impl FsClient {
             lease: Duration::from_millis(lease_ms),
             hostname,
             opens: opens::OpenFiles::default(),
+            rpc_counts: RpcCounters::default(),
         });
         // Timing of the lock algorithms comes from this fabric's RTT.
         let probe = meta_node.endpoint()?;
@@ -435,7 +445,7 @@ impl FsClient {
         if !self.tcp_options.added_rtt.is_zero() {
             std::thread::sleep(self.tcp_options.added_rtt);
         }
-        answer(self.shared.rpc.call(request))
+        answer(self.shared.call(request))
     }
 
     fn call_attr(&self, request: &MetaRequest) -> Result<Attr, FsError> {
@@ -650,14 +660,18 @@ impl FsClient {
         e.area = area;
     }
 
-    /// Ends one open of `ino`. The last one here first stops every use of
-    /// the file's lock memory ([`opens`]): its blocked lock requests are
-    /// cancelled and its addresses forgotten before the meta-server, which
-    /// may then reuse the memory, hears of the release.
+    /// Ends one open of `ino`. Only the last one here reaches the
+    /// meta-server, handing back every open of the file this client made
+    /// (the meta-server needs to know whether a client has a file open, not
+    /// how often: grants, lock memory and an unlinked file's data all
+    /// follow the last close). It first stops every use of the file's lock
+    /// memory ([`opens`]): its blocked lock requests are cancelled and its
+    /// addresses forgotten before the meta-server, which may then reuse the
+    /// memory, hears of the release.
     pub fn release(&self, ino: Ino) -> Result<(), FsError> {
         let current = self.registration();
         let Some(entry) = self.shared.opens.get(ino) else {
-            return self.call_done(&MetaRequest::Release { client: self.client_id(), ino });
+            return self.call_done(&MetaRequest::Release { client: self.client_id(), ino, opens: 1 });
         };
         let mut e = entry.lock();
         if e.closed || e.registration != current {
@@ -666,8 +680,8 @@ impl FsClient {
         }
         if e.count > 1 {
             e.count -= 1;
-            drop(e);
-            return self.call_done(&MetaRequest::Release { client: self.client_id(), ino });
+            e.deferred += 1;
+            return Ok(());
         }
         // Calls still using the addresses end first (a lock request of a
         // process the kernel abandoned may be running on another worker),
@@ -678,12 +692,13 @@ impl FsClient {
         if let Some(w) = self.waiters.as_ref() {
             w.cancel_file(ino);
         }
+        let opens = e.deferred + 1;
         e.reset(true);
         self.shared.opens.forget(ino, &entry);
         self.layouts.write().remove(&ino);
         // Still holding the entry: an open of the file by another thread
         // reaches the meta-server after this release.
-        self.call_done(&MetaRequest::Release { client: self.client_id(), ino })
+        self.call_done(&MetaRequest::Release { client: self.client_id(), ino, opens })
     }
 
     /// Files open on this client (each counted once).
@@ -985,6 +1000,12 @@ impl FsClient {
         Ok(Written::Done(layout))
     }
 
+    /// Calls this client has sent to the meta-server so far, by kind (the
+    /// registration of [`FsClient::connect`] excepted).
+    pub fn rpc_counts(&self) -> RpcCounts {
+        self.shared.rpc_counts.snapshot()
+    }
+
     /// Calls this client has made to the RPC range lock server
     /// (`--range-lock rpc`): round trips of the range lock that use no
     /// verbs, so [`FsClient::verb_counts`] does not see them.
@@ -1027,14 +1048,14 @@ fn heartbeat_loop(shared: &Shared) {
         last = std::time::Instant::now();
         let sent = last;
         let client = ClientId(shared.client.load(Ordering::Relaxed));
-        match shared.rpc.call(&MetaRequest::Heartbeat { client }) {
+        match shared.call(&MetaRequest::Heartbeat { client }) {
             Ok(MetaResponse::Done) => *shared.renewed.lock() = sent,
             Ok(MetaResponse::Failed(_))
             | Err(RpcError::Handshake(HandshakeError::Refused(Status::NotAdmitted))) => {
                 log::warn!("lease of client {} lost", client.0);
                 shared.fenced.store(true, Ordering::Relaxed);
                 shared.identity.registering(&shared.rpc);
-                let again = shared.rpc.call(&MetaRequest::RegisterClient {
+                let again = shared.call(&MetaRequest::RegisterClient {
                     hostname: shared.hostname.clone(),
                     pid: std::process::id(),
                 });
@@ -1080,7 +1101,7 @@ impl FsClient {
         }
         if !self.shared.fenced() {
             let client = ClientId(self.shared.client.load(Ordering::Relaxed));
-            match answer(self.shared.rpc.call(&MetaRequest::ClientLeaves { client })) {
+            match answer(self.shared.call(&MetaRequest::ClientLeaves { client })) {
                 Ok(_) => log::info!("client {} left the cluster", client.0),
                 Err(e) => log::warn!("cannot tell the meta-server that client {} leaves: {e}", client.0),
             }

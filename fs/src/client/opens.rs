@@ -18,6 +18,10 @@
 //!   holds a table address) and drops the cached layout, all before it sends
 //!   `Release` — holding the entry, so an open of the same file on another
 //!   thread waits until the meta-server has seen the release;
+//! * closes other than the last are not sent at all (the entry counts
+//!   them in `deferred`); the last one's `Release` gives back every open the
+//!   meta-server counted for this client, so to the meta-server the file is
+//!   open here from the first open to the last close, as it is;
 //! * after a lost lease the meta-server forgot this client's opens: entries
 //!   of an older registration answer EIO and are dropped when the client
 //!   registers again.
@@ -36,8 +40,11 @@ use crate::types::Ino;
 /// This client's opens of one file.
 #[derive(Debug, Default)]
 pub(super) struct OpenFile {
-    /// Opens the meta-server has counted for this client.
+    /// Opens of the file here now.
     pub count: u32,
+    /// Opens closed here that the meta-server has not been told of: only
+    /// the last close sends `Release`, handing back `deferred + 1` opens.
+    pub deferred: u32,
     /// The client registration they belong to.
     pub registration: u64,
     /// The file's lock memory, lent by the meta-server for as long as the

@@ -45,7 +45,7 @@ fn report(shared: &Shared, need: Duration) -> Result<(), FsError> {
     let client = ClientId(shared.client.load(Ordering::Relaxed));
     // Rounded up: the published value (whole µs) must not fall short.
     let t_wait_us = need.as_nanos().div_ceil(1000).min(u128::from(u64::MAX)) as u64;
-    match answer(shared.rpc.call(&MetaRequest::ReportLockTiming { client, t_wait_us }))? {
+    match answer(shared.call(&MetaRequest::ReportLockTiming { client, t_wait_us }))? {
         MetaResponse::Done => Ok(()),
         other => Err(super::unexpected(other)),
     }

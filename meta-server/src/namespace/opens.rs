@@ -47,12 +47,13 @@ impl Namespace {
         self.layout_for(ino, true)
     }
 
-    /// One release of `client`'s opens of `ino`; the last one cluster-wide
-    /// gives the file's lock memory back if its table is empty.
-    pub fn release(&mut self, client: ClientId, ino: Ino) -> Result<(), FsError> {
+    /// Gives back `opens` of `client`'s opens of `ino` (a client releases
+    /// all it counted at its last close); the last one cluster-wide gives
+    /// the file's lock memory back if its table is empty.
+    pub fn release(&mut self, client: ClientId, ino: Ino, opens: u32) -> Result<(), FsError> {
         let f = self.file_mut(ino)?;
         if let Some(n) = f.opens.get_mut(&client) {
-            *n -= 1;
+            *n = n.saturating_sub(opens.max(1));
             if *n == 0 {
                 f.opens.remove(&client);
             }

@@ -73,7 +73,7 @@ use citron_lock::range_lock::RangeAlgorithm;
 use citron_lock::rdma::VerbCounts;
 use citronfs_core::client::{ClientConfig, FsClient, Transport};
 use citronfs_meta_server::{DataServer, MetaServer, MetaServerConfig};
-use citronfs_mount::{BackgroundSession, CitronFuse, MountOptions};
+use citronfs_mount::{BackgroundSession, CitronFuse, FuseCounters, MountOptions};
 use clap::Args;
 
 use super::verbs::BackendChoice;
@@ -96,8 +96,8 @@ const MOUNTS: usize = 2;
 /// mounts of one volume.
 #[derive(Clone, Debug)]
 pub struct PeerMounts {
-    name: String,
-    dirs: Vec<PathBuf>,
+    pub(super) name: String,
+    pub(super) dirs: Vec<PathBuf>,
 }
 
 impl std::str::FromStr for PeerMounts {
@@ -289,11 +289,14 @@ impl Cost {
 }
 
 /// An embedded cluster (meta-server, data server) with its mounts; unmounts
-/// and stops in that order when dropped.
-struct Cluster {
+/// and stops in that order when dropped. `bench meta` starts its clusters
+/// here too.
+pub(super) struct Cluster {
     sessions: Vec<BackgroundSession>,
-    clients: Vec<Arc<FsClient>>,
-    dirs: Vec<PathBuf>,
+    pub(super) clients: Vec<Arc<FsClient>>,
+    /// The mounts' FUSE request counters.
+    pub(super) requests: Vec<FuseCounters>,
+    pub(super) dirs: Vec<PathBuf>,
     _data: DataServer,
     _meta: MetaServer,
     _root: tempfile::TempDir,
@@ -302,13 +305,27 @@ struct Cluster {
 impl Cluster {
     /// `far`: the last mount is that much farther away (tcp, the test-only
     /// added round-trip time), the others as `backend` says.
-    fn start(
+    pub(super) fn start(
         range: RangeAlgorithm,
         backend: BackendChoice,
         threads: usize,
         mounts: usize,
         capacity: u64,
         far: Option<Duration>,
+    ) -> Result<Self> {
+        Self::start_caching(range, backend, threads, mounts, capacity, far, Duration::ZERO)
+    }
+
+    /// As [`Cluster::start`], with mounts whose kernel caches attributes and
+    /// entries for `attr_ttl` (not coherent across mounts unless zero).
+    pub(super) fn start_caching(
+        range: RangeAlgorithm,
+        backend: BackendChoice,
+        threads: usize,
+        mounts: usize,
+        capacity: u64,
+        far: Option<Duration>,
+        attr_ttl: Duration,
     ) -> Result<Self> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let tag = format!("fcntl-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
@@ -327,6 +344,7 @@ impl Cluster {
         .context("cannot start the data server")?;
         let root = tempfile::tempdir()?;
         let (mut sessions, mut clients, mut dirs) = (Vec::new(), Vec::new(), Vec::new());
+        let mut requests = Vec::new();
         for i in 0..mounts {
             let dir = root.path().join(format!("mnt-{i}"));
             std::fs::create_dir_all(&dir)?;
@@ -341,15 +359,16 @@ impl Cluster {
                 config.added_rtt = far;
             }
             let client = FsClient::connect(config).context("cannot join the cluster")?;
-            let fs = CitronFuse::new(client, MountOptions { attr_ttl: Duration::ZERO, threads });
+            let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads });
             clients.push(fs.client());
+            requests.push(fs.requests());
             sessions.push(
                 citronfs_mount::spawn_mount(fs, &dir)
                     .context("cannot mount (needs root, /dev/fuse and fusermount3)")?,
             );
             dirs.push(dir);
         }
-        Ok(Self { sessions, clients, dirs, _data: data, _meta: meta, _root: root })
+        Ok(Self { sessions, clients, requests, dirs, _data: data, _meta: meta, _root: root })
     }
 
     fn cost(&self) -> Cost {

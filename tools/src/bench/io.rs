@@ -100,7 +100,7 @@ impl Drop for Mounts {
     }
 }
 
-fn run_cmd(cmd: &mut Command) -> Result<()> {
+pub(super) fn run_cmd(cmd: &mut Command) -> Result<()> {
     let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
     if !out.status.success() {
         bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
@@ -108,7 +108,7 @@ fn run_cmd(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-fn mount_tmpfs(dir: &Path, size: u64) -> Result<()> {
+pub(super) fn mount_tmpfs(dir: &Path, size: u64) -> Result<()> {
     fs::create_dir_all(dir)?;
     run_cmd(
         Command::new("mount").args(["-t", "tmpfs", "-o"]).arg(format!("size={size}")).arg("tmpfs").arg(dir),

@@ -6,6 +6,7 @@ pub mod citron_scale;
 pub mod fcntl;
 pub mod io;
 pub mod locks;
+pub mod meta;
 pub mod ranges;
 pub mod space;
 pub mod verbs;
@@ -42,6 +43,14 @@ pub enum BenchCommand {
     /// One lock-taking process of `bench fcntl` (started by it).
     #[command(hide = true)]
     FcntlWorker(fcntl::FcntlWorkerArgs),
+    /// Metadata rates as mdtest measures them (create, stat, read, unlink;
+    /// N processes on M mounts, one shared directory or one per process),
+    /// RPCs and FUSE requests per operation, beside bindfs over tmpfs and
+    /// any --peer, all in one run.
+    Meta(meta::MetaArgs),
+    /// One process of `bench meta` (started by it).
+    #[command(hide = true)]
+    MetaWorker(meta::worker::MetaWorkerArgs),
     /// Files per GiB by file size, small-file create rate, and a million
     /// files opened and closed one after another (lock memory peak and end).
     Space(space::SpaceArgs),
@@ -59,6 +68,8 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::CitronScale(a) => citron_scale::run(a),
         BenchCommand::Fcntl(a) => fcntl::run(a),
         BenchCommand::FcntlWorker(a) => fcntl::worker::worker(a),
+        BenchCommand::Meta(a) => meta::run(a),
+        BenchCommand::MetaWorker(a) => meta::worker::worker(a),
         BenchCommand::Space(a) => space::run(a),
     }
 }

@@ -1,0 +1,196 @@
+//! Strict coherence of metadata across mounts (issue 13): a change made
+//! through mount A is seen by the very next `stat`, `readdir` and lookup on
+//! mount B — creates, unlinks, chmod, renames and size changes — with the
+//! default attribute and entry TTL of zero. Each check first makes mount B
+//! look at the old state (so a cache, if there were one, would hold it),
+//! then changes it on A and looks again on B at once.
+//!
+//! And what the round-trip cuts must keep: only the last close of a file
+//! on a mount reaches the meta-server, so the file counts as open there
+//! (lock memory lent, an unlinked file readable) until that last close
+//! and not a moment longer.
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use citronfs_core::rpc_counts::{MetaKind, RpcCounts};
+use citronfs_core::types::Ino;
+use citronfs_mount::FuseOp;
+use citronfs_tests::{TestCluster, TestMount};
+
+fn cluster() -> (TestCluster, TestMount, TestMount) {
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let a = c.mount();
+    let b = c.mount();
+    (c, a, b)
+}
+
+fn names(m: &TestMount, dir: &str) -> Vec<String> {
+    let mut v: Vec<String> =
+        fs::read_dir(m.path(dir)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    v.sort();
+    v
+}
+
+fn missing(m: &TestMount, rel: &str) -> bool {
+    match fs::metadata(m.path(rel)) {
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        Ok(_) => false,
+    }
+}
+
+#[test]
+fn create_and_unlink_on_one_mount_are_seen_at_once_on_the_other() {
+    let (_c, a, b) = cluster();
+    fs::create_dir(a.path("d")).unwrap();
+    for round in 0..20 {
+        let name = format!("d/f{round}");
+        // B looks first: the name is missing (a negative entry, if cached).
+        assert!(missing(&b, &name), "round {round}: {name} exists before its create");
+        assert!(!names(&b, "d").contains(&format!("f{round}")));
+        fs::write(a.path(&name), format!("round {round}")).unwrap();
+        let on_b =
+            fs::metadata(b.path(&name)).unwrap_or_else(|e| panic!("round {round}: B cannot stat: {e}"));
+        assert_eq!(on_b.ino(), fs::metadata(a.path(&name)).unwrap().ino());
+        assert!(names(&b, "d").contains(&format!("f{round}")), "round {round}: B's readdir misses it");
+        assert_eq!(fs::read_to_string(b.path(&name)).unwrap(), format!("round {round}"));
+        // B has just seen it (a positive entry, if cached); A removes it.
+        fs::remove_file(a.path(&name)).unwrap();
+        assert!(missing(&b, &name), "round {round}: B still sees {name} after A unlinked it");
+        assert!(!names(&b, "d").contains(&format!("f{round}")), "round {round}: B's readdir still lists it");
+        assert!(fs::File::open(b.path(&name)).is_err(), "round {round}: B opens an unlinked name");
+    }
+}
+
+#[test]
+fn chmod_rename_and_size_changes_are_seen_at_once_on_the_other_mount() {
+    let (_c, a, b) = cluster();
+    fs::write(a.path("f"), b"12345").unwrap();
+    assert_eq!(fs::metadata(b.path("f")).unwrap().len(), 5);
+    for (round, mode) in [0o600u32, 0o644, 0o640, 0o755].into_iter().enumerate() {
+        fs::set_permissions(a.path("f"), fs::Permissions::from_mode(mode)).unwrap();
+        let seen = fs::metadata(b.path("f")).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(seen, mode, "round {round}: B sees mode {seen:o}, A set {mode:o}");
+    }
+
+    // Size: growing writes, a truncate down and up, through an open file
+    // on A and by path; B stats by path and through a file it holds open.
+    let held = fs::File::open(b.path("f")).unwrap();
+    let mut w = fs::OpenOptions::new().write(true).open(a.path("f")).unwrap();
+    for (round, len) in [4096u64, 10, 70_000, 1, 0].into_iter().enumerate() {
+        match round % 2 {
+            0 => fs::OpenOptions::new().write(true).open(a.path("f")).unwrap().set_len(len).unwrap(),
+            _ => {
+                w.set_len(0).unwrap();
+                w.seek(SeekFrom::Start(len - 1)).unwrap();
+                w.write_all(b"x").unwrap();
+            }
+        }
+        assert_eq!(fs::metadata(b.path("f")).unwrap().len(), len, "round {round}: B's stat by path");
+        assert_eq!(held.metadata().unwrap().len(), len, "round {round}: B's fstat of an open file");
+    }
+    drop((held, w));
+
+    // Rename: B looked at both names first.
+    let ino = fs::metadata(a.path("f")).unwrap().ino();
+    for round in 0..10 {
+        let (from, to) = if round % 2 == 0 { ("f", "g") } else { ("g", "f") };
+        assert!(fs::metadata(b.path(from)).is_ok());
+        assert!(missing(&b, to));
+        fs::rename(a.path(from), a.path(to)).unwrap();
+        assert!(missing(&b, from), "round {round}: B still finds {from} after the rename");
+        assert_eq!(fs::metadata(b.path(to)).unwrap().ino(), ino, "round {round}: B does not find {to}");
+        assert_eq!(names(&b, "."), vec![to.to_string()], "round {round}: B's readdir");
+    }
+
+    // A directory made and removed on A, looked up on B.
+    fs::create_dir(a.path("sub")).unwrap();
+    assert!(fs::metadata(b.path("sub")).unwrap().is_dir());
+    fs::write(b.path("sub/x"), b"").unwrap();
+    assert_eq!(names(&a, "sub"), vec!["x".to_string()]);
+    fs::remove_file(a.path("sub/x")).unwrap();
+    fs::remove_dir(a.path("sub")).unwrap();
+    assert!(missing(&b, "sub"));
+}
+
+/// Waits until `done` holds: FUSE sends a release after close(2) has
+/// returned. Only a hang takes the bound.
+fn eventually(what: &str, done: impl Fn() -> bool) {
+    let hang = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !done() {
+        assert!(std::time::Instant::now() < hang, "never happened: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Closes `f` (opened on mount `m`) and waits until the mount has answered
+/// the release that follows; returns the meta-server calls it made.
+fn close(m: &TestMount, f: fs::File) -> RpcCounts {
+    let (calls, releases) = (m.client.rpc_counts(), m.requests.snapshot().get(FuseOp::Release));
+    drop(f);
+    eventually("the release of a closed file", || m.requests.snapshot().get(FuseOp::Release) > releases);
+    m.client.rpc_counts() - calls
+}
+
+/// Closes other than a file's last one on a mount cost no call to the
+/// meta-server; the last hands back every open, and only then does the file
+/// give up its lock memory.
+#[test]
+fn only_the_last_close_on_a_mount_reaches_the_meta_server() {
+    let (c, a, b) = cluster();
+    fs::write(a.path("f"), b"keep me").unwrap();
+    let ino = Ino(fs::metadata(a.path("f")).unwrap().ino());
+    eventually("the written file is closed", || c.meta.lock_area(ino).is_none());
+
+    let first = fs::File::open(a.path("f")).unwrap();
+    let mut second = fs::File::open(a.path("f")).unwrap();
+    let on_b = fs::File::open(b.path("f")).unwrap();
+    let area = c.meta.lock_area(ino).expect("an open file has lock memory");
+    assert_eq!(c.meta.status().files.opens, 3);
+
+    let spent = close(&a, first);
+    assert_eq!(spent.get(MetaKind::Release), 0, "a close that is not the last sent {}", spent.describe());
+    assert_eq!(c.meta.lock_area(ino), Some(area), "the file is still open on both mounts");
+
+    // Unlinked on B while A still holds it open: its data lives on A.
+    let spent = close(&b, on_b);
+    assert_eq!(spent.get(MetaKind::Release), 1, "B's only close sent {}", spent.describe());
+    fs::remove_file(b.path("f")).unwrap();
+    let mut got = String::new();
+    second.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "keep me");
+    assert_eq!(c.meta.lock_area(ino), Some(area), "A has it open still");
+
+    let spent = close(&a, second);
+    assert_eq!(spent.get(MetaKind::Release), 1, "the last close sent {}", spent.describe());
+    assert!(c.meta.lock_area(ino).is_none(), "closed everywhere, yet it keeps lock memory");
+    let files = c.meta.status().files;
+    assert_eq!((files.opens, files.open_files), (0, 0), "the meta-server still counts opens: {files:?}");
+}
+
+/// `readdir` asks the meta-server for pages of entries and stops at a short
+/// one: a directory of several pages (and one of exactly a page) is listed
+/// whole on the other mount, and a name added or removed on A is in or out
+/// of B's very next listing.
+#[test]
+fn big_directories_are_listed_whole_on_the_other_mount() {
+    let (_c, a, b) = cluster();
+    // 512 is the page: "." and ".." plus 510 names fill exactly one.
+    for (dir, n) in [("one-page", 510usize), ("pages", 1300)] {
+        fs::create_dir(a.path(dir)).unwrap();
+        for i in 0..n {
+            fs::File::create(a.path(&format!("{dir}/n{i}"))).unwrap();
+        }
+        let listed = names(&b, dir);
+        assert_eq!(listed.len(), n, "{dir}: B lists {} of {n}", listed.len());
+        let mut want: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
+        want.sort();
+        assert_eq!(listed, want, "{dir}");
+        fs::File::create(a.path(&format!("{dir}/late"))).unwrap();
+        assert_eq!(names(&b, dir).len(), n + 1, "{dir}: B misses a name A added");
+        fs::remove_file(a.path(&format!("{dir}/n0"))).unwrap();
+        let after = names(&b, dir);
+        assert!(!after.contains(&"n0".to_string()) && after.len() == n, "{dir}: B lists a removed name");
+    }
+}
