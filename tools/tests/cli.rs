@@ -502,3 +502,37 @@ fn mount_takes_half_of_ram_like_tmpfs_and_touches_only_what_is_written() {
     assert!(child.wait().unwrap().success());
     assert!(!region.exists(), "the data server's memory is gone with it");
 }
+
+/// A tiny `bench meta` through real mounts (needs root and /dev/fuse): every
+/// phase of every process count and tree has a nonzero rate for CitronFS
+/// and for bindfs where it is installed; CitronFS rows say what a call cost
+/// in meta-server RPCs and FUSE requests (every call is at least one of
+/// each), and the plot is written.
+#[test]
+fn bench_meta_measures_every_phase_and_counts_round_trips() {
+    let out_dir = std::env::temp_dir().join(format!("citronfs-bench-meta-{}", std::process::id()));
+    let out = Command::new(EXE)
+        .args(["bench", "meta", "--files", "20", "--processes", "1,2"])
+        .arg("--out")
+        .arg(&out_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    let (h, rows) = read_csv(&out_dir.join("meta.csv"));
+    let col = |name: &str| h.iter().position(|c| c == name).unwrap_or_else(|| panic!("{name} in {h:?}"));
+    let citron: Vec<_> = rows.iter().filter(|r| r[col("fs")].starts_with("citronfs")).collect();
+    // 2 process counts x 2 trees x 4 phases.
+    assert_eq!(citron.len(), 16, "{rows:?}");
+    for r in &rows {
+        let per_s: f64 = r[col("ops_per_s")].parse().unwrap();
+        assert!(per_s > 0.0, "{r:?}");
+    }
+    for r in &citron {
+        let rpcs: f64 = r[col("rpcs_per_op")].parse().unwrap();
+        let fuse: f64 = r[col("fuse_per_op")].parse().unwrap();
+        assert!(rpcs >= 1.0 && fuse >= 1.0, "every call reaches the daemon and the meta-server: {r:?}");
+    }
+    assert!(out_dir.join("meta.png").exists());
+    let _ = std::fs::remove_dir_all(out_dir);
+}

@@ -60,13 +60,11 @@ mod distance;
 mod sqlite;
 pub mod worker;
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use citron_lock::range_lock::RangeAlgorithm;
@@ -77,6 +75,7 @@ use citronfs_mount::{BackgroundSession, CitronFuse, FuseCounters, MountOptions};
 use clap::Args;
 
 use super::verbs::BackendChoice;
+use super::workers::WorkerProcess;
 use crate::report::Table;
 use crate::size::ByteSize;
 
@@ -426,13 +425,21 @@ impl Drop for CeilingMounts {
     }
 }
 
-/// A running worker process; its answers arrive through a reader thread so
-/// that every wait for one is bounded.
-struct Worker {
-    label: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
+/// A lock-taking worker process (`bench fcntl-worker`) on the benchmarks'
+/// worker harness.
+struct Worker(WorkerProcess);
+
+impl std::ops::Deref for Worker {
+    type Target = WorkerProcess;
+    fn deref(&self) -> &WorkerProcess {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Worker {
+    fn deref_mut(&mut self) -> &mut WorkerProcess {
+        &mut self.0
+    }
 }
 
 impl Worker {
@@ -461,47 +468,7 @@ impl Worker {
         if counter {
             cmd.arg("--counter");
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("cannot start {}", exe.display()))?;
-        let stdout = child.stdout.take().expect("piped");
-        let stdin = child.stdin.take();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut w = Self { label, child, stdin, lines };
-        let ready = w.answer(Duration::from_secs(30))?;
-        if ready != "ready" {
-            bail!("{}: unexpected greeting {ready:?}", w.label);
-        }
-        Ok(w)
-    }
-
-    fn send(&mut self, command: &str) -> Result<()> {
-        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("{}: stdin closed", self.label))?;
-        writeln!(stdin, "{command}")
-            .and_then(|()| stdin.flush())
-            .with_context(|| format!("{}: send", self.label))
-    }
-
-    /// The next answer within `within`; an `err` answer is an error.
-    fn answer(&mut self, within: Duration) -> Result<String> {
-        let line = self
-            .lines
-            .recv_timeout(within)
-            .map_err(|_| anyhow!("{} gave no answer within {within:?}", self.label))?;
-        match line.strip_prefix("err ") {
-            Some(e) => bail!("{}: {e}", self.label),
-            None => Ok(line),
-        }
+        Ok(Self(WorkerProcess::spawn(label, &mut cmd, Duration::from_secs(30))?))
     }
 
     /// `ok NANOS` → nanoseconds.
@@ -510,24 +477,7 @@ impl Worker {
         let a = self.answer(Duration::from_secs(30))?;
         a.strip_prefix("ok ")
             .and_then(|n| n.parse().ok())
-            .ok_or_else(|| anyhow!("{}: bad answer {a:?} to {command}", self.label))
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // EOF ends the worker; one stuck in a lock call is killed.
-        self.stdin.take();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(_)) => return,
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
-                _ => break,
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+            .ok_or_else(|| anyhow!("{}: bad answer {a:?} to {command}", self.label()))
     }
 }
 
@@ -608,7 +558,7 @@ fn run_pairs(
             let mut it = rest.split(' ').map(|x| x.parse::<u64>().ok());
             Some((it.next()??, it.next()??, it.next()??))
         });
-        let (n, ns, o) = parsed.ok_or_else(|| anyhow!("{}: bad answer {a:?}", w.label))?;
+        let (n, ns, o) = parsed.ok_or_else(|| anyhow!("{}: bad answer {a:?}", w.label()))?;
         pairs += n;
         overlaps += o;
         rates.push(n as f64 / (ns as f64 / 1e9));

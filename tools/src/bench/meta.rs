@@ -31,15 +31,15 @@
 pub mod worker;
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use citron_lock::range_lock::RangeAlgorithm;
 use citronfs_core::client::FsClient;
 use citronfs_core::rpc_counts::RpcCounts;
@@ -48,6 +48,7 @@ use clap::Args;
 
 use super::fcntl::{Cluster, PeerMounts};
 use super::verbs::BackendChoice;
+use super::workers::WorkerProcess;
 use crate::report::Table;
 use crate::size::ByteSize;
 use worker::Phase;
@@ -196,79 +197,31 @@ fn have_bindfs() -> bool {
     Command::new("bindfs").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok()
 }
 
-/// A running worker process; answers arrive through a reader thread so
-/// every wait for one is bounded.
-struct Proc {
-    label: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-}
+/// A worker process of `bench meta` (`bench meta-worker`).
+struct Proc(WorkerProcess);
+
+/// How long one phase of one worker may take.
+const PHASE_WITHIN: Duration = Duration::from_secs(600);
 
 impl Proc {
     fn spawn(exe: &Path, args: &worker::MetaWorkerArgs, label: String) -> Result<Self> {
-        let mut child = Command::new(exe)
+        let mut command = Command::new(exe);
+        command
             .args(["bench", "meta-worker", "--create-dir"])
             .arg(&args.create_dir)
             .arg("--other-dir")
             .arg(&args.other_dir)
             .args(["--files", &args.files.to_string(), "--prefix", &args.prefix])
-            .args(["--payload", &args.payload.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("cannot start {}", exe.display()))?;
-        let stdout = child.stdout.take().expect("piped");
-        let stdin = child.stdin.take();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut p = Self { label, child, stdin, lines };
-        let hello = p.answer()?;
-        if hello != "ready" {
-            bail!("{}: unexpected greeting {hello:?}", p.label);
-        }
-        Ok(p)
+            .args(["--payload", &args.payload.to_string()]);
+        Ok(Self(WorkerProcess::spawn(label, &mut command, PHASE_WITHIN)?))
     }
 
     fn send(&mut self, command: &str) -> Result<()> {
-        let stdin = self.stdin.as_mut().ok_or_else(|| anyhow!("{}: stdin closed", self.label))?;
-        writeln!(stdin, "{command}")
-            .and_then(|()| stdin.flush())
-            .with_context(|| format!("{}: send", self.label))
+        self.0.send(command)
     }
 
     fn answer(&mut self) -> Result<String> {
-        let within = Duration::from_secs(600);
-        let line = self
-            .lines
-            .recv_timeout(within)
-            .map_err(|_| anyhow!("{} gave no answer within {within:?}", self.label))?;
-        match line.strip_prefix("err ") {
-            Some(e) => bail!("{}: {e}", self.label),
-            None => Ok(line),
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stdin.take();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.0.answer(PHASE_WITHIN)
     }
 }
 

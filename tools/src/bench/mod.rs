@@ -10,6 +10,7 @@ pub mod meta;
 pub mod ranges;
 pub mod space;
 pub mod verbs;
+pub mod workers;
 
 use clap::Subcommand;
 
