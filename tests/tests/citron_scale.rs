@@ -221,8 +221,17 @@ fn fast_path_is_two_round_trips_after_scale_ups() {
         let holding = citron_stress::holding_config(&ep);
         let mut c = citron_stress::scaling_client_with(&ep, server.local_addr(), id, holding);
         // Some ranges held, so that the scale-ups carry something.
-        let mut other = citron_stress::scaling_client_with(&ep, server.local_addr(), id, holding);
-        let held = [other.acquire(&ep, 600, 610).unwrap(), other.acquire(&ep, 0, 256).unwrap()];
+        // (One holder each: a client that holds one range and asks for a
+        // second waits until lease recovery takes its first over, a bug
+        // noted in issue 12 and not this test's subject.)
+        let holders: Vec<_> = [(0, 256), (600, 610)]
+            .into_iter()
+            .map(|(l, r)| {
+                let mut holder = citron_stress::scaling_client_with(&ep, server.local_addr(), id, holding);
+                let held = holder.acquire(&ep, l, r).unwrap();
+                (holder, held)
+            })
+            .collect();
         for units in [4096, 16 << 10, 256 << 10] {
             let up = c.scale_up(&ep, units).unwrap().unwrap();
             let v = up.verbs;
@@ -241,8 +250,8 @@ fn fast_path_is_two_round_trips_after_scale_ups() {
                 up.elapsed
             );
         }
-        for h in held {
-            other.release(&ep, h).unwrap();
+        for (mut holder, held) in holders {
+            holder.release(&ep, held).unwrap();
         }
         let n = c.layout().shape.units();
         assert_eq!(n, 256 << 10);
