@@ -52,6 +52,33 @@ fn threads_of(pid: u32) -> String {
     out
 }
 
+/// A cluster with one mount, where p holds a write lock on f's bytes 0..10
+/// and q, which catches SIGUSR1 and has a second thread that does not block
+/// it, waits in F_SETLKW for the same bytes.
+struct Waiting {
+    cluster: TestCluster,
+    mount: citronfs_tests::TestMount,
+    p: Probe,
+    pf: i32,
+    q: Probe,
+}
+
+fn waiting() -> Waiting {
+    let cluster = TestCluster::start(1, 64 << 20, 1 << 20);
+    let mount = cluster.mount();
+    std::fs::write(mount.path("f"), b"x").unwrap();
+    let mut p = Probe::spawn(PROBE);
+    let pf = p.open(&mount.path("f"));
+    let mut q = Probe::spawn(PROBE);
+    let qf = q.open(&mount.path("f"));
+    assert_eq!(q.ask("catch-usr1"), "ok");
+    assert_eq!(q.ask("spare-thread"), "ok");
+    assert_eq!(p.ask(&format!("setlk {pf} w 0 10")), "ok");
+    q.send(&format!("setlkw {qf} w 0 10"));
+    until("q blocked in F_SETLKW", || in_fcntl(q.pid));
+    Waiting { cluster, mount, p, pf, q }
+}
+
 /// q waits in F_SETLKW for p's lock, catching SIGUSR1, with a second
 /// thread that does not block it. `kill(q, SIGUSR1)` leaves the signal in
 /// the process's queue (the kernel marked the waiting thread, which it
@@ -59,18 +86,7 @@ fn threads_of(pid: u32) -> String {
 /// wait goes on, and is granted when p unlocks.
 #[test]
 fn a_process_directed_signal_another_thread_can_take_does_not_interrupt() {
-    let c = TestCluster::start(1, 64 << 20, 1 << 20);
-    let a = c.mount();
-    std::fs::write(a.path("f"), b"x").unwrap();
-    let mut p = Probe::spawn(PROBE);
-    let pf = p.open(&a.path("f"));
-    let mut q = Probe::spawn(PROBE);
-    let qf = q.open(&a.path("f"));
-    assert_eq!(q.ask("catch-usr1"), "ok");
-    assert_eq!(q.ask("spare-thread"), "ok");
-    assert_eq!(p.ask(&format!("setlk {pf} w 0 10")), "ok");
-    q.send(&format!("setlkw {qf} w 0 10"));
-    until("q blocked in F_SETLKW", || in_fcntl(q.pid));
+    let Waiting { cluster: _c, mount: _a, mut p, pf, q } = waiting();
     q.signal(libc::SIGUSR1);
     let usr1 = 1u64 << (libc::SIGUSR1 - 1);
     until("SIGUSR1 pending for q's process", || shared_pending(q.pid) & usr1 != 0);
@@ -85,18 +101,7 @@ fn a_process_directed_signal_another_thread_can_take_does_not_interrupt() {
 /// signal is the waiting thread's, so the wait ends with EINTR.
 #[test]
 fn a_signal_sent_to_the_waiting_thread_interrupts() {
-    let c = TestCluster::start(1, 64 << 20, 1 << 20);
-    let a = c.mount();
-    std::fs::write(a.path("f"), b"x").unwrap();
-    let mut p = Probe::spawn(PROBE);
-    let pf = p.open(&a.path("f"));
-    let mut q = Probe::spawn(PROBE);
-    let qf = q.open(&a.path("f"));
-    assert_eq!(q.ask("catch-usr1"), "ok");
-    assert_eq!(q.ask("spare-thread"), "ok");
-    assert_eq!(p.ask(&format!("setlk {pf} w 0 10")), "ok");
-    q.send(&format!("setlkw {qf} w 0 10"));
-    until("q blocked in F_SETLKW", || in_fcntl(q.pid));
+    let Waiting { cluster: _c, mount: _a, mut p, pf, q } = waiting();
     // SAFETY: a signal to the main thread of our own child process.
     let r = unsafe { libc::syscall(libc::SYS_tgkill, q.pid as i64, q.pid as i64, libc::SIGUSR1 as i64) };
     assert_eq!(r, 0);
