@@ -454,15 +454,22 @@ pub fn run(args: MetaArgs) -> Result<()> {
         bail!("--files and every --processes must be positive");
     }
     let exe = std::env::current_exe().context("cannot find the citronfs binary")?;
-    let cluster = Cluster::start(
-        RangeAlgorithm::Citron,
-        args.backend,
-        args.threads,
-        args.mounts,
-        args.capacity.0,
-        None,
-    )?;
-    let counters = Counters { clients: cluster.clients.clone(), requests: cluster.requests.clone() };
+    // A cluster of this run's shape whose mounts let the kernel cache for
+    // `ttl` (zero: strictly coherent), and its counters.
+    let start = |ttl: Duration| -> Result<(Cluster, Counters)> {
+        let c = Cluster::start_caching(
+            RangeAlgorithm::Citron,
+            args.backend,
+            args.threads,
+            args.mounts,
+            args.capacity.0,
+            None,
+            ttl,
+        )?;
+        let counters = Counters { clients: c.clients.clone(), requests: c.requests.clone() };
+        Ok((c, counters))
+    };
+    let (cluster, counters) = start(Duration::ZERO)?;
     let backend = match args.backend {
         BackendChoice::Shm => "shm",
         BackendChoice::Tcp => "tcp",
@@ -486,16 +493,7 @@ pub fn run(args: MetaArgs) -> Result<()> {
     let cached = match args.cached_ttl {
         Some(secs) => {
             let ttl = Duration::try_from_secs_f64(secs).context("--cached-ttl")?;
-            let c = Cluster::start_caching(
-                RangeAlgorithm::Citron,
-                args.backend,
-                args.threads,
-                args.mounts,
-                args.capacity.0,
-                None,
-                ttl,
-            )?;
-            let counters = Counters { clients: c.clients.clone(), requests: c.requests.clone() };
+            let (c, counters) = start(ttl)?;
             targets.push(Target {
                 name: format!("{citron}-ttl{secs}s-incoherent"),
                 dirs: c.dirs.clone(),
