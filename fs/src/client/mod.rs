@@ -25,6 +25,7 @@ mod identity;
 mod io;
 mod locks;
 mod opens;
+mod renewal_priority;
 mod tuning;
 
 pub use io::WriteMode;
@@ -1037,6 +1038,7 @@ enum Written {
 }
 
 fn heartbeat_loop(shared: &Shared) {
+    renewal_priority::raise_calling_thread();
     let tick = (shared.lease / 4).max(Duration::from_millis(10));
     let mut last = std::time::Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
