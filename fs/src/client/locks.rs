@@ -12,6 +12,7 @@ use super::{unexpected, FsClient, Shared};
 use crate::error::FsError;
 use crate::locks::table::TableGrowth;
 use crate::locks::waiter::{Interrupted, LockDone, Pending, WaiterContext, Waiters};
+use crate::locks::waits_for::WaitsForGrowth;
 use crate::locks::{
     ByteRange, FileLocks, LockArea, LockFlavor, LockMode, LockOwner, LockRecord, LockTiming, Outcome,
     OwnerKey, Request, WaitSpec, WaitsFor,
@@ -45,6 +46,15 @@ impl TableGrowth for RpcGrowth<'_> {
     fn grow(&self, last: Option<RemoteAddr>) -> Result<RemoteAddr, FsError> {
         match super::answer(self.shared.call(&MetaRequest::GrowLockTable { ino: self.ino, last }))? {
             MetaResponse::LockTable(first) => Ok(first),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+impl WaitsForGrowth for RpcGrowth<'_> {
+    fn grow_waits_for(&self, last: RemoteAddr) -> Result<RemoteAddr, FsError> {
+        match super::answer(self.shared.call(&MetaRequest::GrowWaitsFor { last }))? {
+            MetaResponse::WaitsForBlock(next) => Ok(next),
             other => Err(unexpected(other)),
         }
     }
