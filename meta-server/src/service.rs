@@ -80,7 +80,6 @@ use citron_lock::rdma::{
 };
 use citron_rpc::auth::{Authority, Credential, Credentials, KeyOptions, Keyring, Principal, Status};
 use citronfs_core::locks::area::LockChoice;
-use citronfs_core::locks::record::pack_addr;
 use citronfs_core::locks::table::TableGrowth;
 use citronfs_core::locks::waits_for::WaitsForGrowth;
 use citronfs_core::locks::{ClusterLockParams, LockTiming, WaitsFor};
@@ -104,6 +103,7 @@ use crate::lock_tuning::LockTuning;
 use crate::namespace::{ExtentPlan, FileLocking, Namespace, NewInode, TreeHosting, ZeroRange};
 use crate::permissions::Checks;
 use crate::reclaim::{Cause, Reclamation, Revocation};
+use crate::waits_for_chain::WaitsForChain;
 
 /// The region of the meta-server's NIC that holds attribute slots.
 pub const SLOT_REGION: RegionId = RegionId(1);
@@ -254,9 +254,8 @@ pub struct MetaService {
     clients: Mutex<HashMap<ClientId, ClientLease>>,
     next_client: AtomicU64,
     waits_for: WaitsFor,
-    /// The waits-for chain's blocks in order (the first is `waits_for.base`);
-    /// its lock orders growth.
-    waits_for_blocks: Mutex<Vec<RemoteAddr>>,
+    /// The waits-for table's blocks, grown on demand.
+    waits_for_chain: WaitsForChain,
     lock_params: ClusterLockParams,
     lock_host: LockHostInfo,
     /// Who may touch which server memory (grants at every NIC).
@@ -294,47 +293,11 @@ impl TableGrowth for NamespaceGrowth<'_> {
 
 impl WaitsForGrowth for NamespaceGrowth<'_> {
     fn grow_waits_for(&self, last: RemoteAddr) -> Result<RemoteAddr, FsError> {
-        self.service.grow_waits_for(last)
+        self.service.waits_for_chain.grow(last, &self.service.ns, &self.service.access)
     }
 }
 
 impl MetaService {
-    /// The waits-for block after `last` (`fs::locks::waits_for`, "Blocks"):
-    /// the one already linked, else a new zeroed block, granted to every
-    /// client, then linked (so whoever follows the link may use it); `last`
-    /// while it has a free entry.
-    fn grow_waits_for(&self, last: RemoteAddr) -> Result<RemoteAddr, FsError> {
-        let mut chain = self.waits_for_blocks.lock();
-        let at = chain
-            .iter()
-            .position(|b| *b == last)
-            .ok_or_else(|| FsError::Invalid(format!("{last} is not a block of the waits-for table")))?;
-        if let Some(next) = chain.get(at + 1) {
-            return Ok(*next);
-        }
-        // Only a full chain grows (a client cannot make it grow for nothing).
-        let has_room = {
-            let ns = self.ns.lock();
-            self.waits_for.entry_heads(last).any(|e| ns.lock_memory_word(e).is_some_and(WaitsFor::is_free))
-        };
-        if has_room {
-            return Ok(last);
-        }
-        let bytes = WaitsFor::bytes(self.waits_for.capacity);
-        let block = self.ns.lock().allocate_lock_memory(bytes)?;
-        let packed = pack_addr(block)
-            .ok_or_else(|| FsError::Io(format!("waits-for block address {block} does not pack")))?;
-        self.access.extend_membership(vec![Placed::new(
-            ServerRef::Meta,
-            Extent::new(block, bytes),
-            Class::Lock,
-        )]);
-        self.ns.lock().store_lock_word(self.waits_for.link(last), packed)?;
-        chain.push(block);
-        log::info!("waits-for table grew to {} blocks of {} entries", chain.len(), self.waits_for.capacity);
-        Ok(block)
-    }
-
     /// A word of lock memory, as the meta-server's CPU sees it.
     fn lock_word(&self, addr: RemoteAddr) -> Option<u64> {
         let ns = self.ns.lock();
@@ -831,7 +794,9 @@ impl MetaService {
                 self.access.closed(client, ino, ns.is_open_by(ino, client));
                 A::Done
             }
-            R::GrowWaitsFor { last } => A::WaitsForBlock(self.grow_waits_for(last)?),
+            R::GrowWaitsFor { last } => {
+                A::WaitsForBlock(self.waits_for_chain.grow(last, &self.ns, &self.access)?)
+            }
             R::GrowLockTable { ino, last } => {
                 must_hold(ino, false)?;
                 let mut ns = self.ns.lock();
@@ -1189,7 +1154,7 @@ impl MetaServer {
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
             waits_for,
-            waits_for_blocks: Mutex::new(vec![waits_for.base]),
+            waits_for_chain: WaitsForChain::new(waits_for),
             lock_params,
             lock_host: lock_host.info().clone(),
             access,
@@ -1266,7 +1231,7 @@ impl MetaServer {
 
     /// Blocks of the waits-for table now (it grows as more owners wait).
     pub fn waits_for_blocks(&self) -> usize {
-        self.rpc.service().waits_for_blocks.lock().len()
+        self.rpc.service().waits_for_chain.blocks()
     }
 
     /// Lock memory handed out and not freed, in bytes: files' lock areas and
