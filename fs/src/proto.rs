@@ -268,6 +268,12 @@ pub enum MetaRequest {
         ino: Ino,
         last: Option<RemoteAddr>,
     },
+    /// The waits-for block after `last` (a block of the chain): the one
+    /// already linked, else a new one, granted to every client and then
+    /// linked. Answers [`MetaResponse::WaitsForBlock`]. Idempotent.
+    GrowWaitsFor {
+        last: RemoteAddr,
+    },
     /// Clears set-user/group-ID bits as a write or truncate by a process
     /// without `CAP_FSETID` does ([`crate::types::perm_without_setid`]);
     /// `groups` are the writer's (filesystem gid and supplementary
@@ -370,6 +376,7 @@ pub enum MetaResponse {
     Stats(FsStats),
     Status(Box<crate::status::ClusterStatus>),
     LockTable(RemoteAddr),
+    WaitsForBlock(RemoteAddr),
     Clients(Vec<ClientInfo>),
     Xattr(Vec<u8>),
     XattrNames(Vec<Vec<u8>>),

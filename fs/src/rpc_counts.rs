@@ -62,6 +62,7 @@ meta_kinds!(
     Layout,
     Release,
     GrowLockTable,
+    GrowWaitsFor,
     KillSuidGid,
     Clients,
     AllocChunks,

@@ -186,6 +186,26 @@ impl Access {
         *self.membership.lock() = extents;
     }
 
+    /// Extents every client may use from now on (a new waits-for block):
+    /// granted to every admitted client before this returns (lock memory
+    /// is on our own NIC, changed at once), and to later ones at admission.
+    /// Appended under the membership lock, and the admitted set read under
+    /// it: a client admitted meanwhile is either in that set or reads the
+    /// membership after the append (it joins the set before it reads).
+    pub fn extend_membership(&self, extents: Vec<Placed>) {
+        let admitted: Vec<ClientId> = {
+            let mut membership = self.membership.lock();
+            membership.extend(extents.iter().copied());
+            self.ledger.lock().admitted.iter().copied().collect()
+        };
+        if !self.enforcing() {
+            return;
+        }
+        for c in admitted {
+            self.grant(c, &extents, false);
+        }
+    }
+
     /// A data server registered: its NIC is told who is in charge and which
     /// clients are admitted; later changes follow in order.
     pub fn add_data_server(&self, id: DataServerId, nic: SocketAddr) {

@@ -121,6 +121,7 @@ fn caller_mut(request: &mut MetaRequest) -> Option<&mut Caller> {
         | R::Layout { .. }
         | R::Release { .. }
         | R::GrowLockTable { .. }
+        | R::GrowWaitsFor { .. }
         | R::Clients
         | R::AllocChunks { .. }
         | R::GrowExtents { .. }

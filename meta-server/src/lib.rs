@@ -18,6 +18,7 @@ pub mod namespace;
 pub mod permissions;
 pub mod reclaim;
 pub mod service;
+pub mod waits_for_chain;
 
 pub use data_server::DataServer;
 pub use service::{CitronTreeState, MetaServer, MetaServerConfig};

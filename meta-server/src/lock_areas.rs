@@ -288,6 +288,12 @@ impl LockAreas {
         self.memory.memory().word(addr).ok().map(|w| w.load(std::sync::atomic::Ordering::SeqCst))
     }
 
+    /// Stores `value` at `addr` of the lock region (SeqCst: what was stored
+    /// before is seen by whoever reads this word and follows it).
+    pub fn store_word(&self, addr: RemoteAddr, value: u64) -> Result<(), FsError> {
+        self.store(addr, value)
+    }
+
     /// Allocates lock memory outside any file (the waits-for table, the lock
     /// services' areas).
     pub fn allocate_shared(&mut self, bytes: u64) -> Result<RemoteAddr, FsError> {

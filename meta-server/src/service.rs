@@ -81,6 +81,7 @@ use citron_lock::rdma::{
 use citron_rpc::auth::{Authority, Credential, Credentials, KeyOptions, Keyring, Principal, Status};
 use citronfs_core::locks::area::LockChoice;
 use citronfs_core::locks::table::TableGrowth;
+use citronfs_core::locks::waits_for::WaitsForGrowth;
 use citronfs_core::locks::{ClusterLockParams, LockTiming, WaitsFor};
 use citronfs_core::proto::{AttrSlot, ClientInfo, ClusterInfo, DataServerInfo, MetaRequest, MetaResponse};
 use citronfs_core::session::SessionKeys;
@@ -102,6 +103,7 @@ use crate::lock_tuning::LockTuning;
 use crate::namespace::{ExtentPlan, FileLocking, Namespace, NewInode, TreeHosting, ZeroRange};
 use crate::permissions::Checks;
 use crate::reclaim::{Cause, Reclamation, Revocation};
+use crate::waits_for_chain::WaitsForChain;
 
 /// The region of the meta-server's NIC that holds attribute slots.
 pub const SLOT_REGION: RegionId = RegionId(1);
@@ -135,7 +137,9 @@ pub struct MetaServerConfig {
     pub lock_bytes: u64,
     /// How files are locked: `--range-lock`, `--inode-lock`, the granule.
     pub lock_choice: LockChoice,
-    /// Most POSIX owners blocked at once, cluster-wide (deadlock checks).
+    /// Entries per block of the waits-for table of blocked POSIX owners
+    /// (deadlock checks), its link included: the table starts with one
+    /// block and grows by blocks as more owners wait at once.
     pub max_waiting_owners: u32,
     /// Lock parameters every client must share (Citron's T_wait, leases).
     pub lock_params: ClusterLockParams,
@@ -250,6 +254,8 @@ pub struct MetaService {
     clients: Mutex<HashMap<ClientId, ClientLease>>,
     next_client: AtomicU64,
     waits_for: WaitsFor,
+    /// The waits-for table's blocks, grown on demand.
+    waits_for_chain: WaitsForChain,
     lock_params: ClusterLockParams,
     lock_host: LockHostInfo,
     /// Who may touch which server memory (grants at every NIC).
@@ -282,6 +288,12 @@ struct NamespaceGrowth<'a> {
 impl TableGrowth for NamespaceGrowth<'_> {
     fn grow(&self, last: Option<RemoteAddr>) -> Result<RemoteAddr, FsError> {
         self.service.ns.lock().grow_lock_table(self.ino, last)
+    }
+}
+
+impl WaitsForGrowth for NamespaceGrowth<'_> {
+    fn grow_waits_for(&self, last: RemoteAddr) -> Result<RemoteAddr, FsError> {
+        self.service.waits_for_chain.grow(last, &self.service.ns, &self.service.access)
     }
 }
 
@@ -782,6 +794,9 @@ impl MetaService {
                 self.access.closed(client, ino, ns.is_open_by(ino, client));
                 A::Done
             }
+            R::GrowWaitsFor { last } => {
+                A::WaitsForBlock(self.waits_for_chain.grow(last, &self.ns, &self.access)?)
+            }
             R::GrowLockTable { ino, last } => {
                 must_hold(ino, false)?;
                 let mut ns = self.ns.lock();
@@ -1139,6 +1154,7 @@ impl MetaServer {
             clients: Mutex::new(HashMap::new()),
             next_client: AtomicU64::new(1),
             waits_for,
+            waits_for_chain: WaitsForChain::new(waits_for),
             lock_params,
             lock_host: lock_host.info().clone(),
             access,
@@ -1211,6 +1227,11 @@ impl MetaServer {
             _range_server: range_server,
             trees,
         })
+    }
+
+    /// Blocks of the waits-for table now (it grows as more owners wait).
+    pub fn waits_for_blocks(&self) -> usize {
+        self.rpc.service().waits_for_chain.blocks()
     }
 
     /// Lock memory handed out and not freed, in bytes: files' lock areas and

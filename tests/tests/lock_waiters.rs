@@ -8,7 +8,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use citronfs_core::client::{ClientConfig, FsClient, LockCall};
-use citronfs_core::locks::waiter::set_retry_hook;
+use citronfs_core::locks::waiter::{set_retry_hook, RetryPoint};
 use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, LockOwner};
 use citronfs_core::types::{Caller, Ino};
 use citronfs_core::FsError;
@@ -70,8 +70,8 @@ fn a_stuck_retry_on_one_file_does_not_hold_up_another_file() {
     let stuck_tx = Mutex::new(stuck_tx);
     {
         let gate = gate.clone();
-        set_retry_hook(Some(Arc::new(move |ino| {
-            if ino == a {
+        set_retry_hook(Some(Arc::new(move |ino, point| {
+            if ino == a && point == RetryPoint::Before {
                 let _ = stuck_tx.lock().unwrap().send(());
                 let mut open = gate.open.lock().unwrap();
                 while !*open {

@@ -86,3 +86,64 @@ fn a_stopped_mount_is_fenced_and_never_writes_under_a_lock_it_lost() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A grant to a waiter whose whole mount then dies, and a wait of that
+/// mount still pending, are both removed by the lease cleanup (issue 12,
+/// point 5). A single killed waiter process on a live mount cannot leave
+/// such a grant: on this kernel (6.18) a FUSE request the daemon has read
+/// is not abandoned when its caller gets SIGKILL — the caller waits in D
+/// state for the answer, and its close (flush) comes after it, releasing
+/// the grant — so only the death of the whole mount orphans a grant, and
+/// the lease covers that.
+#[test]
+fn a_grant_to_a_waiter_whose_mount_died_is_released_by_the_lease() {
+    let cluster = TestCluster::start(1, 64 << 20, 1 << 20);
+    let doomed = process_mount(&cluster);
+    let survivor = cluster.mount();
+    std::fs::write(survivor.path("f"), b"x").unwrap();
+    let mut p = Probe::spawn(PROBE);
+    let pf = p.open(&survivor.path("f"));
+    let mut q = Probe::spawn(PROBE);
+    let qf = q.open(&doomed.path("f"));
+    let mut r = Probe::spawn(PROBE);
+    let rf = r.open(&doomed.path("f"));
+    assert_eq!(p.ask(&format!("setlk {pf} w 0 10")), "ok");
+    assert_eq!(p.ask(&format!("setlk {pf} w 20 10")), "ok");
+    q.send(&format!("setlkw {qf} w 0 10"));
+    r.send(&format!("setlkw {rf} w 20 10"));
+    assert_eq!(q.answer_within(Duration::from_millis(300)), None, "p holds 0..10");
+    // q's wait is granted; r's still waits.
+    assert_eq!(p.ask(&format!("setlk {pf} u 0 10")), "ok");
+    assert_eq!(q.answer(), "ok");
+    assert_eq!(p.ask(&format!("getlk {pf} w 0 10")), format!("w 0 10 {}", q.pid));
+    let doomed_client = {
+        let records =
+            survivor.client.lock_records(citronfs_core::types::Ino(ino_of(&survivor.path("f")))).unwrap();
+        records.iter().find(|l| l.pid == q.pid).expect("q's granted record").owner.client
+    };
+    doomed.signal(libc::SIGKILL);
+    // p takes the granted range (and r's wait does not stand in its way).
+    assert_eq!(p.ask(&format!("setlkw {pf} w 0 30")), "ok");
+    let ino = citronfs_core::types::Ino(ino_of(&survivor.path("f")));
+    let t = Instant::now();
+    loop {
+        let left: Vec<_> = survivor
+            .client
+            .lock_records(ino)
+            .unwrap()
+            .into_iter()
+            .filter(|l| l.owner.client == doomed_client)
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(t.elapsed() < 4 * TEST_LEASE, "records of the dead mount are left: {left:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    q.kill();
+    r.kill();
+}
+
+fn ino_of(path: &std::path::Path) -> u64 {
+    std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap())
+}

@@ -4,8 +4,9 @@
 //! slot; and the deadlock check follows only edges that exist together.
 
 use citron_lock::rdma::{Endpoint, Node, RemoteAddr};
+use citronfs_core::locks::record::pack_addr;
 use citronfs_core::locks::record::{block_header, encode, Generation, LockRecord, RecordState, BLOCK_BYTES};
-use citronfs_core::locks::waits_for::Waiting;
+use citronfs_core::locks::waits_for::{Waiting, WaitsForGrowth};
 use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, LockOwner, OwnerKey, WaitsFor};
 use citronfs_core::types::ClientId;
 use citronfs_tests::{Backend, TestFabric, TEST_REGION};
@@ -37,6 +38,38 @@ fn table_with(ep: &Endpoint, at: RemoteAddr, holder: OwnerKey, range: ByteRange)
     ep.write_u64(at, block_header(31)).unwrap();
 }
 
+/// Blocks of the waits-for chain from a bump allocator in the test region
+/// (the meta-server's part, as `GrowWaitsFor` does it: idempotent, the
+/// block zeroed before the link that makes it reachable).
+struct Bump<'a> {
+    ep: &'a Endpoint,
+    waits: WaitsFor,
+    next: std::cell::Cell<u64>,
+    grown: std::cell::Cell<usize>,
+}
+
+impl<'a> Bump<'a> {
+    fn new(ep: &'a Endpoint, waits: WaitsFor) -> Self {
+        Self { ep, waits, next: std::cell::Cell::new(64 << 10), grown: std::cell::Cell::new(0) }
+    }
+}
+
+impl WaitsForGrowth for Bump<'_> {
+    fn grow_waits_for(&self, last: RemoteAddr) -> Result<RemoteAddr, citronfs_core::FsError> {
+        let link = self.waits.link(last);
+        if let Some(next) = citronfs_core::locks::record::unpack_addr(self.ep.read_u64(link)?) {
+            return Ok(next);
+        }
+        let block = RemoteAddr::new(TEST_REGION, self.next.get());
+        let bytes = WaitsFor::bytes(self.waits.capacity);
+        self.next.set(self.next.get() + bytes);
+        self.ep.write(block, &vec![0u8; bytes as usize])?;
+        self.ep.write_u64(link, pack_addr(block).unwrap())?;
+        self.grown.set(self.grown.get() + 1);
+        Ok(block)
+    }
+}
+
 fn setup() -> (TestFabric, Endpoint, WaitsFor, RemoteAddr) {
     let fabric = TestFabric::new(Backend::Shm, 1 << 20);
     let node = Node::join(&fabric.addr).unwrap();
@@ -53,17 +86,19 @@ fn setup() -> (TestFabric, Endpoint, WaitsFor, RemoteAddr) {
 #[test]
 fn a_withdrawn_entry_is_not_followed_while_its_slot_is_reused() {
     let (_fabric, ep, waits, table) = setup();
+    let grow = Bump::new(&ep, waits);
     let (a, m, other) = (owner(1), owner(2), owner(3));
     let range = ByteRange::new(0, 9).unwrap();
     table_with(&ep, table, m, range);
-    let mine = waits.publish(&ep, &Waiting { owner: m, table, range, mode: LockMode::Write }).unwrap();
-    let a_waited = waits.publish(&ep, &Waiting { owner: a, table, range, mode: LockMode::Write }).unwrap();
+    let mine = waits.publish(&ep, &Waiting { owner: m, table, range, mode: LockMode::Write }, &grow).unwrap();
+    let a_waited =
+        waits.publish(&ep, &Waiting { owner: a, table, range, mode: LockMode::Write }, &grow).unwrap();
     waits.withdraw(&ep, a_waited).unwrap();
     let stalled =
         Waiting { owner: other, table, range: ByteRange::new(100, 109).unwrap(), mode: LockMode::Read };
     let mut seen_cycle = None;
     let p = waits
-        .publish_with(&ep, &stalled, || {
+        .publish_with(&ep, &stalled, &grow, || {
             seen_cycle = Some(waits.closes_cycle(&ep, m, &[a]).unwrap());
         })
         .unwrap();
@@ -78,13 +113,57 @@ fn a_withdrawn_entry_is_not_followed_while_its_slot_is_reused() {
 #[test]
 fn a_real_cycle_is_found() {
     let (_fabric, ep, waits, table) = setup();
+    let grow = Bump::new(&ep, waits);
     let (a, m) = (owner(1), owner(2));
     let range = ByteRange::new(0, 9).unwrap();
     table_with(&ep, table, m, range);
-    let pa = waits.publish(&ep, &Waiting { owner: a, table, range, mode: LockMode::Write }).unwrap();
-    let pm = waits.publish(&ep, &Waiting { owner: m, table, range, mode: LockMode::Write }).unwrap();
+    let pa = waits.publish(&ep, &Waiting { owner: a, table, range, mode: LockMode::Write }, &grow).unwrap();
+    let pm = waits.publish(&ep, &Waiting { owner: m, table, range, mode: LockMode::Write }, &grow).unwrap();
     assert!(waits.closes_cycle(&ep, m, &[a]).unwrap());
     waits.withdraw(&ep, pa).unwrap();
     assert!(!waits.closes_cycle(&ep, m, &[a]).unwrap(), "A's wait is gone");
     waits.withdraw(&ep, pm).unwrap();
+}
+
+/// The table has no fixed cap: with blocks of 4 entries (3 waits and the
+/// link), 40 owners wait at once through a chain of blocks, every one is
+/// listed, a cycle between the last two is found, and the cleanup of their
+/// client withdraws them all. (Before the chain, the 4th publish failed
+/// with ENOLCK.)
+#[test]
+fn the_table_grows_by_blocks_past_a_full_one() {
+    let (_fabric, ep, waits, table) = setup();
+    let grow = Bump::new(&ep, waits);
+    const OWNERS: u64 = 40;
+    let range = ByteRange::new(0, 9).unwrap();
+    let (x, y) = (owner(OWNERS - 1), owner(OWNERS));
+    table_with(&ep, table, y, range);
+    let mut published = Vec::new();
+    for n in 1..=OWNERS {
+        let w = Waiting { owner: owner(n), table, range, mode: LockMode::Write };
+        published.push(waits.publish(&ep, &w, &grow).unwrap());
+    }
+    let listed = waits.list(&ep).unwrap();
+    assert_eq!(listed.len(), OWNERS as usize, "every wait is listed");
+    assert!(waits.blocks(&ep).unwrap() >= (OWNERS as usize).div_ceil(3));
+    // y (in the last block) waits for what x holds; x waits for what y
+    // holds (the table): a cycle far past the first block.
+    let other_table = RemoteAddr::new(TEST_REGION, 768 << 10);
+    table_with(&ep, other_table, x, range);
+    waits.withdraw(&ep, published.pop().unwrap()).unwrap();
+    let py = waits
+        .publish(&ep, &Waiting { owner: y, table: other_table, range, mode: LockMode::Write }, &grow)
+        .unwrap();
+    assert!(waits.closes_cycle(&ep, x, &[y]).unwrap(), "a cycle past the first block is found");
+    assert!(!waits.closes_cycle(&ep, owner(1), &[owner(2)]).unwrap(), "no spurious cycle");
+    waits.withdraw(&ep, py).unwrap();
+    assert_eq!(waits.withdraw_client(&ep, CLIENT).unwrap(), OWNERS as usize - 1);
+    assert_eq!(waits.list(&ep).unwrap(), vec![]);
+    let grown = grow.grown.get();
+    // Freed entries are reused before the chain grows again.
+    for n in 1..=OWNERS {
+        let w = Waiting { owner: owner(n), table, range, mode: LockMode::Read };
+        waits.publish(&ep, &w, &grow).unwrap();
+    }
+    assert_eq!(grow.grown.get(), grown, "the chain grew though it had room");
 }

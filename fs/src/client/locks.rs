@@ -6,11 +6,13 @@ use std::sync::Arc;
 
 use citron_lock::rdma::{Endpoint, RemoteAddr};
 
+use super::holds::HoldKey;
 use super::opens::Pinned;
 use super::{unexpected, FsClient, Shared};
 use crate::error::FsError;
 use crate::locks::table::TableGrowth;
 use crate::locks::waiter::{Interrupted, LockDone, Pending, WaiterContext, Waiters};
+use crate::locks::waits_for::WaitsForGrowth;
 use crate::locks::{
     ByteRange, FileLocks, LockArea, LockFlavor, LockMode, LockOwner, LockRecord, LockTiming, Outcome,
     OwnerKey, Request, WaitSpec, WaitsFor,
@@ -34,16 +36,6 @@ pub struct LockCall {
     pub fh: u64,
 }
 
-/// Who may hold locks on a file, so closes by others cost nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(super) enum HoldKey {
-    /// POSIX locks of an owner (released at any close by it).
-    Owner(Ino, LockOwner),
-    /// OFD and flock locks taken through an open file (released at its
-    /// last close).
-    Handle(Ino, u64),
-}
-
 /// Grows a table through the meta-server.
 struct RpcGrowth<'a> {
     shared: &'a Shared,
@@ -59,6 +51,15 @@ impl TableGrowth for RpcGrowth<'_> {
     }
 }
 
+impl WaitsForGrowth for RpcGrowth<'_> {
+    fn grow_waits_for(&self, last: RemoteAddr) -> Result<RemoteAddr, FsError> {
+        match super::answer(self.shared.call(&MetaRequest::GrowWaitsFor { last }))? {
+            MetaResponse::WaitsForBlock(next) => Ok(next),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
 /// What the waiter thread borrows from the client.
 struct Context {
     shared: Arc<Shared>,
@@ -69,6 +70,10 @@ struct Context {
 impl WaiterContext for Context {
     fn client(&self) -> ClientId {
         ClientId(self.shared.client.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn fenced(&self) -> bool {
+        self.shared.fenced()
     }
 
     fn timing(&self) -> LockTiming {
@@ -187,9 +192,8 @@ impl FsClient {
     /// [`FsError::WouldBlock`].
     pub fn setlk(&self, call: &LockCall) -> Result<(), FsError> {
         let pin = self.pin(call.ino)?;
-        if call.mode.is_some() {
-            self.may_hold.lock().insert(Self::hold_key(call));
-        }
+        // Until the lock is written (or refused), closes keep the owner.
+        let _acquiring = call.mode.map(|_| self.may_hold.acquiring(Self::hold_key(call)));
         self.with_endpoints(|eps| {
             let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, call.mode.is_some())? else {
                 return Ok(()); // unlocking where nothing was ever locked
@@ -220,9 +224,13 @@ impl FsClient {
             Ok(p) => p,
             Err(e) => return done(Err(e)),
         };
-        if call.mode.is_some() {
-            self.may_hold.lock().insert(Self::hold_key(call));
-        }
+        // Until the lock is written (or the wait ends otherwise), closes
+        // keep the owner: the answer drops this.
+        let acquiring = call.mode.map(|_| self.may_hold.acquiring(Self::hold_key(call)));
+        let done: LockDone = Box::new(move |r| {
+            drop(acquiring);
+            done(r)
+        });
         let req = self.request(call);
         let attempt = self.with_endpoints(|eps| {
             let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, true)? else {
@@ -247,7 +255,7 @@ impl FsClient {
     /// Releases every POSIX lock `owner` holds on `ino` (any close of the
     /// file by that owner: FUSE's flush).
     pub fn release_owner_locks(&self, ino: Ino, owner: LockOwner) -> Result<(), FsError> {
-        if !self.may_hold.lock().remove(&HoldKey::Owner(ino, owner)) {
+        if !self.may_hold.closing(HoldKey::Owner(ino, owner)) {
             return Ok(());
         }
         let me = self.owner_key(owner);
@@ -257,7 +265,7 @@ impl FsClient {
     /// Releases every OFD and flock lock taken through the open file `fh`
     /// (its last close: FUSE's release).
     pub fn release_handle_locks(&self, ino: Ino, fh: u64) -> Result<(), FsError> {
-        if !self.may_hold.lock().remove(&HoldKey::Handle(ino, fh)) {
+        if !self.may_hold.closing(HoldKey::Handle(ino, fh)) {
             return Ok(());
         }
         let client = self.client_id();

@@ -21,6 +21,7 @@
 //!
 //! Lock addresses are used only while the file is open here ([`opens`]).
 
+mod holds;
 mod identity;
 mod io;
 mod locks;
@@ -31,7 +32,7 @@ mod tuning;
 pub use io::WriteMode;
 pub use locks::LockCall;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -203,6 +204,9 @@ struct Shared {
     /// When the last renewal that the meta-server acknowledged was sent.
     renewed: Mutex<std::time::Instant>,
     stop: AtomicBool,
+    /// A test hook: while set, the lease is not renewed (the client is
+    /// fenced a lease later, as if it were cut off).
+    renewal_paused: AtomicBool,
     lease: Duration,
     hostname: String,
     /// The files open here and the lock memory lent with them.
@@ -252,7 +256,7 @@ pub struct FsClient {
     waiters: Option<Waiters>,
     /// (file, owner) pairs that may hold locks: a close by anyone else
     /// costs no verbs.
-    may_hold: Mutex<HashSet<locks::HoldKey>>,
+    may_hold: Arc<holds::Holds>,
 }
 
 fn answer(r: Result<MetaResponse, citron_lock::rdma::tcp::RpcError>) -> Result<MetaResponse, FsError> {
@@ -329,6 +333,7 @@ impl FsClient {
             registration: AtomicU64::new(0),
             renewed: Mutex::new(std::time::Instant::now()),
             stop: AtomicBool::new(false),
+            renewal_paused: AtomicBool::new(false),
             lease: Duration::from_millis(lease_ms),
             hostname,
             opens: opens::OpenFiles::default(),
@@ -356,7 +361,7 @@ impl FsClient {
             waits_for,
             lock_host,
             waiters: None,
-            may_hold: Mutex::new(HashSet::new()),
+            may_hold: Arc::default(),
         };
         c.add_data_servers(data_servers)?;
         let site = tuning::TuningSite { probe: waits_for.base, word: lock_params.published_t_wait };
@@ -389,6 +394,16 @@ impl FsClient {
     /// in time): every lock and I/O call fails with EIO.
     pub fn is_fenced(&self) -> bool {
         self.shared.fenced()
+    }
+
+    /// A test hook: stops (`true`) or resumes renewing the lease, so a test
+    /// gets this client fenced and registered again while its other
+    /// threads go on (as a mount cut off from the network and back).
+    #[doc(hidden)]
+    pub fn pause_lease_renewal(&self, paused: bool) {
+        // Relaxed: a flag the heartbeat thread polls; nothing is published
+        // with it.
+        self.shared.renewal_paused.store(paused, Ordering::Relaxed);
     }
 
     /// The meta-server's RPC address.
@@ -1044,7 +1059,7 @@ fn heartbeat_loop(shared: &Shared) {
     while !shared.stop.load(Ordering::Relaxed) {
         // Short naps, so dropping the client does not wait a whole tick.
         std::thread::sleep(Duration::from_millis(20).min(tick));
-        if last.elapsed() < tick {
+        if last.elapsed() < tick || shared.renewal_paused.load(Ordering::Relaxed) {
             continue;
         }
         last = std::time::Instant::now();

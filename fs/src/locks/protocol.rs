@@ -152,6 +152,7 @@ impl FileLocks<'_> {
                             range: req.range,
                             mode: mode_of(req),
                         },
+                        self.growth,
                     )?),
                     _ => None,
                 };

@@ -23,8 +23,9 @@ use super::record::{
 use crate::error::FsError;
 use crate::types::ClientId;
 
-/// The meta-server's side of a table: allocate its first block or append one.
-pub trait TableGrowth {
+/// The meta-server's side of a table: allocate its first block or append one
+/// (and of the waits-for chain, which a request may grow as it waits).
+pub trait TableGrowth: super::waits_for::WaitsForGrowth {
     /// Appends a zeroed block after `last` (or the first block when `None`)
     /// and returns the chain's first block. Idempotent if someone else grew
     /// it meanwhile.

@@ -36,10 +36,40 @@
 //! A pending request holds its file's table address, which is valid only
 //! while the file is open on this client: before the client's last release
 //! of a file, [`Waiters::cancel_file`] withdraws the file's requests (a
-//! caller the kernel abandoned, e.g. SIGKILLed while it waited) and waits
-//! until that is done. A request of an older registration of the client
-//! (its lease was lost, the meta-server removed its records) is answered
-//! EIO without touching lock memory.
+//! caller the kernel abandoned) and waits until that is done.
+//!
+//! # Waits across a fence (issue #12, point 5)
+//!
+//! A request belongs to the identity (client id) it was registered under.
+//! Once the client is fenced, the meta-server removes that identity's
+//! records, and nothing will ever release a record written under it
+//! afterwards: the client's closes release locks of its *new* identity. So
+//! * while the client is fenced, its requests are not retried (they touch
+//!   no lock memory);
+//! * a request of an older identity (the client registered again) is
+//!   answered EIO without touching lock memory;
+//! * a retry already in flight when the fence came may still write its
+//!   grant (no server refuses a fenced client's verbs yet: issue #12,
+//!   point 4). So a grant is kept only if, after it was written, the client
+//!   is neither fenced nor registered anew: the client fences itself
+//!   (3/4 of a lease without renewal) before the meta-server removes its
+//!   records (a whole lease), so a grant written after that removal is
+//!   always seen here, and is released again under the identity it was
+//!   written for, and the caller is answered EIO. A grant written before
+//!   the removal is removed by it. EIO rather than a re-issue under the new
+//!   identity: the caller's descriptor was opened under the old
+//!   registration and answers EIO from now on anyway (the client dropped
+//!   those opens), so a lock granted to it could not be used or released
+//!   through it.
+//!
+//! # A waiter that dies
+//!
+//! A grant to a waiter whose whole mount died is removed with the mount's
+//! lease, like its held locks. A waiter *process* killed on a live mount
+//! leaves no grant behind: on the kernels we run (6.18) a FUSE request that
+//! the daemon has read is not abandoned when its caller gets SIGKILL; the
+//! caller waits (in D state) for the answer, and its close (FUSE's flush,
+//! which releases its POSIX locks) comes after that.
 //!
 //! A completion is called exactly once: granted, failed, interrupted, or
 //! shut down.
@@ -90,6 +120,8 @@ pub struct Pending {
 /// What the waiter thread needs from its client.
 pub trait WaiterContext: Send + Sync + 'static {
     fn client(&self) -> ClientId;
+    /// Whether the client is fenced right now (its records may be gone).
+    fn fenced(&self) -> bool;
     fn timing(&self) -> LockTiming;
     fn waits_for(&self) -> WaitsFor;
     /// Grows `ino`'s table (an RPC to the meta-server).
@@ -239,15 +271,27 @@ impl Drop for Waiters {
     }
 }
 
-/// A test hook: called with the file before every retry on a waiter
-/// thread (a test makes one file's retries block there to show that other
-/// files are not held up). `None` removes it.
+/// Where a retry calls the test hook.
 #[doc(hidden)]
-pub fn set_retry_hook(hook: Option<Arc<dyn Fn(Ino) + Send + Sync>>) {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryPoint {
+    /// Before the retry touches lock memory.
+    Before,
+    /// The retry was granted (the record is written); the caller is not
+    /// answered yet.
+    Granted,
+}
+
+/// A test hook: called with the file at each [`RetryPoint`] of every retry
+/// on a waiter thread (a test blocks there to make a race happen: one
+/// file's retry stuck while others go on, a fence or a close between a
+/// retry's start and its grant). `None` removes it.
+#[doc(hidden)]
+pub fn set_retry_hook(hook: Option<Arc<dyn Fn(Ino, RetryPoint) + Send + Sync>>) {
     *RETRY_HOOK.write() = hook;
 }
 
-type RetryHook = Option<Arc<dyn Fn(Ino) + Send + Sync>>;
+type RetryHook = Option<Arc<dyn Fn(Ino, RetryPoint) + Send + Sync>>;
 static RETRY_HOOK: parking_lot::RwLock<RetryHook> = parking_lot::RwLock::new(None);
 
 struct WaiterThread {
@@ -325,6 +369,10 @@ impl WaiterThread {
                 } else if (p.interrupted)() {
                     self.interrupt(p);
                     None
+                } else if self.context.fenced() {
+                    // Touch nothing until the client is registered again
+                    // (answered EIO above then) or renews in time.
+                    Some(p)
                 } else if sweep || dirty.contains(&p.ino) {
                     self.retry(p)
                 } else {
@@ -367,8 +415,8 @@ impl WaiterThread {
     /// Tries a request again; `Some` if it still waits.
     fn retry(&self, mut p: Pending) -> Option<Pending> {
         let hook = RETRY_HOOK.read().clone();
-        if let Some(hook) = hook {
-            hook(p.ino);
+        if let Some(hook) = &hook {
+            hook(p.ino, RetryPoint::Before);
         }
         let timing = self.context.timing();
         let growth = self.context.growth(p.ino);
@@ -376,6 +424,19 @@ impl WaiterThread {
         let spec = WaitSpec { mailbox: self.ep.addr(), registered: Some(p.registration) };
         match locks.set(&p.req, Some(spec)) {
             Ok(Outcome::Granted) => {
+                if let Some(hook) = &hook {
+                    hook(p.ino, RetryPoint::Granted);
+                }
+                if p.req.owner.client != self.context.client() || self.context.fenced() {
+                    // Granted to an identity that a fence took away while
+                    // the retry was in flight (module docs).
+                    let unlock = Request { mode: None, ..p.req };
+                    if let Err(e) = locks.set(&unlock, None) {
+                        log::warn!("releasing a grant made across a fence on inode {}: {e}", p.ino.0);
+                    }
+                    (p.done)(Err(FsError::Io("lease lost while waiting for a lock".into())));
+                    return None;
+                }
                 (p.done)(Ok(()));
                 None
             }

@@ -64,7 +64,21 @@
 //! ended. With the generation in word 0, the old checksum never matches a
 //! newer claim.
 //!
-//! The table is read whole (it is small: [`WaitsFor::capacity`] entries).
+//! # Blocks (no fixed cap on waiters, issue #12 point 7)
+//!
+//! The table is a chain of blocks of [`WaitsFor::capacity`] entries each.
+//! The first block is made with the cluster; the last entry of every block
+//! is its link, not an entry: its word 0 is the packed address of the next
+//! block (0: none yet). A publisher that finds every entry of the chain
+//! occupied asks the meta-server for the block after the last one it saw
+//! ([`WaitsForGrowth`]; idempotent: a publisher that lost the race gets the
+//! block another one added) and looks again. The meta-server grants a new
+//! block to every admitted client before it writes the link that makes it
+//! reachable, so a client that follows the link may use it; a client
+//! admitted later gets it with the membership. Blocks are never freed (the
+//! chain is as long as the most owners that ever waited at once).
+//!
+//! The chain is read whole, block after block (one read per block).
 
 use std::collections::HashMap;
 
@@ -91,9 +105,24 @@ const CONFIRM_TRIES: usize = 4;
 /// Where the table is (from the cluster info).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WaitsFor {
+    /// The first block.
     pub base: RemoteAddr,
+    /// Entries per block, the link included (at least 2).
     pub capacity: u32,
 }
+
+/// The meta-server's side of the chain: appends blocks.
+pub trait WaitsForGrowth {
+    /// The block after `last`: the one already linked, else a new zeroed
+    /// block, granted to every client and then linked; or `last` itself
+    /// while it has a free entry (nothing grows but for a full chain).
+    /// Idempotent.
+    fn grow_waits_for(&self, last: RemoteAddr) -> Result<RemoteAddr, FsError>;
+}
+
+/// How many blocks a publisher adds or walks past before it gives up with
+/// `ENOLCK` (only a chain that others keep filling as fast as it grows).
+const GROW_TRIES: usize = 64;
 
 /// What one blocked owner waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,12 +177,29 @@ impl WaitsFor {
         Self { base, capacity }
     }
 
+    /// Bytes of one block of `capacity` entries.
     pub fn bytes(capacity: u32) -> u64 {
         ENTRY_BYTES * u64::from(capacity)
     }
 
-    fn entry(&self, i: u32) -> RemoteAddr {
-        self.base + ENTRY_BYTES * u64::from(i)
+    /// Entries of a block that hold waits (the last one is the link).
+    fn entries_per_block(&self) -> u32 {
+        self.capacity.saturating_sub(1)
+    }
+
+    /// Word 0 of every entry of `block` that holds waits.
+    pub fn entry_heads(&self, block: RemoteAddr) -> impl Iterator<Item = RemoteAddr> {
+        (0..u64::from(self.entries_per_block())).map(move |i| block + ENTRY_BYTES * i)
+    }
+
+    /// Whether an entry whose word 0 is `word0` is free.
+    pub fn is_free(word0: u64) -> bool {
+        word0 & OCCUPIED == 0
+    }
+
+    /// The link word of `block`.
+    pub fn link(&self, block: RemoteAddr) -> RemoteAddr {
+        block + ENTRY_BYTES * u64::from(self.entries_per_block())
     }
 
     fn encode(w: &Waiting, free_word0: u64) -> Words {
@@ -181,11 +227,40 @@ impl WaitsFor {
         })
     }
 
-    /// Every entry as read, with its index.
-    fn read_all(&self, ep: &Endpoint) -> Result<Vec<(u32, Words)>, FsError> {
+    /// Every entry of the chain as read, with its address, and the last
+    /// block.
+    fn read_chain(&self, ep: &Endpoint) -> Result<(Vec<(RemoteAddr, Words)>, RemoteAddr), FsError> {
+        let mut entries = Vec::new();
+        let mut block = self.base;
         let mut buf = vec![0u8; Self::bytes(self.capacity) as usize];
-        ep.read(self.base, &mut buf)?;
-        Ok(buf.chunks_exact(ENTRY_BYTES as usize).enumerate().map(|(i, c)| (i as u32, words_of(c))).collect())
+        loop {
+            ep.read(block, &mut buf)?;
+            let mut chunks = buf.chunks_exact(ENTRY_BYTES as usize).enumerate();
+            for (i, c) in chunks.by_ref().take(self.entries_per_block() as usize) {
+                entries.push((block + ENTRY_BYTES * i as u64, words_of(c)));
+            }
+            let link = chunks.next().map(|(_, c)| words_of(c)[0]).unwrap_or(0);
+            match unpack_addr(link) {
+                Some(next) => block = next,
+                None => return Ok((entries, block)),
+            }
+        }
+    }
+
+    /// Every entry as read, with its address.
+    fn read_all(&self, ep: &Endpoint) -> Result<Vec<(RemoteAddr, Words)>, FsError> {
+        Ok(self.read_chain(ep)?.0)
+    }
+
+    /// Blocks in the chain now.
+    pub fn blocks(&self, ep: &Endpoint) -> Result<usize, FsError> {
+        let mut n = 1;
+        let mut block = self.base;
+        while let Some(next) = unpack_addr(ep.read_u64(self.link(block))?) {
+            block = next;
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// Every published wait, for diagnostics.
@@ -193,9 +268,15 @@ impl WaitsFor {
         Ok(self.read_all(ep)?.iter().filter_map(|(_, e)| Self::decode(e)).collect())
     }
 
-    /// Publishes `w`. `ENOLCK` when the table is full.
-    pub fn publish(&self, ep: &Endpoint, w: &Waiting) -> Result<Published, FsError> {
-        self.publish_with(ep, w, || {})
+    /// Publishes `w`, growing the chain through `grow` when it is full.
+    /// `ENOLCK` only when no block can be added (lock memory is full).
+    pub fn publish(
+        &self,
+        ep: &Endpoint,
+        w: &Waiting,
+        grow: &dyn WaitsForGrowth,
+    ) -> Result<Published, FsError> {
+        self.publish_with(ep, w, grow, || {})
     }
 
     /// As [`WaitsFor::publish`], running `between` after the entry is
@@ -206,15 +287,16 @@ impl WaitsFor {
         &self,
         ep: &Endpoint,
         w: &Waiting,
+        grow: &dyn WaitsForGrowth,
         between: impl FnOnce(),
     ) -> Result<Published, FsError> {
         let mut between = Some(between);
-        for attempt in 0..4 {
-            for (i, e) in self.read_all(ep)? {
+        for attempt in 0..GROW_TRIES {
+            let (entries, last) = self.read_chain(ep)?;
+            for (addr, e) in entries {
                 if e[0] & OCCUPIED != 0 {
                     continue;
                 }
-                let addr = self.entry(i);
                 let words = Self::encode(w, e[0]);
                 // Claim with a CAS of word 0 (it names the owner and a new
                 // generation), then write the rest: until the body lands the
@@ -231,7 +313,10 @@ impl WaitsFor {
                 table::execute(ep, &[Verb::Write { addr: addr + 8, data: body }])?;
                 return Ok(Published { addr, claimed: words[0] });
             }
-            log::debug!("waits-for table full (attempt {attempt})");
+            // Every entry seen was taken: one more block (or the one that
+            // another publisher added meanwhile), then look again.
+            log::debug!("waits-for chain full at {} entries (attempt {attempt})", self.entries_per_block());
+            grow.grow_waits_for(last)?;
         }
         Err(FsError::NoLocks)
     }
@@ -246,9 +331,9 @@ impl WaitsFor {
     /// meta-server's cleanup).
     pub fn withdraw_client(&self, ep: &Endpoint, client: ClientId) -> Result<usize, FsError> {
         let mut n = 0;
-        for (i, e) in self.read_all(ep)? {
+        for (addr, e) in self.read_all(ep)? {
             if Self::decode(&e).is_some_and(|w| w.owner.client == client) {
-                ep.cas(self.entry(i), e[0], freed(e[0]))?;
+                ep.cas(addr, e[0], freed(e[0]))?;
                 n += 1;
             }
         }
@@ -309,7 +394,7 @@ impl WaitsFor {
             let entries: Vec<(RemoteAddr, Words, Waiting)> = self
                 .read_all(ep)?
                 .into_iter()
-                .filter_map(|(i, e)| Self::decode(&e).map(|w| (self.entry(i), e, w)))
+                .filter_map(|(addr, e)| Self::decode(&e).map(|w| (addr, e, w)))
                 .collect();
             let mut next = Vec::new();
             for b in frontier.drain(..) {

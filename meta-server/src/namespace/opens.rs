@@ -174,9 +174,15 @@ impl Namespace {
         self.locks.usage()
     }
 
-    /// Allocates lock memory outside any file (the waits-for table).
+    /// Allocates lock memory outside any file (the waits-for table's
+    /// blocks). Zeroed: the allocator zeroes what it is given back.
     pub fn allocate_lock_memory(&mut self, bytes: u64) -> Result<RemoteAddr, FsError> {
         self.locks.allocate_shared(bytes)
+    }
+
+    /// Stores a word of the lock region (a link to a new block).
+    pub fn store_lock_word(&self, addr: RemoteAddr, value: u64) -> Result<(), FsError> {
+        self.locks.store_word(addr, value)
     }
 
     /// Opens per client (the meta-server's own pins left out).
