@@ -82,18 +82,21 @@ use citron_rpc::auth::{Authority, Credential, Credentials, KeyOptions, Keyring, 
 use citronfs_core::locks::area::LockChoice;
 use citronfs_core::locks::table::TableGrowth;
 use citronfs_core::locks::{ClusterLockParams, LockTiming, WaitsFor};
-use citronfs_core::proto::{AttrSlot, ClientInfo, ClusterInfo, DataServerInfo, MetaRequest, MetaResponse};
+use citronfs_core::proto::{
+    AttrSlot, ClientInfo, ClusterInfo, DataServerInfo, Grant, Invalidation, MetaRequest, MetaResponse,
+};
 use citronfs_core::session::SessionKeys;
 use citronfs_core::status::{
     ClientStatus, ClusterStatus, DataServerStatus, FileStatus, LockMemoryStatus, ReclaimStatus,
 };
-use citronfs_core::types::{Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, FileKind, Ino};
+use citronfs_core::types::{Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, FileKind, Ino};
 use citronfs_core::FsError;
 use parking_lot::Mutex;
 
 use crate::access::{Access, Class, Placed, ServerRef};
 use crate::data_link::DataServerLink;
 use crate::extents::ExtentAllocator;
+use crate::grants::{Grants, POLL_WAIT};
 use crate::identity::{self, Asker};
 use crate::lock_areas::LockAreas;
 use crate::lock_cleanup;
@@ -118,6 +121,9 @@ pub const DEFAULT_LOCK_BYTES: u64 = 256 << 20;
 /// Default most regular files: 4 Mi attribute slots (160 MiB of the
 /// meta-server's memory, touched only as files are created).
 pub const DEFAULT_MAX_FILES: u64 = 4 << 20;
+/// Longest cache grant a client may ask for (an hour): a bound on how long
+/// a silent client can delay a change.
+pub const MAX_GRANT_MS: u64 = 3_600_000;
 
 #[derive(Clone, Debug)]
 pub struct MetaServerConfig {
@@ -260,6 +266,17 @@ pub struct MetaService {
     tuning: Arc<LockTuning>,
     /// Our cohort of the files' attribute ALocks.
     attr_host: AlockHost,
+    /// What caching clients' kernels hold, and their invalidations.
+    grants: Grants,
+}
+
+/// What a request changed that kernels may cache ([`crate::grants`]).
+#[derive(Default)]
+struct Changed {
+    keys: Vec<Invalidation>,
+    /// The changer's own kernel does not update its cache from the answer
+    /// (it is called back too).
+    changer_too: bool,
 }
 
 /// A registered client and when it last renewed its lease.
@@ -475,8 +492,10 @@ impl MetaService {
                 ns.unpin(t.ino, Cause::Fenced(c));
             }
             ns.drop_client(c);
+            self.grants.drop_client(c);
         }
         self.ns.lock().sweep_orphans();
+        self.grants.prune();
     }
 
     /// The cluster as `citronfs status` shows it.
@@ -563,7 +582,59 @@ impl MetaService {
         self.trees.as_ref().map_or(0, |h| self.tree_bytes.saturating_sub(h.free_bytes()))
     }
 
-    fn dispatch(&self, asker: &Asker, request: MetaRequest) -> Result<MetaResponse, FsError> {
+    /// Answers `request`; with `caching` (a [`MetaRequest::Caching`]
+    /// request: its client and grant TTL) lookups are granted, and the
+    /// caches of other clients that hold grants of what a change changed
+    /// are invalidated before the answer ([`crate::grants`]), even when
+    /// the change fails after a part of it was applied.
+    fn dispatch(
+        &self,
+        asker: &Asker,
+        caching: Option<(ClientId, Duration)>,
+        request: MetaRequest,
+    ) -> Result<MetaResponse, FsError> {
+        let mut changed = Changed::default();
+        let answer = self.dispatch_changing(asker, caching, request, &mut changed);
+        if !changed.keys.is_empty() {
+            let spared = caching.map(|(c, _)| c).filter(|_| !changed.changer_too);
+            self.grants.revoke(spared, &changed.keys);
+        }
+        answer
+    }
+
+    /// Attributes of `attr`'s inode may be granted: not a regular file
+    /// that some client has open for writing.
+    fn attr_grantable(&self, attr: &Attr) -> bool {
+        attr.kind != FileKind::File || !self.grants.written(attr.ino)
+    }
+
+    /// What a lookup or getattr answers: granted to a caching client.
+    /// Called with the namespace mutex held (see [`crate::grants`]).
+    fn granted(
+        &self,
+        caching: Option<(ClientId, Duration)>,
+        attr: Attr,
+        entry: Option<Invalidation>,
+    ) -> MetaResponse {
+        let Some((client, ttl)) = caching else { return MetaResponse::Attr(attr) };
+        let grant = Grant { entry: entry.is_some(), attr: self.attr_grantable(&attr) };
+        if let Some(e) = entry {
+            self.grants.grant(client, e, ttl);
+        }
+        if grant.attr {
+            self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
+        }
+        MetaResponse::Granted(attr, grant)
+    }
+
+    fn dispatch_changing(
+        &self,
+        asker: &Asker,
+        caching: Option<(ClientId, Duration)>,
+        request: MetaRequest,
+        changed: &mut Changed,
+    ) -> Result<MetaResponse, FsError> {
+        use Invalidation::{Attr as AttrOf, Entry};
         use MetaRequest as R;
         use MetaResponse as A;
         let checks = if matches!(asker, Asker::Client(..)) { Checks::ON } else { Checks::OFF };
@@ -666,10 +737,18 @@ impl MetaService {
                 self.lose_data_server(id, "it left");
                 A::Done
             }
-            R::Lookup { parent, name, .. } => A::Attr(self.ns.lock().lookup(parent, &name)?),
-            R::GetAttr { ino } => A::Attr(self.ns.lock().attr(ino)?),
+            R::Lookup { parent, name, .. } => {
+                let ns = self.ns.lock();
+                let attr = ns.lookup(parent, &name)?;
+                self.granted(caching, attr, Some(Entry { parent, name }))
+            }
+            R::GetAttr { ino } => {
+                let ns = self.ns.lock();
+                self.granted(caching, ns.attr(ino)?, None)
+            }
             R::SetAttr { caller, ino, set } => {
                 checks.setattr(&self.ns.lock(), caller, ino, &set)?;
+                changed.keys.push(AttrOf(ino));
                 let (attr, zero) = if set.size.is_some() || set.mtime.is_some() {
                     self.with_attr_locked(ino, || self.ns.lock().setattr(ino, &set))?
                 } else {
@@ -688,25 +767,33 @@ impl MetaService {
                 let new = NewInode { kind, perm, rdev, symlink_target: None };
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
-                A::Attr(ns.create(caller, parent, &name, new)?)
+                let attr = ns.create(caller, parent, &name, new)?;
+                changed.keys.push(AttrOf(parent));
+                A::Attr(attr)
             }
             R::Symlink { caller, parent, name, target } => {
                 let new =
                     NewInode { kind: FileKind::Symlink, perm: 0o777, rdev: 0, symlink_target: Some(target) };
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
-                A::Attr(ns.create(caller, parent, &name, new)?)
+                let attr = ns.create(caller, parent, &name, new)?;
+                changed.keys.push(AttrOf(parent));
+                A::Attr(attr)
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
             R::Link { caller, ino, new_parent, new_name } => {
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, new_parent)?;
-                A::Attr(ns.link(ino, new_parent, &new_name)?)
+                let attr = ns.link(ino, new_parent, &new_name)?;
+                changed.keys.extend([AttrOf(ino), AttrOf(new_parent)]);
+                A::Attr(attr)
             }
             R::Unlink { caller, parent, name } => {
                 let mut ns = self.ns.lock();
                 checks.remove_entry(&ns, caller, parent, &name)?;
+                let victim = ns.lookup(parent, &name)?.ino;
                 ns.unlink(parent, &name)?;
+                changed.keys.extend([Entry { parent, name }, AttrOf(parent), AttrOf(victim)]);
                 A::Done
             }
             R::Rmdir { caller, parent, name } => {
@@ -714,13 +801,20 @@ impl MetaService {
                 if name != b"." && name != b".." {
                     checks.remove_entry(&ns, caller, parent, &name)?;
                 }
+                let victim = ns.lookup(parent, &name)?.ino;
                 ns.rmdir(parent, &name)?;
+                changed.keys.extend([Entry { parent, name }, AttrOf(parent), AttrOf(victim)]);
                 A::Done
             }
             R::Rename { caller, parent, name, new_parent, new_name, flags } => {
                 let mut ns = self.ns.lock();
                 checks.rename(&ns, caller, (parent, &name), (new_parent, &new_name))?;
+                let moved = ns.lookup(parent, &name)?.ino;
+                let replaced = ns.lookup(new_parent, &new_name).ok().map(|a| a.ino);
                 ns.rename(parent, &name, new_parent, &new_name, flags)?;
+                changed.keys.extend([AttrOf(parent), AttrOf(new_parent), AttrOf(moved)]);
+                changed.keys.extend(replaced.map(AttrOf));
+                changed.keys.extend([Entry { parent, name }, Entry { parent: new_parent, name: new_name }]);
                 A::Done
             }
             R::ReadDir { ino, after, max, .. } => {
@@ -763,23 +857,41 @@ impl MetaService {
                     // Pushed before the answer leaves (a NIC holds a verb that
                     // outruns its grant).
                     self.access.opened(client, attr.ino, ns.file_memory(attr.ino), true);
+                    // Its size and mtime may now change one-sidedly.
+                    self.grants.writing(client, attr.ino);
+                    changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
                 }
                 opened
             }
-            R::KillSuidGid { ino, groups } => A::Attr(self.ns.lock().kill_suidgid(ino, &groups)?),
+            R::KillSuidGid { ino, groups } => {
+                // Sent by a writer in the middle of its write: its kernel
+                // does not know the mode changed.
+                changed.keys.push(AttrOf(ino));
+                changed.changer_too = true;
+                A::Attr(self.ns.lock().kill_suidgid(ino, &groups)?)
+            }
             R::Open { caller, client, ino, flags } => {
                 let mut ns = self.ns.lock();
                 checks.open(&ns, caller, ino, flags)?;
                 let layout = ns.open(client, ino)?;
                 let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
                 self.access.opened(client, ino, ns.file_memory(ino), write);
+                if write {
+                    // Its size and mtime may now change one-sidedly.
+                    self.grants.writing(client, ino);
+                    changed.keys.push(AttrOf(ino));
+                }
                 A::Layout(layout)
             }
             R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
             R::Release { client, ino, opens } => {
                 let mut ns = self.ns.lock();
                 ns.release(client, ino, opens)?;
-                self.access.closed(client, ino, ns.is_open_by(ino, client));
+                let still_open = ns.is_open_by(ino, client);
+                self.access.closed(client, ino, still_open);
+                if !still_open {
+                    self.grants.closed(client, ino);
+                }
                 A::Done
             }
             R::GrowLockTable { ino, last } => {
@@ -806,6 +918,7 @@ impl MetaService {
             }
             R::Fallocate { ino, offset, len, keep_size } => {
                 must_hold(ino, true)?;
+                changed.keys.push(AttrOf(ino));
                 self.with_extents(ino, |ns| ns.plan_fallocate(ino, offset, len))?;
                 let grow = || self.ns.lock().fallocate_size(ino, offset, len, keep_size);
                 if keep_size {
@@ -825,6 +938,7 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.xattr_write(&ns, caller, ino, &name)?;
                 ns.set_xattr(ino, &name, &value, mode)?;
+                changed.keys.push(AttrOf(ino));
                 A::Done
             }
             R::GetXattr { ino, name, .. } => A::Xattr(self.ns.lock().get_xattr(ino, &name)?),
@@ -833,7 +947,15 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.xattr_write(&ns, caller, ino, &name)?;
                 ns.remove_xattr(ino, &name)?;
+                changed.keys.push(AttrOf(ino));
                 A::Done
+            }
+            R::Caching { .. } => {
+                return Err(FsError::Invalid("a Caching request wraps one that is not".into()))
+            }
+            R::AwaitInvalidations { client, acked } => {
+                let (through, items) = self.grants.poll(client, acked, POLL_WAIT);
+                A::Invalidations { through, items }
             }
             R::ReportLockTiming { client, t_wait_us } => {
                 if !self.clients.lock().contains_key(&client) {
@@ -857,8 +979,19 @@ impl RpcService for MetaService {
     fn handle_from(&self, mut request: MetaRequest, peer: &Peer) -> MetaResponse {
         let key_of = |name: &str| self.access.keyring().and_then(|r| r.get(name).cloned());
         let options = |c: ClientId| self.clients.lock().get(&c).map(|l| l.options);
+        let caching = match request {
+            MetaRequest::Caching { client, ttl_ms, request: inner } => {
+                request = *inner;
+                Some((client, Duration::from_millis(ttl_ms.min(MAX_GRANT_MS))))
+            }
+            _ => None,
+        };
         match identity::vet(&peer.principal, &mut request, key_of, options) {
-            Ok(asker) => self.dispatch(&asker, request).unwrap_or_else(MetaResponse::Failed),
+            Ok(Asker::Client(me, _)) if caching.is_some_and(|(c, _)| c != me) => {
+                log::warn!("client {} sent a request as client {}; refused", me.0, caching.unwrap().0 .0);
+                MetaResponse::Failed(FsError::Perm)
+            }
+            Ok(asker) => self.dispatch(&asker, caching, request).unwrap_or_else(MetaResponse::Failed),
             Err(e) => {
                 log::warn!("meta: {} ({:?}) may not ask {request:?}: {e}", peer.addr, peer.principal);
                 MetaResponse::Failed(e)
@@ -1145,6 +1278,7 @@ impl MetaServer {
             connections,
             tuning: tuning.clone(),
             attr_host,
+            grants: Grants::default(),
         });
         let rpc = RpcServer::spawn_with(config.listen, service.clone(), "meta", authority).map_err(io)?;
         let _ = service.connections.set(rpc.connections());
