@@ -105,6 +105,9 @@ struct Queue {
     last: u64,
     /// The last number acknowledged.
     acked: u64,
+    /// The grants revoked by each invalidation not yet acknowledged: gone
+    /// from the table once it is.
+    revoked: Vec<(u64, Key)>,
 }
 
 #[derive(Default)]
@@ -161,6 +164,7 @@ impl Grants {
                 let queue = queues.entry(*client).or_default();
                 queue.last += 1;
                 queue.pending.push((queue.last, key.clone()));
+                queue.revoked.push((queue.last, key.clone()));
                 grant.revoking = Some(queue.last);
                 awaited.push(Awaited { client: *client, number: queue.last, expires: grant.expires });
             }
@@ -191,25 +195,25 @@ impl Grants {
     pub fn poll(&self, client: ClientId, acked: u64, wait: Duration) -> (u64, Vec<Invalidation>) {
         let deadline = Instant::now() + wait;
         let mut s = self.state.lock();
-        let newly_acked = {
-            let queue = s.queues.entry(client).or_default();
-            let acked = acked.min(queue.last);
-            let newly = acked > queue.acked;
-            queue.acked = queue.acked.max(acked);
-            let done = queue.acked;
-            queue.pending.retain(|(n, _)| *n > done);
-            newly
-        };
-        if newly_acked {
-            let done = s.queues[&client].acked;
+        let State { grants, queues, .. } = &mut *s;
+        let queue = queues.entry(client).or_default();
+        let acked = acked.min(queue.last);
+        if acked > queue.acked {
+            queue.acked = acked;
+            queue.pending.retain(|(n, _)| *n > acked);
             // Grants whose revocation the client has acted on are gone from
-            // its kernel.
-            for holders in s.grants.values_mut() {
-                if holders.get(&client).is_some_and(|g| g.revoking.is_some_and(|n| n <= done)) {
+            // its kernel (unless it was granted the thing again since).
+            let (done, kept): (Vec<_>, Vec<_>) = queue.revoked.drain(..).partition(|(n, _)| *n <= acked);
+            queue.revoked = kept;
+            for (_, key) in done {
+                let Some(holders) = grants.get_mut(&key) else { continue };
+                if holders.get(&client).is_some_and(|g| g.revoking.is_some_and(|n| n <= acked)) {
                     holders.remove(&client);
                 }
+                if holders.is_empty() {
+                    grants.remove(&key);
+                }
             }
-            s.grants.retain(|_, h| !h.is_empty());
             self.changed.notify_all();
         }
         loop {

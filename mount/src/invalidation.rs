@@ -7,17 +7,26 @@
 //!
 //! One thread per caching mount long-polls the meta-server
 //! (`AwaitInvalidations`), tells the kernel to drop what each invalidation
-//! names — `notify inval_entry(parent, name)` for an entry,
-//! `notify inval_inode(ino, -1, 0)` for attributes only (a negative offset
-//! touches no page: no write-back, no page lock) — and acknowledges them
-//! all in its next poll. Never from a FUSE worker: `inval_entry` takes the
-//! directory's inode lock, which a request of this mount in that directory
-//! may hold while its worker waits (see [`crate::coherence`] for the
-//! general rule). While the thread waits for such a lock, the change that
-//! sent the invalidation waits for its acknowledgement or for the grant to
-//! expire, whichever comes first: two mounts changing names the other has
-//! cached in one directory at once may each wait out the other's grant
-//! (at most a TTL); nothing waits longer.
+//! names and acknowledges them all in its next poll:
+//!
+//! * attributes: `notify inval_inode(ino, -1, 0)` (a negative offset
+//!   touches no page: no write-back, no page lock);
+//! * an entry: `notify inval_entry(parent, name)` with `FUSE_EXPIRE_ONLY`
+//!   (kernel 6.2 and later), which only expires the dentry — its next use
+//!   asks the daemon (`LOOKUP` from `d_revalidate`), so it is as good as
+//!   dropped — and takes no lock. A plain `inval_entry` takes the
+//!   directory's inode lock, which a request of this mount in that
+//!   directory (an unlink waiting for *another* mount's acknowledgement)
+//!   may hold: two mounts unlinking in one directory names the other had
+//!   looked up would each wait out the other's grant. fuser does not offer
+//!   the flag, so the notification is written to a descriptor of the
+//!   session's `/dev/fuse` here ([`ExpireOnly`]); a kernel that refuses it
+//!   gets the plain one.
+//!
+//! Never from a FUSE worker (see [`crate::coherence`] for the general
+//! rule). Whatever the thread waits for, the change that sent the
+//! invalidation waits only until its acknowledgement or the grant's
+//! expiry, whichever comes first.
 //!
 //! # Replies overtaken by an invalidation
 //!
@@ -46,6 +55,7 @@
 //! invalidation processed exactly then leaves the stale answer cached until
 //! its TTL.
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -152,17 +162,20 @@ impl InvalidationControl {
     }
 
     /// Starts the thread: it polls through `client` (held only during a
-    /// poll, so the mount's end drops it) and notifies through `notifier`.
+    /// poll, so the mount's end drops it) and notifies through `notifier`
+    /// and `device` (a descriptor of the session's `/dev/fuse`).
     pub(crate) fn spawn(
         &self,
         client: Weak<FsClient>,
         notifier: fuser::Notifier,
+        device: OwnedFd,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let control = self.clone();
-        std::thread::Builder::new().name("citronfs-inval".into()).spawn(move || control.run(client, notifier))
+        let notify = Notify { notifier, expire_only: Some(ExpireOnly(device)) };
+        std::thread::Builder::new().name("citronfs-inval".into()).spawn(move || control.run(client, notify))
     }
 
-    fn run(&self, client: Weak<FsClient>, notifier: fuser::Notifier) {
+    fn run(&self, client: Weak<FsClient>, mut notifier: Notify) {
         let mut acked = 0;
         let mut registration = None;
         loop {
@@ -186,7 +199,7 @@ impl InvalidationControl {
                 Ok((through, items)) => {
                     self.wait_while_stalled();
                     for item in &items {
-                        self.deliver(&notifier, item);
+                        self.deliver(&mut notifier, item);
                     }
                     acked = through;
                 }
@@ -200,16 +213,15 @@ impl InvalidationControl {
 
     /// Tells the kernel to drop what `item` names. The kernel answers
     /// ENOENT for what it does not cache, which is no failure.
-    fn deliver(&self, notifier: &fuser::Notifier, item: &Invalidation) {
+    fn deliver(&self, notify: &mut Notify, item: &Invalidation) {
         let result = match item {
             Invalidation::Attr(ino) => {
                 self.0.epochs.bump(*ino);
-                notifier.inval_inode(fuser::INodeNo(ino.0), -1, 0)
+                notify.notifier.inval_inode(fuser::INodeNo(ino.0), -1, 0)
             }
             Invalidation::Entry { parent, name } => {
                 self.0.epochs.bump(*parent);
-                use std::os::unix::ffi::OsStrExt;
-                notifier.inval_entry(fuser::INodeNo(parent.0), std::ffi::OsStr::from_bytes(name))
+                notify.entry(*parent, name)
             }
         };
         self.0.delivered.fetch_add(1, Ordering::Relaxed);
@@ -218,6 +230,73 @@ impl InvalidationControl {
                 log::warn!("invalidating {item:?} in the kernel: {e}")
             }
             _ => {}
+        }
+    }
+}
+
+/// How the thread tells the kernel.
+struct Notify {
+    notifier: fuser::Notifier,
+    /// `None` once the kernel refused an expire-only invalidation.
+    expire_only: Option<ExpireOnly>,
+}
+
+impl Notify {
+    fn entry(&mut self, parent: Ino, name: &[u8]) -> std::io::Result<()> {
+        if let Some(e) = &self.expire_only {
+            match e.expire_entry(parent, name) {
+                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
+                    log::warn!(
+                        "the kernel refuses FUSE_EXPIRE_ONLY (before 6.2?): entry invalidations take the \
+                         directory's lock, and changes in one directory on two mounts may wait out a grant"
+                    );
+                    self.expire_only = None;
+                }
+                done => return done,
+            }
+        }
+        use std::os::unix::ffi::OsStrExt;
+        self.notifier.inval_entry(fuser::INodeNo(parent.0), std::ffi::OsStr::from_bytes(name))
+    }
+}
+
+/// `FUSE_NOTIFY_INVAL_ENTRY` with `FUSE_EXPIRE_ONLY`, written to the
+/// session's `/dev/fuse` (the kernel's `fuse_notify_inval_entry`).
+struct ExpireOnly(OwnedFd);
+
+/// `fuse_notify_code::FUSE_NOTIFY_INVAL_ENTRY`.
+const FUSE_NOTIFY_INVAL_ENTRY: i32 = 3;
+/// `fuse_notify_inval_entry_out.flags`: only expire the entry.
+const FUSE_EXPIRE_ONLY: u32 = 1;
+
+impl ExpireOnly {
+    fn expire_entry(&self, parent: Ino, name: &[u8]) -> std::io::Result<()> {
+        let namelen =
+            u32::try_from(name.len()).map_err(|_| std::io::Error::from_raw_os_error(libc::E2BIG))?;
+        // fuse_out_header { len, error: the notify code, unique: 0 }, then
+        // fuse_notify_inval_entry_out { parent, namelen, flags }, then the
+        // name and its NUL.
+        let len = 16 + 16 + name.len() + 1;
+        let mut buf = Vec::with_capacity(len);
+        buf.extend_from_slice(&(len as u32).to_ne_bytes());
+        buf.extend_from_slice(&FUSE_NOTIFY_INVAL_ENTRY.to_ne_bytes());
+        buf.extend_from_slice(&0u64.to_ne_bytes());
+        buf.extend_from_slice(&parent.0.to_ne_bytes());
+        buf.extend_from_slice(&namelen.to_ne_bytes());
+        buf.extend_from_slice(&FUSE_EXPIRE_ONLY.to_ne_bytes());
+        buf.extend_from_slice(name);
+        buf.push(0);
+        // SAFETY: `buf` is a live, initialised buffer of `buf.len()` bytes
+        // and the descriptor is ours (a duplicate of the session's) for as
+        // long as `self` lives.
+        let n = unsafe { libc::write(self.0.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        match n {
+            n if n < 0 => match std::io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+                e => Err(e),
+            },
+            n if n as usize == buf.len() => Ok(()),
+            n => Err(std::io::Error::other(format!("short notify write: {n} of {} bytes", buf.len()))),
         }
     }
 }

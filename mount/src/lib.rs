@@ -1013,7 +1013,9 @@ pub fn new_session(
     invalidator.set_notifier(session.notifier());
     if let Some((control, client)) = caching {
         // Ends with the file system (its drop stops it) or the client.
-        control.spawn(client, session.notifier())?;
+        use std::os::fd::AsFd;
+        let device = session.as_fd().try_clone_to_owned()?;
+        control.spawn(client, session.notifier(), device)?;
     }
     Ok(session)
 }
