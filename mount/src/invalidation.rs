@@ -11,17 +11,21 @@
 //!
 //! * attributes: `notify inval_inode(ino, -1, 0)` (a negative offset
 //!   touches no page: no write-back, no page lock);
-//! * an entry: `notify inval_entry(parent, name)` with `FUSE_EXPIRE_ONLY`
-//!   (kernel 6.2 and later), which only expires the dentry — its next use
-//!   asks the daemon (`LOOKUP` from `d_revalidate`), so it is as good as
-//!   dropped — and takes no lock. A plain `inval_entry` takes the
-//!   directory's inode lock, which a request of this mount in that
-//!   directory (an unlink waiting for *another* mount's acknowledgement)
-//!   may hold: two mounts unlinking in one directory names the other had
-//!   looked up would each wait out the other's grant. fuser does not offer
-//!   the flag, so the notification is written to a descriptor of the
-//!   session's `/dev/fuse` here ([`ExpireOnly`]); a kernel that refuses it
-//!   gets the plain one.
+//! * entries: one `FUSE_NOTIFY_INC_EPOCH` per batch (kernel 6.16 and
+//!   later), which makes every dentry of the mount older than the new
+//!   epoch revalidate at its next use (a `LOOKUP` from `d_revalidate`), so
+//!   the named entries are as good as dropped, and takes no lock. The
+//!   precise `inval_entry(parent, name)` takes the directory's inode lock
+//!   (on 6.18 even with `FUSE_EXPIRE_ONLY`), which a request of this mount
+//!   in that directory may hold while it waits for *another* mount's
+//!   acknowledgement: two mounts unlinking in one directory names the
+//!   other had looked up would each wait out the other's grant (seen in
+//!   `concurrent_unlinks_in_one_directory_on_two_mounts_wait_for_no_grant`).
+//!   The price: after another mount removes or renames a name this mount
+//!   had looked up, each path component costs one `LOOKUP` again, once.
+//!   fuser does not offer the notification, so it is written to a
+//!   descriptor of the session's `/dev/fuse` here ([`Device`]); a kernel
+//!   that refuses it gets the precise, locking ones.
 //!
 //! Never from a FUSE worker (see [`crate::coherence`] for the general
 //! rule). Whatever the thread waits for, the change that sent the
@@ -171,7 +175,7 @@ impl InvalidationControl {
         device: OwnedFd,
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let control = self.clone();
-        let notify = Notify { notifier, expire_only: Some(ExpireOnly(device)) };
+        let notify = Notify { notifier, epochs: Some(Device(device)) };
         std::thread::Builder::new().name("citronfs-inval".into()).spawn(move || control.run(client, notify))
     }
 
@@ -198,9 +202,7 @@ impl InvalidationControl {
             match polled {
                 Ok((through, items)) => {
                     self.wait_while_stalled();
-                    for item in &items {
-                        self.deliver(&mut notifier, item);
-                    }
+                    self.deliver(&mut notifier, &items);
                     acked = through;
                 }
                 Err(e) => {
@@ -213,88 +215,94 @@ impl InvalidationControl {
 
     /// Tells the kernel to drop what `item` names. The kernel answers
     /// ENOENT for what it does not cache, which is no failure.
-    fn deliver(&self, notify: &mut Notify, item: &Invalidation) {
-        let result = match item {
-            Invalidation::Attr(ino) => {
-                self.0.epochs.bump(*ino);
-                notify.notifier.inval_inode(fuser::INodeNo(ino.0), -1, 0)
+    fn deliver(&self, notify: &mut Notify, items: &[Invalidation]) {
+        let mut entries = Vec::new();
+        for item in items {
+            match item {
+                Invalidation::Attr(ino) => {
+                    self.0.epochs.bump(*ino);
+                    warn_failed(item, notify.notifier.inval_inode(fuser::INodeNo(ino.0), -1, 0));
+                }
+                Invalidation::Entry { parent, name } => {
+                    self.0.epochs.bump(*parent);
+                    entries.push((*parent, name.as_slice()));
+                }
             }
-            Invalidation::Entry { parent, name } => {
-                self.0.epochs.bump(*parent);
-                notify.entry(*parent, name)
-            }
-        };
-        self.0.delivered.fetch_add(1, Ordering::Relaxed);
-        match result {
-            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
-                log::warn!("invalidating {item:?} in the kernel: {e}")
-            }
-            _ => {}
         }
+        if !entries.is_empty() {
+            notify.entries(&entries);
+        }
+        self.0.delivered.fetch_add(items.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Logs a failed notify; the kernel answers ENOENT for what it does not
+/// cache, which is no failure.
+fn warn_failed(item: &Invalidation, result: std::io::Result<()>) {
+    match result {
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+            log::warn!("invalidating {item:?} in the kernel: {e}")
+        }
+        _ => {}
     }
 }
 
 /// How the thread tells the kernel.
 struct Notify {
     notifier: fuser::Notifier,
-    /// `None` once the kernel refused an expire-only invalidation.
-    expire_only: Option<ExpireOnly>,
+    /// `None` once the kernel refused `FUSE_NOTIFY_INC_EPOCH`.
+    epochs: Option<Device>,
 }
 
 impl Notify {
-    fn entry(&mut self, parent: Ino, name: &[u8]) -> std::io::Result<()> {
-        if let Some(e) = &self.expire_only {
-            match e.expire_entry(parent, name) {
-                Err(err) if err.raw_os_error() == Some(libc::EINVAL) => {
+    /// Invalidates the entries `(parent, name)`.
+    fn entries(&mut self, entries: &[(Ino, &[u8])]) {
+        if let Some(device) = &self.epochs {
+            match device.inc_epoch() {
+                Ok(()) => return,
+                Err(e) => {
                     log::warn!(
-                        "the kernel refuses FUSE_EXPIRE_ONLY (before 6.2?): entry invalidations take the \
-                         directory's lock, and changes in one directory on two mounts may wait out a grant"
+                        "the kernel refuses FUSE_NOTIFY_INC_EPOCH ({e}; before 6.16?): entry invalidations \
+                         take the directory's lock, and changes in one directory on two mounts may wait out \
+                         a grant"
                     );
-                    self.expire_only = None;
+                    self.epochs = None;
                 }
-                done => return done,
             }
         }
         use std::os::unix::ffi::OsStrExt;
-        self.notifier.inval_entry(fuser::INodeNo(parent.0), std::ffi::OsStr::from_bytes(name))
+        for (parent, name) in entries {
+            let result =
+                self.notifier.inval_entry(fuser::INodeNo(parent.0), std::ffi::OsStr::from_bytes(name));
+            warn_failed(&Invalidation::Entry { parent: *parent, name: name.to_vec() }, result);
+        }
     }
 }
 
-/// `FUSE_NOTIFY_INVAL_ENTRY` with `FUSE_EXPIRE_ONLY`, written to the
-/// session's `/dev/fuse` (the kernel's `fuse_notify_inval_entry`).
-struct ExpireOnly(OwnedFd);
+/// A descriptor of the session's `/dev/fuse`, for the notification fuser
+/// does not offer.
+struct Device(OwnedFd);
 
-/// `fuse_notify_code::FUSE_NOTIFY_INVAL_ENTRY`.
-const FUSE_NOTIFY_INVAL_ENTRY: i32 = 3;
-/// `fuse_notify_inval_entry_out.flags`: only expire the entry.
-const FUSE_EXPIRE_ONLY: u32 = 1;
+/// `fuse_notify_code::FUSE_NOTIFY_INC_EPOCH`.
+const FUSE_NOTIFY_INC_EPOCH: i32 = 8;
 
-impl ExpireOnly {
-    fn expire_entry(&self, parent: Ino, name: &[u8]) -> std::io::Result<()> {
-        let namelen =
-            u32::try_from(name.len()).map_err(|_| std::io::Error::from_raw_os_error(libc::E2BIG))?;
-        // fuse_out_header { len, error: the notify code, unique: 0 }, then
-        // fuse_notify_inval_entry_out { parent, namelen, flags }, then the
-        // name and its NUL.
-        let len = 16 + 16 + name.len() + 1;
-        let mut buf = Vec::with_capacity(len);
-        buf.extend_from_slice(&(len as u32).to_ne_bytes());
-        buf.extend_from_slice(&FUSE_NOTIFY_INVAL_ENTRY.to_ne_bytes());
+impl Device {
+    /// `FUSE_NOTIFY_INC_EPOCH`: every dentry of the mount revalidates at its
+    /// next use.
+    fn inc_epoch(&self) -> std::io::Result<()> {
+        // fuse_out_header { len, error: the notify code, unique: 0 }, and
+        // no body.
+        let len: u32 = 16;
+        let mut buf = Vec::with_capacity(len as usize);
+        buf.extend_from_slice(&len.to_ne_bytes());
+        buf.extend_from_slice(&FUSE_NOTIFY_INC_EPOCH.to_ne_bytes());
         buf.extend_from_slice(&0u64.to_ne_bytes());
-        buf.extend_from_slice(&parent.0.to_ne_bytes());
-        buf.extend_from_slice(&namelen.to_ne_bytes());
-        buf.extend_from_slice(&FUSE_EXPIRE_ONLY.to_ne_bytes());
-        buf.extend_from_slice(name);
-        buf.push(0);
         // SAFETY: `buf` is a live, initialised buffer of `buf.len()` bytes
         // and the descriptor is ours (a duplicate of the session's) for as
         // long as `self` lives.
         let n = unsafe { libc::write(self.0.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
         match n {
-            n if n < 0 => match std::io::Error::last_os_error() {
-                e if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-                e => Err(e),
-            },
+            n if n < 0 => Err(std::io::Error::last_os_error()),
             n if n as usize == buf.len() => Ok(()),
             n => Err(std::io::Error::other(format!("short notify write: {n} of {} bytes", buf.len()))),
         }

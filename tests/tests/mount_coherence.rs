@@ -312,3 +312,40 @@ fn a_change_waits_out_the_grant_of_a_mount_that_does_not_acknowledge() {
     let seen = fs::metadata(b.path("f")).unwrap().permissions().mode() & 0o7777;
     assert_eq!(seen, 0o640);
 }
+
+/// Two mounts unlinking at once in one directory, each names the other has
+/// cached: neither waits for the other's grants (an entry invalidation
+/// takes no directory lock, so each acknowledges while its own unlinks
+/// wait), and both end with an empty directory. With a minute's TTL, one
+/// grant waited out per unlink would trip the watchdog.
+#[test]
+fn concurrent_unlinks_in_one_directory_on_two_mounts_wait_for_no_grant() {
+    let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    const FILES: usize = 40;
+    fs::create_dir(a.path("d")).unwrap();
+    for i in 0..FILES {
+        fs::write(a.path(&format!("d/f{i}")), b"").unwrap();
+    }
+    all_closed(&c);
+    for m in [&a, &b] {
+        for i in 0..FILES {
+            fs::metadata(m.path(&format!("d/f{i}"))).unwrap();
+        }
+    }
+    let (_wa, _wb) = (a.watchdog(Duration::from_secs(50)), b.watchdog(Duration::from_secs(50)));
+    std::thread::scope(|s| {
+        for (m, parity) in [(&a, 0), (&b, 1)] {
+            s.spawn(move || {
+                for i in (parity..FILES).step_by(2) {
+                    fs::remove_file(m.path(&format!("d/f{i}"))).unwrap();
+                }
+            });
+        }
+    });
+    for m in [&a, &b] {
+        assert!(names(m, "d").is_empty());
+        for i in 0..FILES {
+            assert!(missing(m, &format!("d/f{i}")), "f{i} is still seen");
+        }
+    }
+}
