@@ -237,9 +237,11 @@ impl MetaService {
             R::Unlink { caller, parent, name } => {
                 let mut ns = self.ns.lock();
                 checks.remove_entry(&ns, caller, parent, &name)?;
-                let victim = ns.lookup(parent, &name)?.ino;
+                // Looked up first so that the unlink's own error is answered.
+                let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
                 ns.unlink(parent, &name)?;
-                changed.keys.extend([Entry { parent, name }, AttrOf(parent), AttrOf(victim)]);
+                changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
+                changed.keys.extend(victim.map(AttrOf));
                 A::Done
             }
             R::Rmdir { caller, parent, name } => {
@@ -247,19 +249,20 @@ impl MetaService {
                 if name != b"." && name != b".." {
                     checks.remove_entry(&ns, caller, parent, &name)?;
                 }
-                let victim = ns.lookup(parent, &name)?.ino;
+                let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
                 ns.rmdir(parent, &name)?;
-                changed.keys.extend([Entry { parent, name }, AttrOf(parent), AttrOf(victim)]);
+                changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
+                changed.keys.extend(victim.map(AttrOf));
                 A::Done
             }
             R::Rename { caller, parent, name, new_parent, new_name, flags } => {
                 let mut ns = self.ns.lock();
                 checks.rename(&ns, caller, (parent, &name), (new_parent, &new_name))?;
-                let moved = ns.lookup(parent, &name)?.ino;
+                let moved = ns.lookup(parent, &name).ok().map(|a| a.ino);
                 let replaced = ns.lookup(new_parent, &new_name).ok().map(|a| a.ino);
                 ns.rename(parent, &name, new_parent, &new_name, flags)?;
-                changed.keys.extend([AttrOf(parent), AttrOf(new_parent), AttrOf(moved)]);
-                changed.keys.extend(replaced.map(AttrOf));
+                changed.keys.extend([AttrOf(parent), AttrOf(new_parent)]);
+                changed.keys.extend(moved.into_iter().chain(replaced).map(AttrOf));
                 changed.keys.extend([Entry { parent, name }, Entry { parent: new_parent, name: new_name }]);
                 A::Done
             }
