@@ -261,7 +261,12 @@ fn cached_stats_of_unchanged_files_cost_no_round_trip_and_a_chmod_is_seen_at_onc
     fs::create_dir(a.path("d")).unwrap();
     fs::write(a.path("d/f"), b"cached").unwrap();
     all_closed(&c);
-    fs::metadata(b.path("d/f")).unwrap();
+    let ino = Ino(fs::metadata(b.path("d/f")).unwrap().ino());
+    // The client's own getattr and lookup (the daemon's permission and
+    // set-ID checks use them) take a granted answer too.
+    assert_eq!(b.client.getattr(ino).unwrap().ino, ino);
+    let d = Ino(fs::metadata(b.path("d")).unwrap().ino());
+    assert_eq!(b.client.lookup(citronfs_core::types::Caller::ROOT, d, b"f").unwrap().ino, ino);
     for rel in ["d/f", "d", "d/f"] {
         let (_, calls, requests) = stat_cost(&b, rel);
         assert_eq!(calls.operations(), 0, "a repeated stat of {rel} sent {}", calls.describe());

@@ -476,7 +476,10 @@ impl FsClient {
 
     fn call_attr(&self, request: &MetaRequest) -> Result<Attr, FsError> {
         match self.call(request)? {
-            MetaResponse::Attr(a) => Ok(a),
+            // A caching client's lookups and getattrs are answered with a
+            // grant; callers that do not hand the answer to the kernel
+            // ignore it (the meta-server may call back for nothing).
+            MetaResponse::Attr(a) | MetaResponse::Granted(a, _) => Ok(a),
             other => Err(unexpected(other)),
         }
     }
