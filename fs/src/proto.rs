@@ -129,7 +129,7 @@ pub struct ClientInfo {
     pub pid: u32,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MetaRequest {
     /// A mount joins the cluster.
     RegisterClient {
@@ -330,6 +330,25 @@ pub enum MetaRequest {
         ino: Ino,
         name: Vec<u8>,
     },
+    /// `request`, sent by a mount whose kernel caches what it is granted
+    /// (coherent caching, `crate::grants`): the meta-server records a
+    /// grant of `ttl_ms` for what a `Lookup` or `GetAttr` answers (the
+    /// answer is then [`MetaResponse::Granted`]), and a change does not
+    /// invalidate `client`'s own cache (its kernel updates it from the
+    /// change's answer). Never nested.
+    Caching {
+        client: ClientId,
+        ttl_ms: u64,
+        request: Box<MetaRequest>,
+    },
+    /// The long poll of a caching mount's invalidation thread: acknowledges
+    /// every invalidation up to `acked` (its kernel has dropped what they
+    /// name) and answers [`MetaResponse::Invalidations`] as soon as there
+    /// are newer ones, or empty after a while.
+    AwaitInvalidations {
+        client: ClientId,
+        acked: u64,
+    },
     /// The Citron `T_wait` this client needs, in µs (its round trip to lock
     /// memory, measured again while it runs): the cluster manager publishes
     /// the largest need (`citron_lock::citron::tuning`).
@@ -337,6 +356,36 @@ pub enum MetaRequest {
         client: ClientId,
         t_wait_us: u64,
     },
+}
+
+/// What a caching mount must drop from its kernel's cache.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Invalidation {
+    /// The inode's attributes.
+    Attr(Ino),
+    /// The entry `name` of directory `parent`.
+    Entry { parent: Ino, name: Vec<u8> },
+}
+
+/// What of an answer to a [`MetaRequest::Caching`] request the kernel may
+/// cache for the grant's TTL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    /// The entry a lookup answered.
+    pub entry: bool,
+    /// The attributes (never those of a regular file open for writing
+    /// anywhere: its size and mtime change one-sidedly).
+    pub attr: bool,
+}
+
+impl MetaRequest {
+    /// The request itself, out of a [`MetaRequest::Caching`] wrapper.
+    pub fn inner(&self) -> &MetaRequest {
+        match self {
+            MetaRequest::Caching { request, .. } => request,
+            other => other,
+        }
+    }
 }
 
 /// How `rename` treats an existing target.
@@ -366,6 +415,14 @@ pub enum MetaResponse {
     DataServerRegistered(DataServerId),
     DataServers(Vec<DataServerInfo>),
     Attr(Attr),
+    /// The answer to a `Lookup` or `GetAttr` sent as
+    /// [`MetaRequest::Caching`], with what of it is granted.
+    Granted(Attr, Grant),
+    /// Invalidations numbered up to `through` (the next `acked`).
+    Invalidations {
+        through: u64,
+        items: Vec<Invalidation>,
+    },
     Entries(Vec<DirEntry>),
     Target(Vec<u8>),
     Layout(FileLayout),

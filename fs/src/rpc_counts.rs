@@ -75,11 +75,14 @@ meta_kinds!(
     ListXattr,
     RemoveXattr,
     ReportLockTiming,
+    Caching,
+    AwaitInvalidations,
 );
 
 /// Kinds sent by a client's background threads (lease, lock timing), not
 /// by file-system operations: left out of [`RpcCounts::operations`].
-const BACKGROUND: [MetaKind; 2] = [MetaKind::Heartbeat, MetaKind::ReportLockTiming];
+const BACKGROUND: [MetaKind; 3] =
+    [MetaKind::Heartbeat, MetaKind::ReportLockTiming, MetaKind::AwaitInvalidations];
 
 /// Live counters, one per kind.
 #[derive(Debug)]

@@ -78,6 +78,8 @@ pub fn vet(
         | MetaRequest::CreateOpen { client, .. }
         | MetaRequest::Open { client, .. }
         | MetaRequest::Release { client, .. }
+        | MetaRequest::Caching { client, .. }
+        | MetaRequest::AwaitInvalidations { client, .. }
             if client != me =>
         {
             log::warn!("client {} sent a request as client {}; refused", me.0, client.0);
@@ -131,6 +133,8 @@ fn caller_mut(request: &mut MetaRequest) -> Option<&mut Caller> {
         | R::ReportLockTiming { .. }
         | R::DataServerLeaves { .. }
         | R::Status
+        | R::Caching { .. }
+        | R::AwaitInvalidations { .. }
         | R::StatFs => None,
     }
 }

@@ -9,6 +9,7 @@ pub mod buddy;
 pub mod data_link;
 pub mod data_server;
 pub mod extents;
+pub mod grants;
 pub mod identity;
 pub mod lock_areas;
 pub mod lock_cleanup;

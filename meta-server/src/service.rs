@@ -83,27 +83,28 @@ use citronfs_core::locks::area::LockChoice;
 use citronfs_core::locks::table::TableGrowth;
 use citronfs_core::locks::waits_for::WaitsForGrowth;
 use citronfs_core::locks::{ClusterLockParams, LockTiming, WaitsFor};
-use citronfs_core::proto::{AttrSlot, ClientInfo, ClusterInfo, DataServerInfo, MetaRequest, MetaResponse};
-use citronfs_core::session::SessionKeys;
+use citronfs_core::proto::{AttrSlot, DataServerInfo, MetaRequest, MetaResponse};
 use citronfs_core::status::{
     ClientStatus, ClusterStatus, DataServerStatus, FileStatus, LockMemoryStatus, ReclaimStatus,
 };
-use citronfs_core::types::{Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, FileKind, Ino};
+use citronfs_core::types::{Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, Ino};
 use citronfs_core::FsError;
 use parking_lot::Mutex;
 
 use crate::access::{Access, Class, Placed, ServerRef};
 use crate::data_link::DataServerLink;
 use crate::extents::ExtentAllocator;
+use crate::grants::Grants;
 use crate::identity::{self, Asker};
 use crate::lock_areas::LockAreas;
 use crate::lock_cleanup;
 use crate::lock_memory::LockMemory;
 use crate::lock_tuning::LockTuning;
-use crate::namespace::{ExtentPlan, FileLocking, Namespace, NewInode, TreeHosting, ZeroRange};
-use crate::permissions::Checks;
+use crate::namespace::{ExtentPlan, FileLocking, Namespace, TreeHosting, ZeroRange};
 use crate::reclaim::{Cause, Reclamation, Revocation};
 use crate::waits_for_chain::WaitsForChain;
+
+mod dispatch;
 
 /// The region of the meta-server's NIC that holds attribute slots.
 pub const SLOT_REGION: RegionId = RegionId(1);
@@ -120,6 +121,9 @@ pub const DEFAULT_LOCK_BYTES: u64 = 256 << 20;
 /// Default most regular files: 4 Mi attribute slots (160 MiB of the
 /// meta-server's memory, touched only as files are created).
 pub const DEFAULT_MAX_FILES: u64 = 4 << 20;
+/// Longest cache grant a client may ask for (an hour): a bound on how long
+/// a silent client can delay a change.
+pub const MAX_GRANT_MS: u64 = 3_600_000;
 
 #[derive(Clone, Debug)]
 pub struct MetaServerConfig {
@@ -266,6 +270,8 @@ pub struct MetaService {
     tuning: Arc<LockTuning>,
     /// Our cohort of the files' attribute ALocks.
     attr_host: AlockHost,
+    /// What caching clients' kernels hold, and their invalidations.
+    grants: Grants,
 }
 
 /// A registered client and when it last renewed its lease.
@@ -487,8 +493,10 @@ impl MetaService {
                 ns.unpin(t.ino, Cause::Fenced(c));
             }
             ns.drop_client(c);
+            self.grants.drop_client(c);
         }
         self.ns.lock().sweep_orphans();
+        self.grants.prune();
     }
 
     /// The cluster as `citronfs status` shows it.
@@ -574,291 +582,6 @@ impl MetaService {
     fn trees_in_use(&self) -> u64 {
         self.trees.as_ref().map_or(0, |h| self.tree_bytes.saturating_sub(h.free_bytes()))
     }
-
-    fn dispatch(&self, asker: &Asker, request: MetaRequest) -> Result<MetaResponse, FsError> {
-        use MetaRequest as R;
-        use MetaResponse as A;
-        let checks = if matches!(asker, Asker::Client(..)) { Checks::ON } else { Checks::OFF };
-        // A registered client changes a file's memory only through its own
-        // opens: writes (allocation) through a writing open, lock-record
-        // tables through any.
-        let must_hold = |ino: Ino, write: bool| match asker {
-            Asker::Client(client, _) if !self.access.holds_open(*client, ino, write) => {
-                log::warn!(
-                    "client {} acts on inode {} it has not opened{}",
-                    client.0,
-                    ino.0,
-                    if write { " for writing" } else { "" }
-                );
-                Err(FsError::Perm)
-            }
-            _ => Ok(()),
-        };
-        // Openers of `ino` follow its memory (chunks freed or added).
-        let memory_changed = |ino: Ino| {
-            if self.access.enforcing() {
-                let memory = self.ns.lock().file_memory(ino);
-                self.access.file_changed(ino, memory);
-            }
-        };
-        Ok(match request {
-            R::RegisterClient { hostname, pid } => {
-                let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
-                if client.0 >= 1 << 24 {
-                    // Claimed lock slots carry 24 bits of the claimer.
-                    return Err(FsError::Invalid("client ids are exhausted; restart the meta-server".into()));
-                }
-                let (session, options) = match asker {
-                    Asker::Registering(key) => {
-                        let secrets = self.access.session_credential(client).zip(self.access.member_secret());
-                        let session = secrets.and_then(|(s, member)| match s {
-                            Credential::Session { secret, .. } => Some(SessionKeys::wrap(
-                                key,
-                                self.access.incarnation(),
-                                client,
-                                &secret,
-                                &member,
-                            )),
-                            _ => None,
-                        });
-                        (session, key.options)
-                    }
-                    _ => (None, KeyOptions::default()),
-                };
-                self.clients.lock().insert(
-                    client,
-                    ClientLease {
-                        renewed: Instant::now(),
-                        leaving: false,
-                        hostname: hostname.clone(),
-                        pid,
-                        options,
-                    },
-                );
-                self.access.admit(client);
-                log::info!("client {} registered: {hostname} pid {pid}", client.0);
-                A::Registered(ClusterInfo {
-                    client,
-                    chunk_size: self.chunk_size,
-                    meta_nic: self.nic,
-                    meta_shm: self.shm.clone(),
-                    meta_ib: self.ib,
-                    data_servers: self.data_servers.lock().iter().map(|l| l.info.clone()).collect(),
-                    lease_ms: self.lease.as_millis() as u64,
-                    waits_for: self.waits_for,
-                    lock_params: self.lock_params,
-                    lock_host: self.lock_host.clone(),
-                    session,
-                })
-            }
-            R::DataServers => {
-                A::DataServers(self.data_servers.lock().iter().map(|l| l.info.clone()).collect())
-            }
-            R::Heartbeat { client } => {
-                let mut clients = self.clients.lock();
-                match clients.get_mut(&client) {
-                    Some(l) => l.renewed = Instant::now(),
-                    // Fenced: its opens are gone; it must register again.
-                    None => return Err(FsError::Io("lease expired: client was fenced".into())),
-                }
-                A::Done
-            }
-            R::ClientLeaves { client } => {
-                if let Some(l) = self.clients.lock().get_mut(&client) {
-                    l.leaving = true;
-                    log::info!("client {} leaves", client.0);
-                }
-                let _ = self.reaper_wake.lock().send(());
-                A::Done
-            }
-            R::RegisterDataServer { nic, shm, ib, region, capacity } => {
-                self.register_data_server(nic, shm, ib, region, capacity)?
-            }
-            R::DataServerLeaves { id } => {
-                self.lose_data_server(id, "it left");
-                A::Done
-            }
-            R::Lookup { parent, name, .. } => A::Attr(self.ns.lock().lookup(parent, &name)?),
-            R::GetAttr { ino } => A::Attr(self.ns.lock().attr(ino)?),
-            R::SetAttr { caller, ino, set } => {
-                checks.setattr(&self.ns.lock(), caller, ino, &set)?;
-                let (attr, zero) = if set.size.is_some() || set.mtime.is_some() {
-                    self.with_attr_locked(ino, || self.ns.lock().setattr(ino, &set))?
-                } else {
-                    self.ns.lock().setattr(ino, &set)?
-                };
-                if set.size.is_some() {
-                    memory_changed(ino);
-                }
-                self.zero(&zero)?;
-                A::Attr(attr)
-            }
-            R::Create { caller, parent, name, kind, perm, rdev } => {
-                if kind == FileKind::Symlink {
-                    return Err(FsError::Invalid("symlinks are made with Symlink".into()));
-                }
-                let new = NewInode { kind, perm, rdev, symlink_target: None };
-                let mut ns = self.ns.lock();
-                checks.add_entry(&ns, caller, parent)?;
-                A::Attr(ns.create(caller, parent, &name, new)?)
-            }
-            R::Symlink { caller, parent, name, target } => {
-                let new =
-                    NewInode { kind: FileKind::Symlink, perm: 0o777, rdev: 0, symlink_target: Some(target) };
-                let mut ns = self.ns.lock();
-                checks.add_entry(&ns, caller, parent)?;
-                A::Attr(ns.create(caller, parent, &name, new)?)
-            }
-            R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
-            R::Link { caller, ino, new_parent, new_name } => {
-                let mut ns = self.ns.lock();
-                checks.add_entry(&ns, caller, new_parent)?;
-                A::Attr(ns.link(ino, new_parent, &new_name)?)
-            }
-            R::Unlink { caller, parent, name } => {
-                let mut ns = self.ns.lock();
-                checks.remove_entry(&ns, caller, parent, &name)?;
-                ns.unlink(parent, &name)?;
-                A::Done
-            }
-            R::Rmdir { caller, parent, name } => {
-                let mut ns = self.ns.lock();
-                if name != b"." && name != b".." {
-                    checks.remove_entry(&ns, caller, parent, &name)?;
-                }
-                ns.rmdir(parent, &name)?;
-                A::Done
-            }
-            R::Rename { caller, parent, name, new_parent, new_name, flags } => {
-                let mut ns = self.ns.lock();
-                checks.rename(&ns, caller, (parent, &name), (new_parent, &new_name))?;
-                ns.rename(parent, &name, new_parent, &new_name, flags)?;
-                A::Done
-            }
-            R::ReadDir { ino, after, max, .. } => {
-                A::Entries(self.ns.lock().readdir(ino, after, max.min(4096))?)
-            }
-            R::Access { caller, ino, access } => {
-                checks.access(&self.ns.lock(), caller, ino, access)?;
-                A::Done
-            }
-            R::CreateOpen { caller, client, parent, name, perm, exclusive } => {
-                let new = NewInode { kind: FileKind::File, perm, rdev: 0, symlink_target: None };
-                let mut ns = self.ns.lock();
-                checks.add_entry(&ns, caller, parent)?;
-                let opened = match ns.create(caller, parent, &name, new) {
-                    Ok(attr) => match ns.open(client, attr.ino) {
-                        Ok(layout) => A::Opened(attr, layout),
-                        Err(e) => {
-                            // As a kernel does, refuse without leaving a file.
-                            if let Err(u) = ns.unlink(parent, &name) {
-                                log::error!("undoing the create of inode {}: {u}", attr.ino.0);
-                            }
-                            return Err(e);
-                        }
-                    },
-                    // O_CREAT without O_EXCL opens what is there (under the
-                    // same namespace lock, so the file cannot go between).
-                    Err(FsError::Exists) if !exclusive => {
-                        let attr = ns.lookup(parent, &name)?;
-                        match attr.kind {
-                            FileKind::File => {}
-                            FileKind::Dir => return Err(FsError::IsDir),
-                            _ => return Err(FsError::Exists),
-                        }
-                        let layout = ns.open(client, attr.ino)?;
-                        A::OpenedExisting(attr, layout)
-                    }
-                    Err(e) => return Err(e),
-                };
-                if let A::Opened(attr, _) | A::OpenedExisting(attr, _) = &opened {
-                    // Pushed before the answer leaves (a NIC holds a verb that
-                    // outruns its grant).
-                    self.access.opened(client, attr.ino, ns.file_memory(attr.ino), true);
-                }
-                opened
-            }
-            R::KillSuidGid { ino, groups } => A::Attr(self.ns.lock().kill_suidgid(ino, &groups)?),
-            R::Open { caller, client, ino, flags } => {
-                let mut ns = self.ns.lock();
-                checks.open(&ns, caller, ino, flags)?;
-                let layout = ns.open(client, ino)?;
-                let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
-                self.access.opened(client, ino, ns.file_memory(ino), write);
-                A::Layout(layout)
-            }
-            R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
-            R::Release { client, ino, opens } => {
-                let mut ns = self.ns.lock();
-                ns.release(client, ino, opens)?;
-                self.access.closed(client, ino, ns.is_open_by(ino, client));
-                A::Done
-            }
-            R::GrowWaitsFor { last } => {
-                A::WaitsForBlock(self.waits_for_chain.grow(last, &self.ns, &self.access)?)
-            }
-            R::GrowLockTable { ino, last } => {
-                must_hold(ino, false)?;
-                let mut ns = self.ns.lock();
-                let first = ns.grow_lock_table(ino, last)?;
-                self.access.file_changed(ino, ns.file_memory(ino));
-                A::LockTable(first)
-            }
-            R::Clients => A::Clients(
-                self.clients
-                    .lock()
-                    .iter()
-                    .map(|(id, l)| ClientInfo { id: *id, hostname: l.hostname.clone(), pid: l.pid })
-                    .collect(),
-            ),
-            R::AllocChunks { ino, chunks } => {
-                must_hold(ino, true)?;
-                A::Chunks(self.with_extents(ino, |ns| ns.plan_extents(ino, &chunks, false))?)
-            }
-            R::GrowExtents { ino, chunks } => {
-                must_hold(ino, true)?;
-                A::Chunks(self.with_extents(ino, |ns| ns.plan_extents(ino, &chunks, true))?)
-            }
-            R::Fallocate { ino, offset, len, keep_size } => {
-                must_hold(ino, true)?;
-                self.with_extents(ino, |ns| ns.plan_fallocate(ino, offset, len))?;
-                let grow = || self.ns.lock().fallocate_size(ino, offset, len, keep_size);
-                if keep_size {
-                    grow()?;
-                } else {
-                    self.with_attr_locked(ino, grow)?;
-                }
-                A::Done
-            }
-            R::StatFs => {
-                let mut ns = self.ns.lock();
-                ns.sweep_orphans();
-                A::Stats(ns.stats())
-            }
-            R::Status => A::Status(Box::new(self.status())),
-            R::SetXattr { caller, ino, name, value, mode } => {
-                let mut ns = self.ns.lock();
-                checks.xattr_write(&ns, caller, ino, &name)?;
-                ns.set_xattr(ino, &name, &value, mode)?;
-                A::Done
-            }
-            R::GetXattr { ino, name, .. } => A::Xattr(self.ns.lock().get_xattr(ino, &name)?),
-            R::ListXattr { ino, .. } => A::XattrNames(self.ns.lock().list_xattr(ino)?),
-            R::RemoveXattr { caller, ino, name } => {
-                let mut ns = self.ns.lock();
-                checks.xattr_write(&ns, caller, ino, &name)?;
-                ns.remove_xattr(ino, &name)?;
-                A::Done
-            }
-            R::ReportLockTiming { client, t_wait_us } => {
-                if !self.clients.lock().contains_key(&client) {
-                    return Err(FsError::Io("lease expired: client was fenced".into()));
-                }
-                self.tuning.report(client, Duration::from_micros(t_wait_us));
-                A::Done
-            }
-        })
-    }
 }
 
 impl RpcService for MetaService {
@@ -872,8 +595,19 @@ impl RpcService for MetaService {
     fn handle_from(&self, mut request: MetaRequest, peer: &Peer) -> MetaResponse {
         let key_of = |name: &str| self.access.keyring().and_then(|r| r.get(name).cloned());
         let options = |c: ClientId| self.clients.lock().get(&c).map(|l| l.options);
+        let caching = match request {
+            MetaRequest::Caching { client, ttl_ms, request: inner } => {
+                request = *inner;
+                Some((client, Duration::from_millis(ttl_ms.min(MAX_GRANT_MS))))
+            }
+            _ => None,
+        };
         match identity::vet(&peer.principal, &mut request, key_of, options) {
-            Ok(asker) => self.dispatch(&asker, request).unwrap_or_else(MetaResponse::Failed),
+            Ok(Asker::Client(me, _)) if caching.is_some_and(|(c, _)| c != me) => {
+                log::warn!("client {} sent a request as client {}; refused", me.0, caching.unwrap().0 .0);
+                MetaResponse::Failed(FsError::Perm)
+            }
+            Ok(asker) => self.dispatch(&asker, caching, request).unwrap_or_else(MetaResponse::Failed),
             Err(e) => {
                 log::warn!("meta: {} ({:?}) may not ask {request:?}: {e}", peer.addr, peer.principal);
                 MetaResponse::Failed(e)
@@ -1161,6 +895,7 @@ impl MetaServer {
             connections,
             tuning: tuning.clone(),
             attr_host,
+            grants: Grants::default(),
         });
         let rpc = RpcServer::spawn_with(config.listen, service.clone(), "meta", authority).map_err(io)?;
         let _ = service.connections.set(rpc.connections());

@@ -3,17 +3,21 @@
 //! Each FUSE request becomes one call of [`FsClient`]; errors become errno in
 //! exactly one place ([`errno`]). Files are opened with direct I/O so every
 //! read and write reaches the daemon (and from there the data servers'
-//! memory, uncached); attribute and entry caching default to zero for strict
-//! coherence between mounts. Shared mappings are the one use of the page
-//! cache, kept coherent across mounts through locks ([`coherence`]). The
-//! session is multi-threaded.
+//! memory, uncached). Attributes and entries are not cached by default; with
+//! [`MountOptions::cache_ttl`] the kernel caches what the meta-server grants
+//! and the meta-server calls every other mount back before a change answers
+//! ([`invalidation`]), so mounts stay strictly coherent either way. Shared
+//! mappings are the one use of the page cache, kept coherent across mounts
+//! through locks ([`coherence`]). The session is multi-threaded.
 
 mod access;
 pub mod caller;
 mod coherence;
+mod invalidation;
 mod requests;
 mod setid;
 
+pub use invalidation::InvalidationControl;
 pub use requests::{FuseCounters, FuseCounts, FuseOp};
 
 use std::collections::HashMap;
@@ -22,7 +26,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use citronfs_core::client::{FsClient, LockCall, WriteMode};
 use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, OFFSET_MAX};
@@ -40,15 +44,21 @@ use parking_lot::Mutex;
 /// Mount settings.
 #[derive(Clone, Debug)]
 pub struct MountOptions {
-    /// How long the kernel may cache attributes and entries (0: never).
+    /// How long the kernel may cache attributes and entries without asking
+    /// anyone (0: never). Not coherent across mounts unless zero; see
+    /// `cache_ttl` for caching that is.
     pub attr_ttl: Duration,
+    /// Coherent caching (0: off): lookups and getattrs are granted for this
+    /// long by the meta-server, which invalidates them on this mount before
+    /// another mount's change answers ([`invalidation`]).
+    pub cache_ttl: Duration,
     /// FUSE worker threads.
     pub threads: usize,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        Self { attr_ttl: Duration::ZERO, threads: 4 }
+        Self { attr_ttl: Duration::ZERO, cache_ttl: Duration::ZERO, threads: 4 }
     }
 }
 
@@ -175,10 +185,19 @@ pub struct CitronFuse {
     coherence: coherence::Coherence,
     /// Requests answered, by kind.
     requests: FuseCounters,
+    /// The invalidation thread of coherent caching, and its counters.
+    invalidations: InvalidationControl,
+}
+
+impl Drop for CitronFuse {
+    fn drop(&mut self) {
+        self.invalidations.stop();
+    }
 }
 
 impl CitronFuse {
     pub fn new(client: FsClient, options: MountOptions) -> Self {
+        client.set_caching(options.cache_ttl);
         Self {
             client: Arc::new(client),
             options,
@@ -188,7 +207,31 @@ impl CitronFuse {
             syscalls: caller::SyscallFiles::default(),
             coherence: coherence::Coherence::start().expect("start the coherence threads"),
             requests: FuseCounters::default(),
+            invalidations: InvalidationControl::default(),
         }
+    }
+
+    /// The mount's invalidation thread (coherent caching), reachable while
+    /// it serves.
+    pub fn invalidations(&self) -> InvalidationControl {
+        self.invalidations.clone()
+    }
+
+    /// The TTL to hand the kernel for an answer the meta-server granted to
+    /// a request sent at `sent`: the grant less the time since (the
+    /// meta-server counts the grant from its answer), and zero if an
+    /// invalidation was told to the kernel while the request was out
+    /// (`before` and `after` differ; see [`invalidation`]).
+    fn granted_ttl(
+        &self,
+        sent: Instant,
+        before: invalidation::Sample,
+        after: invalidation::Sample,
+    ) -> Duration {
+        if before != after {
+            return Duration::ZERO;
+        }
+        self.options.cache_ttl.saturating_sub(sent.elapsed())
     }
 
     /// The mount's client, still reachable after this file system has moved
@@ -432,13 +475,39 @@ impl Filesystem for CitronFuse {
 
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         self.requests.count(FuseOp::Lookup);
-        self.entry(reply, self.client.lookup(caller(req), Ino(parent.0), name(n)))
+        if self.options.cache_ttl.is_zero() {
+            return self.entry(reply, self.client.lookup(caller(req), Ino(parent.0), name(n)));
+        }
+        let (sent, before) = (Instant::now(), self.invalidations.epochs().all());
+        match self.client.lookup_granted(caller(req), Ino(parent.0), name(n)) {
+            Ok((a, grant)) => {
+                let ttl = self.granted_ttl(sent, before, self.invalidations.epochs().all());
+                let entry_ttl = if grant.entry { ttl } else { self.options.attr_ttl };
+                let attr_ttl = if grant.attr { ttl } else { self.options.attr_ttl };
+                reply.entry_with_ttls(&attr_ttl, &entry_ttl, &fuse_attr(&a), Generation(0))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         self.requests.count(FuseOp::GetAttr);
-        match self.client.getattr(Ino(ino.0)) {
-            Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
+        if self.options.cache_ttl.is_zero() {
+            return match self.client.getattr(Ino(ino.0)) {
+                Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
+        let epochs = self.invalidations.epochs();
+        let (sent, before) = (Instant::now(), epochs.of(Ino(ino.0)));
+        match self.client.getattr_granted(Ino(ino.0)) {
+            Ok((a, grant)) => {
+                let ttl = match grant.attr {
+                    true => self.granted_ttl(sent, before, epochs.of(Ino(ino.0))),
+                    false => self.options.attr_ttl,
+                };
+                reply.attr(&ttl, &fuse_attr(&a))
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -939,8 +1008,15 @@ pub fn new_session(
     config: &fuser::Config,
 ) -> std::io::Result<fuser::Session<CitronFuse>> {
     let invalidator = fs.coherence.invalidator().clone();
+    let caching = (!fs.options.cache_ttl.is_zero()).then(|| (fs.invalidations(), Arc::downgrade(&fs.client)));
     let session = fuser::Session::new(fs, mountpoint, config)?;
     invalidator.set_notifier(session.notifier());
+    if let Some((control, client)) = caching {
+        // Ends with the file system (its drop stops it) or the client.
+        use std::os::fd::AsFd;
+        let device = session.as_fd().try_clone_to_owned()?;
+        control.spawn(client, session.notifier(), device)?;
+    }
     Ok(session)
 }
 

@@ -203,6 +203,8 @@ pub struct TestMount {
     pub client: Arc<citronfs_core::client::FsClient>,
     /// The mount's FUSE requests by kind.
     pub requests: citronfs_mount::FuseCounters,
+    /// The mount's invalidation thread (coherent caching).
+    pub invalidations: citronfs_mount::InvalidationControl,
 }
 
 impl TestMount {
@@ -253,11 +255,11 @@ impl TestMount {
         }
         let client = citronfs_core::client::FsClient::connect(config).expect("join the cluster");
         let fs = citronfs_mount::CitronFuse::new(client, options);
-        let (client, requests) = (fs.client(), fs.requests());
+        let (client, requests, invalidations) = (fs.client(), fs.requests(), fs.invalidations());
         let dir = tempfile::tempdir().expect("temp dir");
         let session = citronfs_mount::spawn_mount(fs, dir.path())
             .expect("mount (needs root, /dev/fuse and fusermount3 from Debian's fuse3)");
-        Self { dir, session: Some(session), client, requests }
+        Self { dir, session: Some(session), client, requests, invalidations }
     }
 
     pub fn path(&self, rel: &str) -> std::path::PathBuf {
@@ -426,6 +428,12 @@ impl TestCluster {
     /// A mount on the shm backend (servers and mount share this host).
     pub fn mount(&self) -> TestMount {
         TestMount::with_config(self.client_config(None, citronfs_core::client::Transport::Auto))
+    }
+
+    /// A mount on the shm backend with mount `options` (caching, threads).
+    pub fn mount_with(&self, options: citronfs_mount::MountOptions) -> TestMount {
+        let config = self.client_config(None, citronfs_core::client::Transport::Auto);
+        TestMount::with_config_and_options(config, options)
     }
 
     /// A mount that reaches server memory only through the tcp NICs.

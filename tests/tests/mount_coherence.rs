@@ -1,9 +1,13 @@
 //! Strict coherence of metadata across mounts (issue 13): a change made
 //! through mount A is seen by the very next `stat`, `readdir` and lookup on
-//! mount B — creates, unlinks, chmod, renames and size changes — with the
-//! default attribute and entry TTL of zero. Each check first makes mount B
-//! look at the old state (so a cache, if there were one, would hold it),
-//! then changes it on A and looks again on B at once.
+//! mount B — creates, unlinks, chmod, renames and size changes — both with
+//! no kernel caching (attribute and entry TTL zero) and with the coherent
+//! cache (the kernel caches what the meta-server granted, and the
+//! meta-server invalidates it on every other mount before a change
+//! answers). Each check first makes mount B look at the old state (so a
+//! cache holds it), then changes it on A and looks again on B at once. The
+//! cached mode uses a long TTL, so a missed invalidation is a stale answer,
+//! never hidden by an expiry.
 //!
 //! And what the round-trip cuts must keep: only the last close of a file
 //! on a mount reaches the meta-server, so the file counts as open there
@@ -13,18 +17,59 @@
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::{Duration, Instant};
 
 use citronfs_core::rpc_counts::{MetaKind, RpcCounts};
 use citronfs_core::types::Ino;
-use citronfs_mount::FuseOp;
+use citronfs_mount::{FuseOp, MountOptions};
 use citronfs_tests::{TestCluster, TestMount};
 
-fn cluster() -> (TestCluster, TestMount, TestMount) {
+/// How the mounts of a test let their kernels cache.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    /// TTL zero: every lookup and stat reaches the meta-server.
+    Uncached,
+    /// Coherent caching with this grant TTL.
+    Cached(Duration),
+}
+
+/// Long enough that no cached answer expires during a test: whatever B
+/// sees after a change, it sees because it was invalidated.
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+fn options(mode: Mode) -> MountOptions {
+    match mode {
+        Mode::Uncached => MountOptions::default(),
+        Mode::Cached(ttl) => MountOptions { cache_ttl: ttl, ..MountOptions::default() },
+    }
+}
+
+fn cluster(mode: Mode) -> (TestCluster, TestMount, TestMount) {
     let c = TestCluster::start(1, 64 << 20, 1 << 20);
-    let a = c.mount();
-    let b = c.mount();
+    let a = c.mount_with(options(mode));
+    let b = c.mount_with(options(mode));
     (c, a, b)
 }
+
+/// Runs each named test function in both modes, as `uncached::NAME` and
+/// `cached::NAME`.
+macro_rules! both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod uncached {
+            $(#[test] fn $name() { super::$name(super::Mode::Uncached) })*
+        }
+        mod cached {
+            $(#[test] fn $name() { super::$name(super::Mode::Cached(super::LONG_TTL)) })*
+        }
+    };
+}
+
+both_modes!(
+    create_and_unlink_on_one_mount_are_seen_at_once_on_the_other,
+    chmod_rename_and_size_changes_are_seen_at_once_on_the_other_mount,
+    only_the_last_close_on_a_mount_reaches_the_meta_server,
+    big_directories_are_listed_whole_on_the_other_mount,
+);
 
 fn names(m: &TestMount, dir: &str) -> Vec<String> {
     let mut v: Vec<String> =
@@ -40,9 +85,8 @@ fn missing(m: &TestMount, rel: &str) -> bool {
     }
 }
 
-#[test]
-fn create_and_unlink_on_one_mount_are_seen_at_once_on_the_other() {
-    let (_c, a, b) = cluster();
+fn create_and_unlink_on_one_mount_are_seen_at_once_on_the_other(mode: Mode) {
+    let (_c, a, b) = cluster(mode);
     fs::create_dir(a.path("d")).unwrap();
     for round in 0..20 {
         let name = format!("d/f{round}");
@@ -63,9 +107,8 @@ fn create_and_unlink_on_one_mount_are_seen_at_once_on_the_other() {
     }
 }
 
-#[test]
-fn chmod_rename_and_size_changes_are_seen_at_once_on_the_other_mount() {
-    let (_c, a, b) = cluster();
+fn chmod_rename_and_size_changes_are_seen_at_once_on_the_other_mount(mode: Mode) {
+    let (_c, a, b) = cluster(mode);
     fs::write(a.path("f"), b"12345").unwrap();
     assert_eq!(fs::metadata(b.path("f")).unwrap().len(), 5);
     for (round, mode) in [0o600u32, 0o644, 0o640, 0o755].into_iter().enumerate() {
@@ -117,10 +160,10 @@ fn chmod_rename_and_size_changes_are_seen_at_once_on_the_other_mount() {
 /// Waits until `done` holds: FUSE sends a release after close(2) has
 /// returned. Only a hang takes the bound.
 fn eventually(what: &str, done: impl Fn() -> bool) {
-    let hang = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let hang = Instant::now() + Duration::from_secs(60);
     while !done() {
-        assert!(std::time::Instant::now() < hang, "never happened: {what}");
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        assert!(Instant::now() < hang, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -136,9 +179,8 @@ fn close(m: &TestMount, f: fs::File) -> RpcCounts {
 /// Closes other than a file's last one on a mount cost no call to the
 /// meta-server; the last hands back every open, and only then does the file
 /// give up its lock memory.
-#[test]
-fn only_the_last_close_on_a_mount_reaches_the_meta_server() {
-    let (c, a, b) = cluster();
+fn only_the_last_close_on_a_mount_reaches_the_meta_server(mode: Mode) {
+    let (c, a, b) = cluster(mode);
     fs::write(a.path("f"), b"keep me").unwrap();
     let ino = Ino(fs::metadata(a.path("f")).unwrap().ino());
     eventually("the written file is closed", || c.meta.lock_area(ino).is_none());
@@ -173,9 +215,8 @@ fn only_the_last_close_on_a_mount_reaches_the_meta_server() {
 /// one: a directory of several pages (and one of exactly a page) is listed
 /// whole on the other mount, and a name added or removed on A is in or out
 /// of B's very next listing.
-#[test]
-fn big_directories_are_listed_whole_on_the_other_mount() {
-    let (_c, a, b) = cluster();
+fn big_directories_are_listed_whole_on_the_other_mount(mode: Mode) {
+    let (_c, a, b) = cluster(mode);
     // 512 is the page: "." and ".." plus 510 names fill exactly one.
     for (dir, n) in [("one-page", 510usize), ("pages", 1300)] {
         fs::create_dir(a.path(dir)).unwrap();
@@ -192,5 +233,124 @@ fn big_directories_are_listed_whole_on_the_other_mount() {
         fs::remove_file(a.path(&format!("{dir}/n0"))).unwrap();
         let after = names(&b, dir);
         assert!(!after.contains(&"n0".to_string()) && after.len() == n, "{dir}: B lists a removed name");
+    }
+}
+
+/// Waits until no file is open anywhere: a regular file's attributes are
+/// cached only while nobody has it open for writing, and the kernel sends
+/// the release of a closed file after close(2) has returned.
+fn all_closed(c: &TestCluster) {
+    eventually("every file is closed", || c.meta.status().files.opens == 0);
+}
+
+/// The calls to the meta-server and the FUSE requests one `stat` on `m`
+/// costs.
+fn stat_cost(m: &TestMount, rel: &str) -> (fs::Metadata, RpcCounts, u64) {
+    let (calls, requests) = (m.client.rpc_counts(), m.requests.snapshot().total());
+    let meta = fs::metadata(m.path(rel)).unwrap();
+    (meta, m.client.rpc_counts() - calls, m.requests.snapshot().total() - requests)
+}
+
+/// The cache works: a stat of an unchanged file (and of its directory) on
+/// B is answered by B's kernel alone, no FUSE request and no round trip;
+/// after a chmod on A, B's very next stat sees the new mode, and the one
+/// after that is free again.
+#[test]
+fn cached_stats_of_unchanged_files_cost_no_round_trip_and_a_chmod_is_seen_at_once() {
+    let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    fs::create_dir(a.path("d")).unwrap();
+    fs::write(a.path("d/f"), b"cached").unwrap();
+    all_closed(&c);
+    let ino = Ino(fs::metadata(b.path("d/f")).unwrap().ino());
+    // The client's own getattr and lookup (the daemon's permission and
+    // set-ID checks use them) take a granted answer too.
+    assert_eq!(b.client.getattr(ino).unwrap().ino, ino);
+    let d = Ino(fs::metadata(b.path("d")).unwrap().ino());
+    assert_eq!(b.client.lookup(citronfs_core::types::Caller::ROOT, d, b"f").unwrap().ino, ino);
+    for rel in ["d/f", "d", "d/f"] {
+        let (_, calls, requests) = stat_cost(&b, rel);
+        assert_eq!(calls.operations(), 0, "a repeated stat of {rel} sent {}", calls.describe());
+        assert_eq!(requests, 0, "a repeated stat of {rel} reached the daemon");
+    }
+    for (round, mode) in [0o600u32, 0o640, 0o604].into_iter().enumerate() {
+        fs::set_permissions(a.path("d/f"), fs::Permissions::from_mode(mode)).unwrap();
+        let (seen, _, _) = stat_cost(&b, "d/f");
+        assert_eq!(seen.permissions().mode() & 0o7777, mode, "round {round}: B's first stat after the chmod");
+        let (seen, calls, _) = stat_cost(&b, "d/f");
+        assert_eq!(seen.permissions().mode() & 0o7777, mode, "round {round}");
+        assert_eq!(calls.operations(), 0, "round {round}: the stat after sent {}", calls.describe());
+    }
+}
+
+/// A mount that does not acknowledge (its invalidation thread stalled, as
+/// if its process were stopped) delays a change on another mount until its
+/// grant has expired, never less, and no longer than it must: its kernel
+/// then asks again and sees the change at once, stalled or not; resumed,
+/// it acknowledges, and the next change does not wait.
+#[test]
+fn a_change_waits_out_the_grant_of_a_mount_that_does_not_acknowledge() {
+    let ttl = Duration::from_secs(1);
+    let (c, a, b) = cluster(Mode::Cached(ttl));
+    fs::write(a.path("f"), b"x").unwrap();
+    all_closed(&c);
+    fs::set_permissions(a.path("f"), fs::Permissions::from_mode(0o644)).unwrap();
+    // B caches f: its grant is made after this instant.
+    let asked = Instant::now();
+    fs::metadata(b.path("f")).unwrap();
+    let (_, calls, _) = stat_cost(&b, "f");
+    assert_eq!(calls.operations(), 0, "B does not cache f: {}", calls.describe());
+
+    b.invalidations.stall(true);
+    let _hang = a.watchdog(Duration::from_secs(120));
+    fs::set_permissions(a.path("f"), fs::Permissions::from_mode(0o600)).unwrap();
+    let done = Instant::now();
+    assert!(done >= asked + ttl, "the chmod answered {:?} after B's grant, before it expired", done - asked);
+    let seen = fs::metadata(b.path("f")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(seen, 0o600, "stalled B still sees the old mode after the chmod answered");
+
+    b.invalidations.stall(false);
+    let delivered = b.invalidations.delivered();
+    eventually("B tells its kernel what it missed", || b.invalidations.delivered() > delivered);
+    // B caches f again; A's next change is acknowledged by B and seen.
+    fs::metadata(b.path("f")).unwrap();
+    fs::set_permissions(a.path("f"), fs::Permissions::from_mode(0o640)).unwrap();
+    let seen = fs::metadata(b.path("f")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(seen, 0o640);
+}
+
+/// Two mounts unlinking at once in one directory, each names the other has
+/// cached: neither waits for the other's grants (an entry invalidation
+/// takes no directory lock, so each acknowledges while its own unlinks
+/// wait), and both end with an empty directory. With a minute's TTL, one
+/// grant waited out per unlink would trip the watchdog.
+#[test]
+fn concurrent_unlinks_in_one_directory_on_two_mounts_wait_for_no_grant() {
+    let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    const FILES: usize = 40;
+    fs::create_dir(a.path("d")).unwrap();
+    for i in 0..FILES {
+        fs::write(a.path(&format!("d/f{i}")), b"").unwrap();
+    }
+    all_closed(&c);
+    for m in [&a, &b] {
+        for i in 0..FILES {
+            fs::metadata(m.path(&format!("d/f{i}"))).unwrap();
+        }
+    }
+    let (_wa, _wb) = (a.watchdog(Duration::from_secs(50)), b.watchdog(Duration::from_secs(50)));
+    std::thread::scope(|s| {
+        for (m, parity) in [(&a, 0), (&b, 1)] {
+            s.spawn(move || {
+                for i in (parity..FILES).step_by(2) {
+                    fs::remove_file(m.path(&format!("d/f{i}"))).unwrap();
+                }
+            });
+        }
+    });
+    for m in [&a, &b] {
+        assert!(names(m, "d").is_empty());
+        for i in 0..FILES {
+            assert!(missing(m, &format!("d/f{i}")), "f{i} is still seen");
+        }
     }
 }

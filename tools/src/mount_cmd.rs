@@ -48,9 +48,16 @@ pub struct MountArgs {
     /// Embedded mode: client lease in milliseconds.
     #[arg(long, default_value_t = 5000)]
     lease_ms: u64,
-    /// Seconds the kernel may cache attributes and entries (0: strict coherence).
+    /// Seconds the kernel may cache attributes and entries without asking
+    /// the meta-server: NOT coherent across mounts unless 0 (see
+    /// --cache-ttl for caching that is).
     #[arg(long, default_value_t = 0.0)]
     attr_ttl: f64,
+    /// Coherent caching: seconds the kernel may cache attributes and
+    /// entries the meta-server grants; it calls this mount back before
+    /// another mount's change of them answers (0: no caching).
+    #[arg(long, default_value_t = 0.0)]
+    cache_ttl: f64,
     /// FUSE worker threads.
     #[arg(long, default_value_t = 4)]
     threads: usize,
@@ -131,6 +138,10 @@ enum End {
 pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
     debug_assert!(args.options.is_none(), "-o is expanded before parsing");
     let attr_ttl = seconds(args.attr_ttl, "attr-ttl")?;
+    let cache_ttl = seconds(args.cache_ttl, "cache-ttl")?;
+    if !attr_ttl.is_zero() && !cache_ttl.is_zero() {
+        bail!("--attr-ttl (incoherent caching) and --cache-ttl (coherent caching) exclude each other");
+    }
     let timeout = seconds(args.timeout, "timeout")?;
     let mountpoint = std::fs::canonicalize(&args.mountpoint)
         .with_context(|| format!("mount point {} does not exist", args.mountpoint.display()))?;
@@ -208,7 +219,7 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
     config.key = key;
     config.added_rtt = Duration::from_micros(args.test_added_rtt_us);
     let client = FsClient::connect(config).with_context(|| format!("cannot join the cluster at {meta}"))?;
-    let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads: args.threads });
+    let fs = CitronFuse::new(client, MountOptions { attr_ttl, cache_ttl, threads: args.threads });
     let client = fs.client();
     let source = args.source.clone().unwrap_or_else(|| {
         if embedded.is_some() {

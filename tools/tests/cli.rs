@@ -522,8 +522,26 @@ fn bench_meta_measures_every_phase_and_counts_round_trips() {
     let (h, rows) = read_csv(&out_dir.join("meta.csv"));
     let col = |name: &str| h.iter().position(|c| c == name).unwrap_or_else(|| panic!("{name} in {h:?}"));
     let citron: Vec<_> = rows.iter().filter(|r| r[col("fs")].starts_with("citronfs")).collect();
-    // 2 process counts x 2 trees x 4 phases.
-    assert_eq!(citron.len(), 16, "{rows:?}");
+    // 2 process counts x 2 trees x 4 phases, without caching and with the
+    // coherent cache (`--coherent-ttl`, 1 s by default).
+    assert_eq!(citron.len(), 32, "{rows:?}");
+    let (uncached, coherent): (Vec<&Vec<String>>, Vec<&Vec<String>>) =
+        citron.iter().copied().partition(|r| r[col("fs")] == "citronfs(shm)");
+    assert_eq!(coherent.len(), 16, "{rows:?}");
+    // A stat through the coherent cache skips the GETATTRs of the path
+    // (5 calls a stat without caching, 1 with).
+    let rpcs = |r: &Vec<String>| r[col("rpcs_per_op")].parse::<f64>().unwrap();
+    for c in coherent.iter().filter(|r| r[col("phase")] == "stat") {
+        let u = uncached
+            .iter()
+            .find(|u| {
+                u[col("phase")] == "stat"
+                    && u[col("processes")] == c[col("processes")]
+                    && u[col("tree")] == c[col("tree")]
+            })
+            .expect("the uncached row");
+        assert!(rpcs(c) < rpcs(u), "coherent {c:?} against uncached {u:?}");
+    }
     for r in &rows {
         let per_s: f64 = r[col("ops_per_s")].parse().unwrap();
         assert!(per_s > 0.0, "{r:?}");

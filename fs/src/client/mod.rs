@@ -49,7 +49,8 @@ use crate::layout::ChunkGeometry;
 use crate::locks::waiter::Waiters;
 use crate::locks::{LockArea, LockTiming, WaitsFor};
 use crate::proto::{
-    AttrSlot, ClusterInfo, DataServerInfo, FileLayout, MetaRequest, MetaResponse, RenameMode, XattrMode,
+    AttrSlot, ClusterInfo, DataServerInfo, FileLayout, Grant, Invalidation, MetaRequest, MetaResponse,
+    RenameMode, XattrMode,
 };
 use crate::rpc_counts::{RpcCounters, RpcCounts};
 use crate::types::{
@@ -213,12 +214,15 @@ struct Shared {
     opens: opens::OpenFiles,
     /// Calls to the meta-server by kind.
     rpc_counts: RpcCounters,
+    /// The TTL of the cache grants this client asks for, in ms (0: it does
+    /// not cache; see [`FsClient::set_caching`]).
+    caching_ms: AtomicU64,
 }
 
 impl Shared {
     /// One call to the meta-server, counted by kind.
     fn call(&self, request: &MetaRequest) -> Result<MetaResponse, RpcError> {
-        self.rpc_counts.count(request.kind());
+        self.rpc_counts.count(request.inner().kind());
         self.rpc.call(request)
     }
 
@@ -263,6 +267,14 @@ fn answer(r: Result<MetaResponse, citron_lock::rdma::tcp::RpcError>) -> Result<M
     match r? {
         MetaResponse::Failed(e) => Err(e),
         ok => Ok(ok),
+    }
+}
+
+fn granted(r: MetaResponse) -> Result<(Attr, Grant), FsError> {
+    match r {
+        MetaResponse::Granted(a, g) => Ok((a, g)),
+        MetaResponse::Attr(a) => Ok((a, Grant::default())),
+        other => Err(unexpected(other)),
     }
 }
 
@@ -338,6 +350,7 @@ impl FsClient {
             hostname,
             opens: opens::OpenFiles::default(),
             rpc_counts: RpcCounters::default(),
+            caching_ms: AtomicU64::new(0),
         });
         // Timing of the lock algorithms comes from this fabric's RTT.
         let probe = meta_node.endpoint()?;
@@ -452,7 +465,20 @@ impl FsClient {
         Ok(())
     }
 
+    /// One call to the meta-server on behalf of a file-system operation;
+    /// from a caching client, wrapped as [`MetaRequest::Caching`] so the
+    /// meta-server knows whose kernel caches what.
     fn call(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
+        let ttl_ms = self.shared.caching_ms.load(Ordering::Relaxed);
+        if ttl_ms == 0 {
+            return self.call_plain(request);
+        }
+        let inner = Box::new(request.clone());
+        let wrapped = MetaRequest::Caching { client: self.client_id(), ttl_ms, request: inner };
+        self.call_plain(&wrapped)
+    }
+
+    fn call_plain(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
         if self.shared.fenced() {
             return Err(FsError::Io(
                 "this client's lease expired; it is fenced until it re-registers".into(),
@@ -466,7 +492,10 @@ impl FsClient {
 
     fn call_attr(&self, request: &MetaRequest) -> Result<Attr, FsError> {
         match self.call(request)? {
-            MetaResponse::Attr(a) => Ok(a),
+            // A caching client's lookups and getattrs are answered with a
+            // grant; callers that do not hand the answer to the kernel
+            // ignore it (the meta-server may call back for nothing).
+            MetaResponse::Attr(a) | MetaResponse::Granted(a, _) => Ok(a),
             other => Err(unexpected(other)),
         }
     }
@@ -476,6 +505,51 @@ impl FsClient {
             MetaResponse::Done => Ok(()),
             other => Err(unexpected(other)),
         }
+    }
+
+    // ---- coherent caching (meta-server `grants`) ----
+
+    /// From now on the kernel of this client's mount caches what the
+    /// meta-server grants, for `ttl` (zero: nothing). Whoever sets it must
+    /// run an invalidation thread ([`FsClient::await_invalidations`]), or
+    /// every change elsewhere of what it was granted waits out the grant.
+    pub fn set_caching(&self, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.shared.caching_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The grant TTL this client asks for (zero: it does not cache).
+    pub fn caching(&self) -> Duration {
+        Duration::from_millis(self.shared.caching_ms.load(Ordering::Relaxed))
+    }
+
+    /// A lookup, and what of its answer the kernel may cache (nothing
+    /// unless [`FsClient::set_caching`]).
+    pub fn lookup_granted(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(Attr, Grant), FsError> {
+        granted(self.call(&MetaRequest::Lookup { caller, parent, name: name.to_vec() })?)
+    }
+
+    /// A getattr, and whether the kernel may cache its answer.
+    pub fn getattr_granted(&self, ino: Ino) -> Result<(Attr, Grant), FsError> {
+        granted(self.call(&MetaRequest::GetAttr { ino })?)
+    }
+
+    /// The long poll of the mount's invalidation thread: acknowledges the
+    /// invalidations up to `acked` (the kernel has dropped what they name)
+    /// and answers newer ones as soon as there are some (or none, after a
+    /// while), with the number to acknowledge next. Numbers start again
+    /// at zero for a new registration ([`FsClient::client_id`]).
+    pub fn await_invalidations(&self, acked: u64) -> Result<(u64, Vec<Invalidation>), FsError> {
+        let request = MetaRequest::AwaitInvalidations { client: self.client_id(), acked };
+        match self.call_plain(&request)? {
+            MetaResponse::Invalidations { through, items } => Ok((through, items)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Whether the client has left the cluster ([`FsClient::shutdown`]).
+    pub fn is_shut_down(&self) -> bool {
+        self.shared.stop.load(Ordering::Relaxed)
     }
 
     // ---- metadata ----

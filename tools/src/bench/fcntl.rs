@@ -301,6 +301,16 @@ pub(super) struct Cluster {
     _root: tempfile::TempDir,
 }
 
+/// How a benchmark cluster's mounts let their kernels cache attributes
+/// and entries (the two TTLs of [`MountOptions`]; zero: not at all).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Caching {
+    /// Cached without asking anyone: not coherent across mounts.
+    pub attr_ttl: Duration,
+    /// Granted by the meta-server and invalidated on change: coherent.
+    pub cache_ttl: Duration,
+}
+
 impl Cluster {
     /// `far`: the last mount is that much farther away (tcp, the test-only
     /// added round-trip time), the others as `backend` says.
@@ -312,11 +322,11 @@ impl Cluster {
         capacity: u64,
         far: Option<Duration>,
     ) -> Result<Self> {
-        Self::start_caching(range, backend, threads, mounts, capacity, far, Duration::ZERO)
+        Self::start_caching(range, backend, threads, mounts, capacity, far, Caching::default())
     }
 
     /// As [`Cluster::start`], with mounts whose kernel caches attributes and
-    /// entries for `attr_ttl` (not coherent across mounts unless zero).
+    /// entries as `caching` says.
     pub(super) fn start_caching(
         range: RangeAlgorithm,
         backend: BackendChoice,
@@ -324,7 +334,7 @@ impl Cluster {
         mounts: usize,
         capacity: u64,
         far: Option<Duration>,
-        attr_ttl: Duration,
+        caching: Caching,
     ) -> Result<Self> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let tag = format!("fcntl-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
@@ -358,7 +368,8 @@ impl Cluster {
                 config.added_rtt = far;
             }
             let client = FsClient::connect(config).context("cannot join the cluster")?;
-            let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads });
+            let options = MountOptions { attr_ttl: caching.attr_ttl, cache_ttl: caching.cache_ttl, threads };
+            let fs = CitronFuse::new(client, options);
             clients.push(fs.client());
             requests.push(fs.requests());
             sessions.push(

@@ -150,7 +150,8 @@ pub fn run(args: IoArgs) -> Result<()> {
         config.timeout = Duration::from_secs(10);
         let client = FsClient::connect(config)?;
         let attr_ttl = Duration::try_from_secs_f64(args.attr_ttl).context("--attr-ttl")?;
-        let fs = CitronFuse::new(client, MountOptions { attr_ttl, threads: args.threads });
+        let options = MountOptions { attr_ttl, threads: args.threads, ..MountOptions::default() };
+        let fs = CitronFuse::new(client, options);
         mounts.sessions.push(citronfs_mount::spawn_mount(fs, &dir)?);
         citron_dirs.push(dir);
     }

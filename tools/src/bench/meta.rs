@@ -23,10 +23,14 @@
 //! time (the cost table). bindfs over tmpfs is a passthrough FUSE file
 //! system on one host (its M "mounts" are one directory); `--peer
 //! NAME=DIR_A,DIR_B` adds another file system's two mounts of one volume.
-//! `--cached-ttl SECS` adds a second CitronFS cluster whose kernels cache
-//! attributes and entries (not coherent across mounts: it bounds what
-//! coherent caching could buy, and says so in its name). Ratios are only
-//! taken between figures of this run.
+//! `--coherent-ttl SECS` (1 by default, 0 for none) adds a CitronFS
+//! cluster whose mounts cache coherently (the meta-server grants lookups
+//! and getattrs and calls the other mounts back before a change answers;
+//! `citronfs mount --cache-ttl`), with its own cost table. `--cached-ttl
+//! SECS` adds one whose kernels cache attributes and entries without
+//! asking (not coherent across mounts: it bounds what caching could buy,
+//! and says so in its name). Ratios are only taken between figures of this
+//! run.
 
 pub mod worker;
 
@@ -46,7 +50,7 @@ use citronfs_core::rpc_counts::RpcCounts;
 use citronfs_mount::{FuseCounters, FuseCounts, MountOptions};
 use clap::Args;
 
-use super::fcntl::{Cluster, PeerMounts};
+use super::fcntl::{Caching, Cluster, PeerMounts};
 use super::verbs::BackendChoice;
 use super::workers::WorkerProcess;
 use crate::report::Table;
@@ -89,6 +93,10 @@ pub struct MetaArgs {
     /// buy. None by default.
     #[arg(long)]
     cached_ttl: Option<f64>,
+    /// Also measure a CitronFS cluster whose mounts cache coherently with
+    /// grants of this many seconds (`citronfs mount --cache-ttl`); 0: not.
+    #[arg(long, default_value_t = 1.0)]
+    coherent_ttl: f64,
     /// Skip bindfs over tmpfs.
     #[arg(long)]
     no_bindfs: bool,
@@ -456,7 +464,7 @@ pub fn run(args: MetaArgs) -> Result<()> {
     let exe = std::env::current_exe().context("cannot find the citronfs binary")?;
     // A cluster of this run's shape whose mounts let the kernel cache for
     // `ttl` (zero: strictly coherent), and its counters.
-    let start = |ttl: Duration| -> Result<(Cluster, Counters)> {
+    let start = |caching: Caching| -> Result<(Cluster, Counters)> {
         let c = Cluster::start_caching(
             RangeAlgorithm::Citron,
             args.backend,
@@ -464,12 +472,12 @@ pub fn run(args: MetaArgs) -> Result<()> {
             args.mounts,
             args.capacity.0,
             None,
-            ttl,
+            caching,
         )?;
         let counters = Counters { clients: c.clients.clone(), requests: c.requests.clone() };
         Ok((c, counters))
     };
-    let (cluster, counters) = start(Duration::ZERO)?;
+    let (cluster, counters) = start(Caching::default())?;
     let backend = match args.backend {
         BackendChoice::Shm => "shm",
         BackendChoice::Tcp => "tcp",
@@ -490,10 +498,29 @@ pub fn run(args: MetaArgs) -> Result<()> {
 
     let mut targets =
         vec![Target { name: citron.clone(), dirs: cluster.dirs.clone(), counters: Some(counters) }];
+    let coherent_ttl = Duration::try_from_secs_f64(args.coherent_ttl).context("--coherent-ttl")?;
+    let coherent = match coherent_ttl.is_zero() {
+        true => None,
+        false => {
+            let (c, counters) = start(Caching { cache_ttl: coherent_ttl, ..Caching::default() })?;
+            let secs = args.coherent_ttl;
+            println!(
+                "
+what one call costs on {citron}-coherent{secs}s:"
+            );
+            costs(&c, &counters, args.cost_samples.max(1))?.print();
+            targets.push(Target {
+                name: format!("{citron}-coherent{secs}s"),
+                dirs: c.dirs.clone(),
+                counters: Some(counters),
+            });
+            Some(c)
+        }
+    };
     let cached = match args.cached_ttl {
         Some(secs) => {
             let ttl = Duration::try_from_secs_f64(secs).context("--cached-ttl")?;
-            let (c, counters) = start(ttl)?;
+            let (c, counters) = start(Caching { attr_ttl: ttl, ..Caching::default() })?;
             targets.push(Target {
                 name: format!("{citron}-ttl{secs}s-incoherent"),
                 dirs: c.dirs.clone(),
@@ -529,6 +556,7 @@ pub fn run(args: MetaArgs) -> Result<()> {
     }
     drop(bindfs);
     drop(cached);
+    drop(coherent);
     let table = rows_table(&rows);
     println!();
     table.print();

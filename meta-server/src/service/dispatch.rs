@@ -1,0 +1,421 @@
+//! The meta-server's answer to each request ([`MetaService::dispatch`]),
+//! split from `service.rs`: what every [`MetaRequest`] does to the
+//! namespace, the opens and the lock memory, and what it changed that
+//! caching clients must be called back for ([`crate::grants`]).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use citron_rpc::auth::{Credential, KeyOptions};
+use citronfs_core::proto::{ClientInfo, ClusterInfo, Grant, Invalidation, MetaRequest, MetaResponse};
+use citronfs_core::session::SessionKeys;
+use citronfs_core::types::{Attr, ClientId, FileKind, Ino};
+use citronfs_core::FsError;
+
+use super::{ClientLease, MetaService};
+use crate::grants::POLL_WAIT;
+use crate::identity::Asker;
+use crate::namespace::NewInode;
+use crate::permissions::Checks;
+
+/// What a request changed that kernels may cache ([`crate::grants`]).
+#[derive(Default)]
+struct Changed {
+    keys: Vec<Invalidation>,
+    /// The changer's own kernel does not update its cache from the answer
+    /// (it is called back too).
+    changer_too: bool,
+}
+
+impl MetaService {
+    /// Answers `request`; with `caching` (a [`MetaRequest::Caching`]
+    /// request: its client and grant TTL) lookups are granted, and the
+    /// caches of other clients that hold grants of what a change changed
+    /// are invalidated before the answer ([`crate::grants`]), even when
+    /// the change fails after a part of it was applied.
+    pub(super) fn dispatch(
+        &self,
+        asker: &Asker,
+        caching: Option<(ClientId, Duration)>,
+        request: MetaRequest,
+    ) -> Result<MetaResponse, FsError> {
+        let mut changed = Changed::default();
+        let answer = self.dispatch_changing(asker, caching, request, &mut changed);
+        if !changed.keys.is_empty() {
+            let spared = caching.map(|(c, _)| c).filter(|_| !changed.changer_too);
+            self.grants.revoke(spared, &changed.keys);
+        }
+        answer
+    }
+
+    /// Attributes of `attr`'s inode may be granted: not a regular file
+    /// that some client has open for writing.
+    fn attr_grantable(&self, attr: &Attr) -> bool {
+        attr.kind != FileKind::File || !self.grants.written(attr.ino)
+    }
+
+    /// What a lookup or getattr answers: granted to a caching client.
+    /// Called with the namespace mutex held (see [`crate::grants`]).
+    fn granted(
+        &self,
+        caching: Option<(ClientId, Duration)>,
+        attr: Attr,
+        entry: Option<Invalidation>,
+    ) -> MetaResponse {
+        let Some((client, ttl)) = caching else { return MetaResponse::Attr(attr) };
+        let grant = Grant { entry: entry.is_some(), attr: self.attr_grantable(&attr) };
+        if let Some(e) = entry {
+            self.grants.grant(client, e, ttl);
+        }
+        if grant.attr {
+            self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
+        }
+        MetaResponse::Granted(attr, grant)
+    }
+
+    fn dispatch_changing(
+        &self,
+        asker: &Asker,
+        caching: Option<(ClientId, Duration)>,
+        request: MetaRequest,
+        changed: &mut Changed,
+    ) -> Result<MetaResponse, FsError> {
+        use Invalidation::{Attr as AttrOf, Entry};
+        use MetaRequest as R;
+        use MetaResponse as A;
+        let checks = if matches!(asker, Asker::Client(..)) { Checks::ON } else { Checks::OFF };
+        // A registered client changes a file's memory only through its own
+        // opens: writes (allocation) through a writing open, lock-record
+        // tables through any.
+        let must_hold = |ino: Ino, write: bool| match asker {
+            Asker::Client(client, _) if !self.access.holds_open(*client, ino, write) => {
+                log::warn!(
+                    "client {} acts on inode {} it has not opened{}",
+                    client.0,
+                    ino.0,
+                    if write { " for writing" } else { "" }
+                );
+                Err(FsError::Perm)
+            }
+            _ => Ok(()),
+        };
+        // Openers of `ino` follow its memory (chunks freed or added).
+        let memory_changed = |ino: Ino| {
+            if self.access.enforcing() {
+                let memory = self.ns.lock().file_memory(ino);
+                self.access.file_changed(ino, memory);
+            }
+        };
+        Ok(match request {
+            R::RegisterClient { hostname, pid } => {
+                let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
+                if client.0 >= 1 << 24 {
+                    // Claimed lock slots carry 24 bits of the claimer.
+                    return Err(FsError::Invalid("client ids are exhausted; restart the meta-server".into()));
+                }
+                let (session, options) = match asker {
+                    Asker::Registering(key) => {
+                        let secrets = self.access.session_credential(client).zip(self.access.member_secret());
+                        let session = secrets.and_then(|(s, member)| match s {
+                            Credential::Session { secret, .. } => Some(SessionKeys::wrap(
+                                key,
+                                self.access.incarnation(),
+                                client,
+                                &secret,
+                                &member,
+                            )),
+                            _ => None,
+                        });
+                        (session, key.options)
+                    }
+                    _ => (None, KeyOptions::default()),
+                };
+                self.clients.lock().insert(
+                    client,
+                    ClientLease {
+                        renewed: Instant::now(),
+                        leaving: false,
+                        hostname: hostname.clone(),
+                        pid,
+                        options,
+                    },
+                );
+                self.access.admit(client);
+                log::info!("client {} registered: {hostname} pid {pid}", client.0);
+                A::Registered(ClusterInfo {
+                    client,
+                    chunk_size: self.chunk_size,
+                    meta_nic: self.nic,
+                    meta_shm: self.shm.clone(),
+                    meta_ib: self.ib,
+                    data_servers: self.data_servers.lock().iter().map(|l| l.info.clone()).collect(),
+                    lease_ms: self.lease.as_millis() as u64,
+                    waits_for: self.waits_for,
+                    lock_params: self.lock_params,
+                    lock_host: self.lock_host.clone(),
+                    session,
+                })
+            }
+            R::DataServers => {
+                A::DataServers(self.data_servers.lock().iter().map(|l| l.info.clone()).collect())
+            }
+            R::Heartbeat { client } => {
+                let mut clients = self.clients.lock();
+                match clients.get_mut(&client) {
+                    Some(l) => l.renewed = Instant::now(),
+                    // Fenced: its opens are gone; it must register again.
+                    None => return Err(FsError::Io("lease expired: client was fenced".into())),
+                }
+                A::Done
+            }
+            R::ClientLeaves { client } => {
+                if let Some(l) = self.clients.lock().get_mut(&client) {
+                    l.leaving = true;
+                    log::info!("client {} leaves", client.0);
+                }
+                let _ = self.reaper_wake.lock().send(());
+                A::Done
+            }
+            R::RegisterDataServer { nic, shm, ib, region, capacity } => {
+                self.register_data_server(nic, shm, ib, region, capacity)?
+            }
+            R::DataServerLeaves { id } => {
+                self.lose_data_server(id, "it left");
+                A::Done
+            }
+            R::Lookup { parent, name, .. } => {
+                let ns = self.ns.lock();
+                let attr = ns.lookup(parent, &name)?;
+                self.granted(caching, attr, Some(Entry { parent, name }))
+            }
+            R::GetAttr { ino } => {
+                let ns = self.ns.lock();
+                self.granted(caching, ns.attr(ino)?, None)
+            }
+            R::SetAttr { caller, ino, set } => {
+                checks.setattr(&self.ns.lock(), caller, ino, &set)?;
+                changed.keys.push(AttrOf(ino));
+                let (attr, zero) = if set.size.is_some() || set.mtime.is_some() {
+                    self.with_attr_locked(ino, || self.ns.lock().setattr(ino, &set))?
+                } else {
+                    self.ns.lock().setattr(ino, &set)?
+                };
+                if set.size.is_some() {
+                    memory_changed(ino);
+                }
+                self.zero(&zero)?;
+                A::Attr(attr)
+            }
+            R::Create { caller, parent, name, kind, perm, rdev } => {
+                if kind == FileKind::Symlink {
+                    return Err(FsError::Invalid("symlinks are made with Symlink".into()));
+                }
+                let new = NewInode { kind, perm, rdev, symlink_target: None };
+                let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, parent)?;
+                let attr = ns.create(caller, parent, &name, new)?;
+                changed.keys.push(AttrOf(parent));
+                A::Attr(attr)
+            }
+            R::Symlink { caller, parent, name, target } => {
+                let new =
+                    NewInode { kind: FileKind::Symlink, perm: 0o777, rdev: 0, symlink_target: Some(target) };
+                let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, parent)?;
+                let attr = ns.create(caller, parent, &name, new)?;
+                changed.keys.push(AttrOf(parent));
+                A::Attr(attr)
+            }
+            R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
+            R::Link { caller, ino, new_parent, new_name } => {
+                let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, new_parent)?;
+                let attr = ns.link(ino, new_parent, &new_name)?;
+                changed.keys.extend([AttrOf(ino), AttrOf(new_parent)]);
+                A::Attr(attr)
+            }
+            R::Unlink { caller, parent, name } => {
+                let mut ns = self.ns.lock();
+                checks.remove_entry(&ns, caller, parent, &name)?;
+                // Looked up first so that the unlink's own error is answered.
+                let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
+                ns.unlink(parent, &name)?;
+                changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
+                changed.keys.extend(victim.map(AttrOf));
+                A::Done
+            }
+            R::Rmdir { caller, parent, name } => {
+                let mut ns = self.ns.lock();
+                if name != b"." && name != b".." {
+                    checks.remove_entry(&ns, caller, parent, &name)?;
+                }
+                let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
+                ns.rmdir(parent, &name)?;
+                changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
+                changed.keys.extend(victim.map(AttrOf));
+                A::Done
+            }
+            R::Rename { caller, parent, name, new_parent, new_name, flags } => {
+                let mut ns = self.ns.lock();
+                checks.rename(&ns, caller, (parent, &name), (new_parent, &new_name))?;
+                let moved = ns.lookup(parent, &name).ok().map(|a| a.ino);
+                let replaced = ns.lookup(new_parent, &new_name).ok().map(|a| a.ino);
+                ns.rename(parent, &name, new_parent, &new_name, flags)?;
+                changed.keys.extend([AttrOf(parent), AttrOf(new_parent)]);
+                changed.keys.extend(moved.into_iter().chain(replaced).map(AttrOf));
+                changed.keys.extend([Entry { parent, name }, Entry { parent: new_parent, name: new_name }]);
+                A::Done
+            }
+            R::ReadDir { ino, after, max, .. } => {
+                A::Entries(self.ns.lock().readdir(ino, after, max.min(4096))?)
+            }
+            R::Access { caller, ino, access } => {
+                checks.access(&self.ns.lock(), caller, ino, access)?;
+                A::Done
+            }
+            R::CreateOpen { caller, client, parent, name, perm, exclusive } => {
+                let new = NewInode { kind: FileKind::File, perm, rdev: 0, symlink_target: None };
+                let mut ns = self.ns.lock();
+                checks.add_entry(&ns, caller, parent)?;
+                let opened = match ns.create(caller, parent, &name, new) {
+                    Ok(attr) => match ns.open(client, attr.ino) {
+                        Ok(layout) => A::Opened(attr, layout),
+                        Err(e) => {
+                            // As a kernel does, refuse without leaving a file.
+                            if let Err(u) = ns.unlink(parent, &name) {
+                                log::error!("undoing the create of inode {}: {u}", attr.ino.0);
+                            }
+                            return Err(e);
+                        }
+                    },
+                    // O_CREAT without O_EXCL opens what is there (under the
+                    // same namespace lock, so the file cannot go between).
+                    Err(FsError::Exists) if !exclusive => {
+                        let attr = ns.lookup(parent, &name)?;
+                        match attr.kind {
+                            FileKind::File => {}
+                            FileKind::Dir => return Err(FsError::IsDir),
+                            _ => return Err(FsError::Exists),
+                        }
+                        let layout = ns.open(client, attr.ino)?;
+                        A::OpenedExisting(attr, layout)
+                    }
+                    Err(e) => return Err(e),
+                };
+                if let A::Opened(attr, _) | A::OpenedExisting(attr, _) = &opened {
+                    // Pushed before the answer leaves (a NIC holds a verb that
+                    // outruns its grant).
+                    self.access.opened(client, attr.ino, ns.file_memory(attr.ino), true);
+                    // Its size and mtime may now change one-sidedly.
+                    self.grants.writing(client, attr.ino);
+                    changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
+                }
+                opened
+            }
+            R::KillSuidGid { ino, groups } => {
+                // Sent by a writer in the middle of its write: its kernel
+                // does not know the mode changed.
+                changed.keys.push(AttrOf(ino));
+                changed.changer_too = true;
+                A::Attr(self.ns.lock().kill_suidgid(ino, &groups)?)
+            }
+            R::Open { caller, client, ino, flags } => {
+                let mut ns = self.ns.lock();
+                checks.open(&ns, caller, ino, flags)?;
+                let layout = ns.open(client, ino)?;
+                let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+                self.access.opened(client, ino, ns.file_memory(ino), write);
+                if write {
+                    // Its size and mtime may now change one-sidedly.
+                    self.grants.writing(client, ino);
+                    changed.keys.push(AttrOf(ino));
+                }
+                A::Layout(layout)
+            }
+            R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
+            R::Release { client, ino, opens } => {
+                let mut ns = self.ns.lock();
+                ns.release(client, ino, opens)?;
+                let still_open = ns.is_open_by(ino, client);
+                self.access.closed(client, ino, still_open);
+                if !still_open {
+                    self.grants.closed(client, ino);
+                }
+                A::Done
+            }
+            R::GrowWaitsFor { last } => {
+                A::WaitsForBlock(self.waits_for_chain.grow(last, &self.ns, &self.access)?)
+            }
+            R::GrowLockTable { ino, last } => {
+                must_hold(ino, false)?;
+                let mut ns = self.ns.lock();
+                let first = ns.grow_lock_table(ino, last)?;
+                self.access.file_changed(ino, ns.file_memory(ino));
+                A::LockTable(first)
+            }
+            R::Clients => A::Clients(
+                self.clients
+                    .lock()
+                    .iter()
+                    .map(|(id, l)| ClientInfo { id: *id, hostname: l.hostname.clone(), pid: l.pid })
+                    .collect(),
+            ),
+            R::AllocChunks { ino, chunks } => {
+                must_hold(ino, true)?;
+                A::Chunks(self.with_extents(ino, |ns| ns.plan_extents(ino, &chunks, false))?)
+            }
+            R::GrowExtents { ino, chunks } => {
+                must_hold(ino, true)?;
+                A::Chunks(self.with_extents(ino, |ns| ns.plan_extents(ino, &chunks, true))?)
+            }
+            R::Fallocate { ino, offset, len, keep_size } => {
+                must_hold(ino, true)?;
+                changed.keys.push(AttrOf(ino));
+                self.with_extents(ino, |ns| ns.plan_fallocate(ino, offset, len))?;
+                let grow = || self.ns.lock().fallocate_size(ino, offset, len, keep_size);
+                if keep_size {
+                    grow()?;
+                } else {
+                    self.with_attr_locked(ino, grow)?;
+                }
+                A::Done
+            }
+            R::StatFs => {
+                let mut ns = self.ns.lock();
+                ns.sweep_orphans();
+                A::Stats(ns.stats())
+            }
+            R::Status => A::Status(Box::new(self.status())),
+            R::SetXattr { caller, ino, name, value, mode } => {
+                let mut ns = self.ns.lock();
+                checks.xattr_write(&ns, caller, ino, &name)?;
+                ns.set_xattr(ino, &name, &value, mode)?;
+                changed.keys.push(AttrOf(ino));
+                A::Done
+            }
+            R::GetXattr { ino, name, .. } => A::Xattr(self.ns.lock().get_xattr(ino, &name)?),
+            R::ListXattr { ino, .. } => A::XattrNames(self.ns.lock().list_xattr(ino)?),
+            R::RemoveXattr { caller, ino, name } => {
+                let mut ns = self.ns.lock();
+                checks.xattr_write(&ns, caller, ino, &name)?;
+                ns.remove_xattr(ino, &name)?;
+                changed.keys.push(AttrOf(ino));
+                A::Done
+            }
+            R::Caching { .. } => {
+                return Err(FsError::Invalid("a Caching request wraps one that is not".into()))
+            }
+            R::AwaitInvalidations { client, acked } => {
+                let (through, items) = self.grants.poll(client, acked, POLL_WAIT);
+                A::Invalidations { through, items }
+            }
+            R::ReportLockTiming { client, t_wait_us } => {
+                if !self.clients.lock().contains_key(&client) {
+                    return Err(FsError::Io("lease expired: client was fenced".into()));
+                }
+                self.tuning.report(client, Duration::from_micros(t_wait_us));
+                A::Done
+            }
+        })
+    }
+}
