@@ -155,10 +155,20 @@ impl CitronClient {
     }
 
     fn acquire_until(&mut self, ep: &Endpoint, l: u64, end: RangeEnd) -> Result<HeldRange, LockError> {
+        let units_end = match end {
+            RangeEnd::At(r) => r,
+            RangeEnd::Infinite => u64::MAX,
+        };
+        if self.own.overlapping(l, units_end).is_some() {
+            return Err(LockError::Misuse(
+                "a Citron client asked for a range that overlaps one it holds (it would wait for itself)",
+            ));
+        }
         loop {
             let version = self.current.geometry.version;
             if let Some(held) = self.acquire_once(ep, l, end)? {
                 self.stats.acquisitions += 1;
+                self.own.add(l, units_end, &held.nodes);
                 return Ok(held);
             }
             // Superseded; nothing is held. Follow the new configuration
@@ -182,7 +192,11 @@ impl CitronClient {
             RangeEnd::At(r) => (r, r),
             RangeEnd::Infinite => (l.max(n) + 1, if l >= n { l + 1 } else { 0 }),
         };
-        let mut held = HeldRange { start: l, end: r, nodes: Vec::new(), spillover: false, shape };
+        let units_end = match end {
+            RangeEnd::At(r) => r,
+            RangeEnd::Infinite => u64::MAX,
+        };
+        let mut held = HeldRange { start: l, end: r, nodes: Vec::new(), units_end, spillover: false, shape };
         if r > n {
             self.spillover.acquire(ep, Mode::Exclusive)?;
             held.spillover = true;
@@ -228,16 +242,31 @@ impl CitronClient {
             }
         }
         if l < n {
-            let covers = shape.split(l, r.min(n), self.config.k);
-            match self.lock_covers(ep, shape, &covers) {
-                Ok(Some(nodes)) => held.nodes = nodes,
-                outcome => {
-                    if held.spillover {
-                        self.spillover.release(ep)?;
-                    }
-                    return outcome.map(|_| None);
+            // A cover inside an internal node this client holds for another
+            // range rides on it (see [`super::own`]): locking it would wait
+            // for ourselves in Step 2(a) or 2(b).
+            let on_time = self.on_time();
+            let mut riding: Vec<HeldNode> = Vec::new();
+            let mut covers = Vec::new();
+            for c in shape.split(l, r.min(n), self.config.k) {
+                match self.own.container(shape.key(c.node), on_time) {
+                    Some(h) if !riding.contains(h) => riding.push(h.clone()),
+                    Some(_) => {}
+                    None => covers.push(c),
                 }
             }
+            if !covers.is_empty() {
+                match self.lock_covers(ep, shape, &covers) {
+                    Ok(Some(nodes)) => held.nodes = nodes,
+                    outcome => {
+                        if held.spillover {
+                            self.spillover.release(ep)?;
+                        }
+                        return outcome.map(|_| None);
+                    }
+                }
+            }
+            held.nodes.extend(riding);
         }
         Ok(Some(held))
     }
@@ -297,7 +326,7 @@ impl CitronClient {
                         let cur = self.current.clone();
                         let addr = cur.tree.key(shape.key(leaf));
                         let mut marks = Progress::of_held(&cur.tree, held, self.tick());
-                        self.clear_dead_leaf_bits(ep, addr, leaf, &mut marks)?;
+                        self.clear_dead_leaf_bits(ep, addr, (leaf, shape.key(leaf)), &mut marks)?;
                         held.acquired_at = Instant::now();
                     }
                     return Ok(Some(others.held));
@@ -382,7 +411,7 @@ impl CitronClient {
                         let cur = self.current.clone();
                         let addr = cur.tree.key(shape.key(leaf));
                         let mut marks = Progress::of_held(&cur.tree, &held, self.tick());
-                        self.clear_dead_leaf_bits(ep, addr, leaf, &mut marks)?;
+                        self.clear_dead_leaf_bits(ep, addr, (leaf, shape.key(leaf)), &mut marks)?;
                         held.acquired_at = Instant::now();
                     }
                     return Ok(NodeOutcome::Held(held));
@@ -715,30 +744,47 @@ impl CitronClient {
             for (j, w) in d.chunks_exact(8).enumerate() {
                 let w = Internal(u64::from_le_bytes(w.try_into().expect("8 bytes")));
                 if !w.descendants_quiet() {
-                    pending.push(NodeIndex(level_start(*lvl) + run.first + j as u64));
+                    pending.push((NodeIndex(level_start(*lvl) + run.first + j as u64), w.0));
                 }
             }
         }
-        if !pending.is_empty() {
-            self.yield_held(ep, others)?;
+        if pending.is_empty() {
+            return Ok(());
         }
+        // Our own held ranges' notifications are not waited for, only the
+        // others' (see [`super::own`]): quiet is DMax − DCnt = ours.
+        let own = self.own.pending(&self.current.geometry.depths(), self.config.m);
+        let on_time = self.on_time();
+        let counter = (1u64 << COUNTER_BITS) - 1;
+        // Pending notifications on word `w` other than our `ours`.
+        let foreign = |w: u64, ours: u64| {
+            Internal(w).dmax().wrapping_sub(Internal(w).dcnt()).wrapping_sub(ours) & counter
+        };
+        pending.retain(|&(desc, w)| foreign(w, own.on(shape.key(desc), on_time)) != 0);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        self.yield_held(ep, others)?;
         // §3.10, Line 36: DCnt and DMax that do not move for H·T_lease (H:
         // our height; plus the half lease of the recovery module's margin)
         // belong to dead clients: a live notifier that waits keeps them
-        // moving. Level DCnt with DMax.
+        // moving. Level DCnt with DMax (less our own pending notifications).
         let height = shape.depth() - level;
         let stall = self.config.lease * height + self.config.lease / 2;
-        for desc in pending {
+        for (desc, _) in pending {
             let addr = tree.node(desc);
+            let key = shape.key(desc);
             loop {
                 let counters = |w: u64| w & (DCNT_FIELD | DMAX_FIELD);
-                match self.watch(ep, addr, |w| Internal(w).descendants_quiet(), counters, stall, marks)? {
+                let quiet = |w: u64| foreign(w, own.on(key, on_time)) == 0;
+                match self.watch(ep, addr, quiet, counters, stall, marks)? {
                     Watch::Done(_) => break,
                     Watch::Stalled(w) => {
                         let seen = Internal(w);
                         log::warn!("levelling DCnt of node {} left behind by a dead client", desc.0);
-                        let field = ((1u64 << COUNTER_BITS) - 1) << DCNT_SHIFT;
-                        ep.masked_cas(addr, w, field, seen.dmax() << DCNT_SHIFT, field)?;
+                        let field = counter << DCNT_SHIFT;
+                        let level_to = seen.dmax().wrapping_sub(own.on(key, on_time)) & counter;
+                        ep.masked_cas(addr, w, field, level_to << DCNT_SHIFT, field)?;
                         self.stats_recovered();
                     }
                 }

@@ -141,9 +141,12 @@
 //!   rule across a request's nodes;
 //! * [`release`]: Algorithm 3 (§3.6), with lines 10–12 after scale-ups;
 //! * [`recovery`]: the lease recovery of §3.10 at the places a waiter spins;
+//! * [`own`]: what this client holds, so that a second range it asks for
+//!   never waits for its first (issue 12);
 //! * [`resize`]: scale-up (Algorithm 4, §3.9.1) and scale-down (§3.9.2).
 
 mod acquire;
+mod own;
 mod recovery;
 mod release;
 mod resize;
@@ -269,6 +272,9 @@ pub struct HeldRange {
     /// mutex holds all of `[N, ∞)`).
     pub end: u64,
     nodes: Vec<HeldNode>,
+    /// Where the requested units end (`u64::MAX`: to infinity), as the
+    /// client's own record has it ([`own`]).
+    units_end: u64,
     spillover: bool,
     /// The tree the range was acquired in (for [`HeldRange::nodes`]).
     shape: TreeShape,
@@ -359,6 +365,8 @@ pub struct CitronClient {
     stats: CitronStats,
     /// Recoveries made from `&self` paths; folded into `stats`.
     recoveries: Cell<u64>,
+    /// The ranges and nodes this client holds ([`own`]).
+    own: own::Own,
 }
 
 impl CitronClient {
@@ -378,6 +386,7 @@ impl CitronClient {
             max_depth: MAX_DEPTH,
             stats: CitronStats::default(),
             recoveries: Cell::new(0),
+            own: own::Own::default(),
         }
     }
 
@@ -416,6 +425,7 @@ impl CitronClient {
             max_depth: MAX_DEPTH,
             stats: CitronStats::default(),
             recoveries: Cell::new(0),
+            own: own::Own::default(),
         })
     }
 
