@@ -1253,6 +1253,14 @@ impl MetaServer {
         self.trees.as_ref().map_or(0, |(_, server, _)| server.requests())
     }
 
+    /// A word of lock memory as the meta-server's CPU sees it (diagnostics
+    /// and tests: e.g. a file's Citron tree words, in a keyed cluster whose
+    /// NICs would not let a test process read them); `None` if `addr` is
+    /// not in lock memory.
+    pub fn lock_word(&self, addr: RemoteAddr) -> Option<u64> {
+        self.rpc.service().lock_word(addr)
+    }
+
     /// The state of a file's hosted Citron tree, read from lock memory
     /// (diagnostics and tests): `None` if the file has none.
     pub fn citron_tree(&self, ino: Ino) -> Option<CitronTreeState> {

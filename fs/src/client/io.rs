@@ -79,6 +79,9 @@ impl FsClient {
             &eps.locks,
         )?;
         lock.acquire(&eps.meta, mode)?;
+        if mode == Mode::Exclusive {
+            super::stop_hook::holding(super::stop_hook::Holding::InodeExclusive);
+        }
         Ok(InodeHold { lock })
     }
 
@@ -200,6 +203,9 @@ impl FsClient {
                     }
                     _ => None,
                 };
+                if range.is_some() {
+                    super::stop_hook::holding(super::stop_hook::Holding::Range);
+                }
                 let written = self.write_data(eps, ino, layout, offset, data, exclusive);
                 let published = written.and_then(|w| match w {
                     Written::Done(l) => {
@@ -255,6 +261,7 @@ impl FsClient {
             &eps.locks,
         )?;
         alock.acquire(&eps.meta, Mode::Exclusive)?;
+        super::stop_hook::holding(super::stop_hook::Holding::AttrLock);
         let updated = (|| -> Result<(), FsError> {
             let current = eps.meta.read_u64(slot.size())?;
             let mut verbs = Vec::with_capacity(2);

@@ -25,6 +25,7 @@ mod identity;
 mod io;
 mod locks;
 mod opens;
+pub mod stop_hook;
 mod tuning;
 
 pub use io::WriteMode;
