@@ -1034,8 +1034,17 @@ impl MetaServer {
             ..LockHostConfig::default()
         };
         let host_area = fixed(host_config.area_bytes())?;
+        // Its ShiftLock recovery service must be reachable by clients of
+        // every fabric: on shm, it gets a mailbox on our NIC too.
+        let nic_node = match &own_fabric {
+            FabricAddr::Shm(_) => {
+                Some(Node::join_tcp_as(nic.local_addr(), TcpOptions::default(), server_credentials(&access))?)
+            }
+            _ => None,
+        };
         let lock_host =
-            LockHost::start_with(&node, host_area, host_config, authority.clone()).map_err(lock_err)?;
+            LockHost::start_on(&node, nic_node.as_ref(), host_area, host_config, authority.clone())
+                .map_err(lock_err)?;
         // The RPC range lock server, when files use it (`--range-lock rpc`).
         let range_server = match config.lock_choice.range {
             RangeAlgorithm::Rpc => Some(

@@ -250,19 +250,11 @@ fn frozen_one_second_holding_a_range_lock() {
 }
 
 #[test]
-#[ignore = "issue 12, reproduced: the frozen mount's hold of the ShiftLock inode mutex is never \
-            recovered for a tcp client: the lock host's recovery service has a mailbox on the \
-            meta-server's shm fabric only ('no route to client n32768.m0'), so the next \
-            exclusive acquisition gives up after 60 s"]
 fn frozen_three_seconds_holding_a_range_lock() {
     stall(Held::Range, Duration::from_secs(3));
 }
 
 #[test]
-#[ignore = "issue 12, reproduced: the frozen mount's hold of the ShiftLock inode mutex is never \
-            recovered for a tcp client: the lock host's recovery service has a mailbox on the \
-            meta-server's shm fabric only ('no route to client n32768.m0'), so the next \
-            exclusive acquisition gives up after 60 s"]
 fn frozen_ten_seconds_holding_a_range_lock() {
     stall(Held::Range, Duration::from_secs(10));
 }
@@ -273,19 +265,11 @@ fn frozen_one_second_holding_the_inode_mutex() {
 }
 
 #[test]
-#[ignore = "issue 12, reproduced: the frozen mount's hold of the ShiftLock inode mutex is never \
-            recovered for a tcp client: the lock host's recovery service has a mailbox on the \
-            meta-server's shm fabric only ('no route to client n32768.m0'), so the next \
-            exclusive acquisition gives up after 60 s"]
 fn frozen_three_seconds_holding_the_inode_mutex() {
     stall(Held::Inode, Duration::from_secs(3));
 }
 
 #[test]
-#[ignore = "issue 12, reproduced: the frozen mount's hold of the ShiftLock inode mutex is never \
-            recovered for a tcp client: the lock host's recovery service has a mailbox on the \
-            meta-server's shm fabric only ('no route to client n32768.m0'), so the next \
-            exclusive acquisition gives up after 60 s"]
 fn frozen_ten_seconds_holding_the_inode_mutex() {
     stall(Held::Inode, Duration::from_secs(10));
 }
