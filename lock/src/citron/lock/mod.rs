@@ -139,6 +139,7 @@
 //! * this file: the client's state, configuration and counters;
 //! * [`acquire`]: Algorithms 1 and 2 (§3.5, §3.8), with the no-hold-and-wait
 //!   rule across a request's nodes;
+//! * [`waits`]: Steps 2(b) and 2(d) of Algorithm 2 and the notified levels;
 //! * [`release`]: Algorithm 3 (§3.6), with lines 10–12 after scale-ups;
 //! * [`recovery`]: the lease recovery of §3.10 at the places a waiter spins;
 //! * [`own`]: what this client holds, so that a second range it asks for
@@ -150,6 +151,7 @@ mod own;
 mod recovery;
 mod release;
 mod resize;
+mod waits;
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -165,8 +167,8 @@ use crate::rdma::arith::field_delta;
 use crate::rdma::{RemoteAddr, VerbReply};
 use crate::rwlock::{LockError, RwLockClient};
 
-pub use acquire::notify_levels;
 pub use resize::{ScaleDown, ScaleUp};
+pub use waits::notify_levels;
 
 /// The TCnt field of an internal node.
 const TCNT_FIELD: u64 = ((1 << COUNTER_BITS) - 1) << TCNT_SHIFT;
