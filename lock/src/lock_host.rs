@@ -225,11 +225,27 @@ impl LockHost {
         config: LockHostConfig,
         authority: citron_rpc::auth::Authority,
     ) -> Result<Self, LockError> {
+        Self::start_on(node, None, area, config, authority)
+    }
+
+    /// [`LockHost::start_with`] whose ShiftLock recovery service also has a
+    /// mailbox on `nic`, a node of the host's NIC, when `node` is on another
+    /// fabric (shm): clients that reach the host only through its NIC (tcp
+    /// mounts) could not send to a shm mailbox, and a lock one of them
+    /// waits for would never be recovered (issue 12).
+    pub fn start_on(
+        node: &Node,
+        nic: Option<&Node>,
+        area: RemoteAddr,
+        config: LockHostConfig,
+        authority: citron_rpc::auth::Authority,
+    ) -> Result<Self, LockError> {
         if !area.is_aligned(LockHostConfig::AREA_ALIGN) {
             return Err(LockError::Misuse("the lock host's area must be 64-aligned"));
         }
         let eras = EraTable { base: area, count: config.era_counters };
-        let recovery = RecoveryService::spawn(node, eras)?;
+        let nodes: Vec<Node> = std::iter::once(node).chain(nic).cloned().collect();
+        let recovery = RecoveryService::spawn_on(&nodes, eras)?;
         let mut rpc_config = RpcLockServerConfig::from_rtt(Duration::from_micros(10));
         if let Some(lease) = config.rpc_lease {
             rpc_config = rpc_config.with_lease(lease);
@@ -403,6 +419,7 @@ mod tests {
         LockHostInfo {
             shiftlock: RecoveryLocator {
                 service: ClientAddr { node: NodeId(3), mailbox: MailboxId(7) },
+                also: None,
                 eras: EraTable { base: RemoteAddr::new(RegionId(2), 4096), count: 64 },
             },
             rpc_server: "127.0.0.1:7070".parse().unwrap(),

@@ -783,8 +783,17 @@ impl MetaServer {
             ..LockHostConfig::default()
         };
         let host_area = fixed(host_config.area_bytes())?;
+        // Its ShiftLock recovery service must be reachable by clients of
+        // every fabric: on shm, it gets a mailbox on our NIC too.
+        let nic_node = match &own_fabric {
+            FabricAddr::Shm(_) => {
+                Some(Node::join_tcp_as(nic.local_addr(), TcpOptions::default(), server_credentials(&access))?)
+            }
+            _ => None,
+        };
         let lock_host =
-            LockHost::start_with(&node, host_area, host_config, authority.clone()).map_err(lock_err)?;
+            LockHost::start_on(&node, nic_node.as_ref(), host_area, host_config, authority.clone())
+                .map_err(lock_err)?;
         // The RPC range lock server, when files use it (`--range-lock rpc`).
         let range_server = match config.lock_choice.range {
             RangeAlgorithm::Rpc => Some(
@@ -1007,6 +1016,14 @@ impl MetaServer {
     /// RPCs the tree host has answered (configurations, scale-ups).
     pub fn tree_host_requests(&self) -> u64 {
         self.trees.as_ref().map_or(0, |(_, server, _)| server.requests())
+    }
+
+    /// A word of lock memory as the meta-server's CPU sees it (diagnostics
+    /// and tests: e.g. a file's Citron tree words, in a keyed cluster whose
+    /// NICs would not let a test process read them); `None` if `addr` is
+    /// not in lock memory.
+    pub fn lock_word(&self, addr: RemoteAddr) -> Option<u64> {
+        self.rpc.service().lock_word(addr)
     }
 
     /// The state of a file's hosted Citron tree, read from lock memory

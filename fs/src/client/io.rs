@@ -8,7 +8,8 @@
 //! * a write that extends the file updates the size and mtime words of its
 //!   attribute slot under the file's ALock, which the meta-server's own
 //!   threads take locally when they change those words (truncate,
-//!   fallocate, utimens).
+//!   fallocate, utimens); it gives its range lock back first, so a wait
+//!   for the ALock never counts against the range's lease.
 //!
 //! * a write that reaches past its chunk's extent (DESIGN.md §5) asks the
 //!   meta-server to move the chunk to a bigger extent, which frees the old
@@ -79,6 +80,9 @@ impl FsClient {
             &eps.locks,
         )?;
         lock.acquire(&eps.meta, mode)?;
+        if mode == Mode::Exclusive {
+            super::stop_hook::holding(super::stop_hook::Holding::InodeExclusive);
+        }
         Ok(InodeHold { lock })
     }
 
@@ -200,7 +204,20 @@ impl FsClient {
                     }
                     _ => None,
                 };
+                if range.is_some() {
+                    super::stop_hook::holding(super::stop_hook::Holding::Range);
+                }
                 let written = self.write_data(eps, ino, layout, offset, data, exclusive);
+                // The range goes back before the size is published: that
+                // may wait for the attribute ALock, up to its recovery from
+                // a failed holder (3/2 of the lock lease), which must not
+                // count against this range's own lease (a range held past
+                // it is released as Fenced, issue 12). Readers clip to the
+                // published size, so they see the new bytes only after it.
+                let released = match range {
+                    Some(r) => r.release(&eps.meta),
+                    None => Ok(()),
+                };
                 let published = written.and_then(|w| match w {
                     Written::Done(l) => {
                         let slot = l.read().slot;
@@ -208,9 +225,7 @@ impl FsClient {
                     }
                     Written::NeedsGrowth => Ok(None),
                 });
-                if let Some(r) = range {
-                    r.release(&eps.meta)?;
-                }
+                released?;
                 published
             })
         })
@@ -255,6 +270,7 @@ impl FsClient {
             &eps.locks,
         )?;
         alock.acquire(&eps.meta, Mode::Exclusive)?;
+        super::stop_hook::holding(super::stop_hook::Holding::AttrLock);
         let updated = (|| -> Result<(), FsError> {
             let current = eps.meta.read_u64(slot.size())?;
             let mut verbs = Vec::with_capacity(2);

@@ -27,6 +27,7 @@ mod io;
 mod locks;
 mod opens;
 mod renewal_priority;
+pub mod stop_hook;
 mod tuning;
 
 pub use io::WriteMode;

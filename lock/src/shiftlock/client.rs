@@ -543,7 +543,7 @@ impl ShiftLockClient {
             stall.since.elapsed()
         );
         let request = Wire::Request(RecoveryRequest::Recover { lock, era, stuck_at: stall.last });
-        if let Err(e) = ep.send(self.lock.recovery.service, &request.encode()) {
+        if let Err(e) = ep.send(self.lock.recovery.service_for(ep.addr()), &request.encode()) {
             log::warn!("ShiftLock {lock}: cannot reach the recovery service: {e}");
             return Ok(false);
         }

@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 
 use super::entry::{Entry, ExtCas, RelCnt, ENTRY_ALIGN};
 use super::message::{RecoveryReply, RecoveryRequest, Wire};
-use crate::rdma::{ClientAddr, Endpoint, Node, RdmaError, RemoteAddr};
+use crate::rdma::{ClientAddr, Endpoint, Node, NodeId, RdmaError, RemoteAddr};
 use crate::rwlock::LockError;
 
 /// The era counters: `count` 8-byte words from `base`, zero at start.
@@ -80,10 +80,29 @@ impl EraTable {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RecoveryLocator {
     pub service: ClientAddr,
+    /// The same service's mailbox on a second fabric, if it has one: a
+    /// lock host whose own fabric is shm also serves its NIC's (tcp)
+    /// clients, which cannot send to a shm mailbox (issue 12).
+    pub also: Option<ClientAddr>,
     pub eras: EraTable,
 }
 
+/// Whether a mailbox is on a shm fabric (node ids from
+/// [`NodeId::FIRST_SHM`] up) rather than a NIC's.
+fn on_shm(a: ClientAddr) -> bool {
+    a.node.0 >= NodeId::FIRST_SHM
+}
+
 impl RecoveryLocator {
+    /// The service's mailbox that a client at `me` can send to: the one on
+    /// its own kind of fabric.
+    pub fn service_for(&self, me: ClientAddr) -> ClientAddr {
+        match self.also {
+            Some(also) if on_shm(also) == on_shm(me) && on_shm(self.service) != on_shm(me) => also,
+            _ => self.service,
+        }
+    }
+
     /// The current era of `lock`'s counter.
     pub fn current_era(&self, ep: &Endpoint, lock: RemoteAddr) -> Result<u64, LockError> {
         Ok(ep.read_u64(self.eras.era_of(lock))?)
@@ -101,7 +120,8 @@ impl RecoveryLocator {
         stuck_at: RelCnt,
         timeout: Duration,
     ) -> Result<RecoveryReply, LockError> {
-        ep.send(self.service, &Wire::Request(RecoveryRequest::Recover { lock, era, stuck_at }).encode())?;
+        let request = Wire::Request(RecoveryRequest::Recover { lock, era, stuck_at });
+        ep.send(self.service_for(ep.addr()), &request.encode())?;
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let wait = deadline.saturating_duration_since(std::time::Instant::now());
@@ -135,12 +155,14 @@ struct SharedStats {
     refused: AtomicU64,
 }
 
-/// The lock host's recovery thread. Dropping it stops the thread.
+/// The lock host's recovery threads (one per fabric it serves, taking
+/// requests one at a time between them). Dropping it stops them.
 pub struct RecoveryService {
     locator: RecoveryLocator,
-    node: Node,
+    /// Each thread's node and mailbox, to stop it.
+    mailboxes: Vec<(Node, ClientAddr)>,
     stats: Arc<SharedStats>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for RecoveryService {
@@ -153,25 +175,43 @@ impl RecoveryService {
     /// Starts the service on `node` (a node of the lock-host process) for
     /// the era counters `eras`, which must be zeroed host memory.
     pub fn spawn(node: &Node, eras: EraTable) -> Result<Self, LockError> {
+        Self::spawn_on(std::slice::from_ref(node), eras)
+    }
+
+    /// [`RecoveryService::spawn`] with a mailbox on each of `nodes` (at
+    /// most two: the lock host's own fabric first, then its NIC's when
+    /// that is another), for clients of either. The threads take requests
+    /// one at a time between them, so the era check, the reset and the
+    /// era increment of one request are never interleaved with another's
+    /// (the module comment's argument needs exactly that).
+    pub fn spawn_on(nodes: &[Node], eras: EraTable) -> Result<Self, LockError> {
         if eras.count == 0 || !eras.base.is_aligned(8) {
             return Err(LockError::Misuse("an era table needs at least one 8-aligned counter"));
         }
-        let ep = node.endpoint()?;
+        if nodes.is_empty() || nodes.len() > 2 {
+            return Err(LockError::Misuse("a recovery service has one or two mailboxes"));
+        }
+        let eps = nodes.iter().map(|n| n.endpoint()).collect::<Result<Vec<_>, _>>()?;
         // Fail early if the era table is not readable host memory.
         for i in 0..eras.count {
-            ep.read_u64(eras.base + 8 * u64::from(i))?;
+            eps[0].read_u64(eras.base + 8 * u64::from(i))?;
         }
-        let locator = RecoveryLocator { service: ep.addr(), eras };
+        let locator = RecoveryLocator { service: eps[0].addr(), also: eps.get(1).map(|e| e.addr()), eras };
         let stats = Arc::new(SharedStats::default());
-        let thread = {
-            let stats = stats.clone();
-            std::thread::Builder::new()
+        let one_at_a_time = Arc::new(parking_lot::Mutex::new(()));
+        let mut mailboxes = Vec::new();
+        let mut threads = Vec::new();
+        for (node, ep) in nodes.iter().zip(eps) {
+            mailboxes.push((node.clone(), ep.addr()));
+            let (stats, one_at_a_time) = (stats.clone(), one_at_a_time.clone());
+            let thread = std::thread::Builder::new()
                 .name("shiftlock-recovery".into())
-                .spawn(move || serve(&ep, eras, &stats))
-                .map_err(|e| LockError::Host(format!("cannot start the recovery thread: {e}")))?
-        };
-        log::info!("ShiftLock recovery service at {}", locator.service);
-        Ok(Self { locator, node: node.clone(), stats, thread: Some(thread) })
+                .spawn(move || serve(&ep, eras, &stats, &one_at_a_time))
+                .map_err(|e| LockError::Host(format!("cannot start the recovery thread: {e}")))?;
+            threads.push(thread);
+        }
+        log::info!("ShiftLock recovery service at {} (also {:?})", locator.service, locator.also);
+        Ok(Self { locator, mailboxes, stats, threads })
     }
 
     pub fn locator(&self) -> RecoveryLocator {
@@ -190,24 +230,31 @@ impl RecoveryService {
 
 impl Drop for RecoveryService {
     fn drop(&mut self) {
-        let stopped = self.node.endpoint().map_err(LockError::from).and_then(|ep| {
-            Ok(ep.send(self.locator.service, &Wire::Request(RecoveryRequest::Shutdown).encode())?)
-        });
-        match stopped {
-            Ok(()) => {
-                if let Some(t) = self.thread.take() {
-                    let _ = t.join();
-                }
+        let mut stopped = true;
+        for (node, service) in &self.mailboxes {
+            let sent = node
+                .endpoint()
+                .map_err(LockError::from)
+                .and_then(|ep| Ok(ep.send(*service, &Wire::Request(RecoveryRequest::Shutdown).encode())?));
+            if let Err(e) = sent {
+                // That thread stays parked on its mailbox; it holds no lock state.
+                log::warn!("cannot stop the recovery service at {service}: {e}");
+                stopped = false;
             }
-            // The thread stays parked on its mailbox; it holds no lock state.
-            Err(e) => log::warn!("cannot stop the recovery service: {e}"),
+        }
+        if stopped {
+            for t in self.threads.drain(..) {
+                let _ = t.join();
+            }
         }
     }
 }
 
-/// The service loop: one request at a time, so the era check, the reset and
-/// the era increment of one request are never interleaved with another's.
-fn serve(ep: &Endpoint, eras: EraTable, stats: &SharedStats) {
+/// The service loop of one mailbox: one request at a time (with the other
+/// mailbox's thread too, through `one_at_a_time`), so the era check, the
+/// reset and the era increment of one request are never interleaved with
+/// another's.
+fn serve(ep: &Endpoint, eras: EraTable, stats: &SharedStats, one_at_a_time: &parking_lot::Mutex<()>) {
     loop {
         let Some(message) = ep.recv_timeout(Duration::from_secs(3600)) else { continue };
         let request = match Wire::decode(&message.payload) {
@@ -228,6 +275,7 @@ fn serve(ep: &Endpoint, eras: EraTable, stats: &SharedStats) {
                 continue;
             }
             RecoveryRequest::Recover { lock, era, stuck_at } => {
+                let _serial = one_at_a_time.lock();
                 match recover(ep, eras, lock, era, stuck_at) {
                     Ok(reply) => reply,
                     Err(e) => RecoveryReply::Refused { lock, reason: e.to_string() },
@@ -292,6 +340,18 @@ fn recover(
 mod tests {
     use super::*;
     use crate::rdma::RegionId;
+
+    #[test]
+    fn a_client_is_sent_to_the_mailbox_on_its_own_fabric() {
+        let at = |node| ClientAddr { node: NodeId(node), mailbox: crate::rdma::MailboxId(1) };
+        let eras = EraTable { base: RemoteAddr::new(RegionId(1), 4096), count: 8 };
+        let (shm, nic) = (at(NodeId::FIRST_SHM), at(1));
+        let both = RecoveryLocator { service: shm, also: Some(nic), eras };
+        assert_eq!(both.service_for(at(7)), nic, "a tcp client");
+        assert_eq!(both.service_for(at(NodeId::FIRST_SHM + 3)), shm, "a shm client");
+        let one = RecoveryLocator { service: shm, also: None, eras };
+        assert_eq!(one.service_for(at(7)), shm, "only one mailbox: that one");
+    }
 
     #[test]
     fn era_of_spreads_locks_and_stays_in_the_table() {

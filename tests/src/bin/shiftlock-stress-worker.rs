@@ -57,6 +57,7 @@ impl Spec {
                 node: NodeId(u32::try_from(f[3])?),
                 mailbox: MailboxId(u32::try_from(f[4])?),
             },
+            also: None,
             eras: EraTable { base: RemoteAddr::new(TEST_REGION, f[1]), count: u32::try_from(f[2])? },
         };
         Ok(Spec { lock: ShiftLockRef { entry: RemoteAddr::new(TEST_REGION, f[0]), recovery }, oracle: f[5] })

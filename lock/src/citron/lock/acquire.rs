@@ -7,25 +7,23 @@
 
 use std::time::{Duration, Instant};
 
-use super::recovery::{Progress, Watch};
+use super::recovery::Progress;
+use super::waits::Ancestors;
 use super::{read_words, CitronClient, HeldNode, HeldRange, PASS_TICKET};
 use crate::citron::geometry::SegmentedTree;
 use crate::citron::scale::Anchor;
-use crate::citron::tree::{level_start, Cover, NodeIndex, TreeShape};
+use crate::citron::tree::{Cover, NodeIndex, TreeShape};
 use crate::citron::tuning::{TWaitWord, WaitWindow};
-use crate::citron::word::{
-    Internal, Ticket, BOUNDARIES, COUNTER_BITS, DCNT_FIELD, DCNT_SHIFT, DMAX_FIELD, HEARTBEAT_BIT, NOTIFY,
-    OCCUPY, OCC_BIT, TAKE_TICKET,
-};
+use crate::citron::word::{Internal, Ticket, BOUNDARIES, NOTIFY, OCCUPY, TAKE_TICKET};
 use crate::rdma::{Endpoint, Verb};
 use crate::rwlock::{LockError, Mode};
 
 /// The nodes a request holds while it locks its next one.
 #[derive(Default)]
-struct Others {
-    held: Vec<HeldNode>,
+pub(super) struct Others {
+    pub(super) held: Vec<HeldNode>,
     /// It gave way while holding: start the request over once this node is done.
-    restart: bool,
+    pub(super) restart: bool,
 }
 
 /// Sleeps a random time up to `*cap` and doubles the cap (up to `max`).
@@ -123,16 +121,6 @@ enum Attempt {
     MoveTo(NodeIndex),
 }
 
-/// What Step 2(b) found.
-enum Ancestors {
-    /// No occupied ancestor; the oldest t1 (Inequation (1)).
-    Clear(Instant),
-    /// The root is superseded: a scale-up has begun (line 15).
-    Superseded,
-    /// An occupied ancestor made no progress for T_lease (§3.10).
-    Stalled(NodeIndex),
-}
-
 impl CitronClient {
     /// Locks units `[l, r)` (Algorithm 1).
     pub fn acquire(&mut self, ep: &Endpoint, l: u64, r: u64) -> Result<HeldRange, LockError> {
@@ -155,10 +143,20 @@ impl CitronClient {
     }
 
     fn acquire_until(&mut self, ep: &Endpoint, l: u64, end: RangeEnd) -> Result<HeldRange, LockError> {
+        let units_end = match end {
+            RangeEnd::At(r) => r,
+            RangeEnd::Infinite => u64::MAX,
+        };
+        if self.own.overlapping(l, units_end).is_some() {
+            return Err(LockError::Misuse(
+                "a Citron client asked for a range that overlaps one it holds (it would wait for itself)",
+            ));
+        }
         loop {
             let version = self.current.geometry.version;
             if let Some(held) = self.acquire_once(ep, l, end)? {
                 self.stats.acquisitions += 1;
+                self.own.add(l, units_end, &held.nodes);
                 return Ok(held);
             }
             // Superseded; nothing is held. Follow the new configuration
@@ -182,7 +180,11 @@ impl CitronClient {
             RangeEnd::At(r) => (r, r),
             RangeEnd::Infinite => (l.max(n) + 1, if l >= n { l + 1 } else { 0 }),
         };
-        let mut held = HeldRange { start: l, end: r, nodes: Vec::new(), spillover: false, shape };
+        let units_end = match end {
+            RangeEnd::At(r) => r,
+            RangeEnd::Infinite => u64::MAX,
+        };
+        let mut held = HeldRange { start: l, end: r, nodes: Vec::new(), units_end, spillover: false, shape };
         if r > n {
             self.spillover.acquire(ep, Mode::Exclusive)?;
             held.spillover = true;
@@ -228,16 +230,31 @@ impl CitronClient {
             }
         }
         if l < n {
-            let covers = shape.split(l, r.min(n), self.config.k);
-            match self.lock_covers(ep, shape, &covers) {
-                Ok(Some(nodes)) => held.nodes = nodes,
-                outcome => {
-                    if held.spillover {
-                        self.spillover.release(ep)?;
-                    }
-                    return outcome.map(|_| None);
+            // A cover inside an internal node this client holds for another
+            // range rides on it (see [`super::own`]): locking it would wait
+            // for ourselves in Step 2(a) or 2(b).
+            let on_time = self.on_time();
+            let mut riding: Vec<HeldNode> = Vec::new();
+            let mut covers = Vec::new();
+            for c in shape.split(l, r.min(n), self.config.k) {
+                match self.own.container(shape.key(c.node), on_time) {
+                    Some(h) if !riding.contains(h) => riding.push(h.clone()),
+                    Some(_) => {}
+                    None => covers.push(c),
                 }
             }
+            if !covers.is_empty() {
+                match self.lock_covers(ep, shape, &covers) {
+                    Ok(Some(nodes)) => held.nodes = nodes,
+                    outcome => {
+                        if held.spillover {
+                            self.spillover.release(ep)?;
+                        }
+                        return outcome.map(|_| None);
+                    }
+                }
+            }
+            held.nodes.extend(riding);
         }
         Ok(Some(held))
     }
@@ -297,7 +314,7 @@ impl CitronClient {
                         let cur = self.current.clone();
                         let addr = cur.tree.key(shape.key(leaf));
                         let mut marks = Progress::of_held(&cur.tree, held, self.tick());
-                        self.clear_dead_leaf_bits(ep, addr, leaf, &mut marks)?;
+                        self.clear_dead_leaf_bits(ep, addr, (leaf, shape.key(leaf)), &mut marks)?;
                         held.acquired_at = Instant::now();
                     }
                     return Ok(Some(others.held));
@@ -322,7 +339,7 @@ impl CitronClient {
 
     /// Before a wait: release the request's other nodes, so it never holds
     /// while waiting (see the module comment), and mark it for a restart.
-    fn yield_held(&mut self, ep: &Endpoint, others: &mut Others) -> Result<(), LockError> {
+    pub(super) fn yield_held(&mut self, ep: &Endpoint, others: &mut Others) -> Result<(), LockError> {
         if others.held.is_empty() {
             return Ok(());
         }
@@ -382,7 +399,7 @@ impl CitronClient {
                         let cur = self.current.clone();
                         let addr = cur.tree.key(shape.key(leaf));
                         let mut marks = Progress::of_held(&cur.tree, &held, self.tick());
-                        self.clear_dead_leaf_bits(ep, addr, leaf, &mut marks)?;
+                        self.clear_dead_leaf_bits(ep, addr, (leaf, shape.key(leaf)), &mut marks)?;
                         held.acquired_at = Instant::now();
                     }
                     return Ok(NodeOutcome::Held(held));
@@ -605,200 +622,5 @@ impl CitronClient {
             Self::clear_children_verbs(tree, tree.shape().index(held.key), children_taken)
         };
         self.release_nodes(ep, std::slice::from_ref(held), clear)
-    }
-
-    /// Step 2(b). Returns the oldest t1 over all ancestors, or whether the
-    /// root says the tree is being scaled up (abort, line 15).
-    fn wait_for_ancestors(
-        &mut self,
-        ep: &Endpoint,
-        tree: &SegmentedTree,
-        ancestors: &[NodeIndex],
-        others: &mut Others,
-        mut prefetched: Option<(Instant, Vec<Internal>)>,
-        floor: Option<crate::rdma::RemoteAddr>,
-    ) -> Result<Ancestors, LockError> {
-        if ancestors.is_empty() {
-            return Ok(Ancestors::Clear(Instant::now())); // the root has no ancestors
-        }
-        // t1 of each ancestor: post time of the last read finding it unoccupied.
-        let mut t1: Vec<Option<Instant>> = vec![None; ancestors.len()];
-        // ancestors[cleared..] are the ancestors of `cleared` (line 12: node).
-        let mut cleared = 0;
-        loop {
-            let (posted, words) = match prefetched.take() {
-                Some(p) => p,
-                None => {
-                    let posted = Instant::now();
-                    let verbs: Vec<Verb> =
-                        ancestors.iter().map(|&a| Verb::Read { addr: tree.node(a), len: 8 }).collect();
-                    (posted, read_words(&ep.execute(&verbs)?)?)
-                }
-            };
-            // Line 15: the root of our tree is superseded.
-            if words.last().is_some_and(|w| w.superseded()) {
-                return Ok(Ancestors::Superseded);
-            }
-            for (i, w) in words.iter().enumerate() {
-                if !w.occupied() {
-                    t1[i] = Some(posted);
-                }
-            }
-            // Line 16: the lowest occupied ancestor of `cleared`.
-            let Some(next) = (cleared..ancestors.len()).find(|&i| words[i].occupied()) else {
-                let oldest = t1.iter().flatten().min().copied();
-                return Ok(Ancestors::Clear(oldest.unwrap_or(posted)));
-            };
-            // Line 18: wait for it to be released.
-            self.yield_held(ep, others)?;
-            let addr = tree.node(ancestors[next]);
-            // Its holder's progress: TCnt, Occ, and HB while it waits.
-            let key = |w: u64| w & (super::TCNT_FIELD | OCC_BIT | HEARTBEAT_BIT);
-            let mut marks = Progress::holding(floor, &[], self.tick());
-            let released = |w: u64| !Internal(w).occupied();
-            match self.watch(ep, addr, released, key, self.stall(), &mut marks)? {
-                Watch::Done(seen) => {
-                    t1[next] = Some(seen);
-                    cleared = next + 1;
-                }
-                // §3.10: its holder may be dead; lock it ourselves (its
-                // bakery wait then recovers it, Line 11).
-                Watch::Stalled(_) => return Ok(Ancestors::Stalled(ancestors[next])),
-            }
-        }
-    }
-
-    /// The ancestors to notify: every m-th from the parent, the top m-1
-    /// levels replaced by level m-1, the parent always (§3.5.5).
-    fn notify_set(&self, shape: TreeShape, node: NodeIndex) -> Vec<NodeIndex> {
-        let level = shape.level_of(node);
-        notify_levels(level, self.config.m)
-            .into_iter()
-            .map(|lvl| {
-                let (start, _) = shape.range(node);
-                shape.node_at(lvl, start)
-            })
-            .collect()
-    }
-
-    /// Lines 35–36: `node` and its internal descendants within m levels must
-    /// have no request between notifying and releasing. One read per run of
-    /// a level in one segment (at most m(m+1)/2 after scale-ups, §3.9.1).
-    fn wait_for_descendants(
-        &mut self,
-        ep: &Endpoint,
-        tree: &SegmentedTree,
-        node: NodeIndex,
-        others: &mut Others,
-        marks: &mut Progress,
-    ) -> Result<(), LockError> {
-        let shape = tree.shape();
-        let level = shape.level_of(node);
-        let pos = node.0 - level_start(level);
-        let mut pending = Vec::new();
-        let mut runs = Vec::new();
-        for i in 0..self.config.m {
-            let lvl = level + i;
-            if lvl >= shape.depth() {
-                break; // leaves carry no counters
-            }
-            for run in tree.runs(lvl, pos << (2 * i), 1u64 << (2 * i)) {
-                runs.push((lvl, run));
-            }
-        }
-        let verbs: Vec<Verb> =
-            runs.iter().map(|(_, run)| Verb::Read { addr: run.addr, len: (8 * run.count) as u32 }).collect();
-        for ((lvl, run), r) in runs.iter().zip(ep.execute(&verbs)?) {
-            let crate::rdma::VerbReply::Data(d) = r? else {
-                return Err(LockError::Host("unexpected read reply".into()));
-            };
-            for (j, w) in d.chunks_exact(8).enumerate() {
-                let w = Internal(u64::from_le_bytes(w.try_into().expect("8 bytes")));
-                if !w.descendants_quiet() {
-                    pending.push(NodeIndex(level_start(*lvl) + run.first + j as u64));
-                }
-            }
-        }
-        if !pending.is_empty() {
-            self.yield_held(ep, others)?;
-        }
-        // §3.10, Line 36: DCnt and DMax that do not move for H·T_lease (H:
-        // our height; plus the half lease of the recovery module's margin)
-        // belong to dead clients: a live notifier that waits keeps them
-        // moving. Level DCnt with DMax.
-        let height = shape.depth() - level;
-        let stall = self.config.lease * height + self.config.lease / 2;
-        for desc in pending {
-            let addr = tree.node(desc);
-            loop {
-                let counters = |w: u64| w & (DCNT_FIELD | DMAX_FIELD);
-                match self.watch(ep, addr, |w| Internal(w).descendants_quiet(), counters, stall, marks)? {
-                    Watch::Done(_) => break,
-                    Watch::Stalled(w) => {
-                        let seen = Internal(w);
-                        log::warn!("levelling DCnt of node {} left behind by a dead client", desc.0);
-                        let field = ((1u64 << COUNTER_BITS) - 1) << DCNT_SHIFT;
-                        ep.masked_cas(addr, w, field, seen.dmax() << DCNT_SHIFT, field)?;
-                        self.stats_recovered();
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Levels of the ancestors a node on `level` notifies (§3.5.5): the parent,
-/// then every m-th ancestor above it, those in the top m-1 levels replaced by
-/// level m-1.
-pub fn notify_levels(level: u32, m: u32) -> Vec<u32> {
-    if level == 0 {
-        return Vec::new();
-    }
-    let mut out = vec![level - 1];
-    let mut raw = level - 1;
-    while raw >= m {
-        raw -= m;
-        let lvl = raw.max(m - 1);
-        if out.last() != Some(&lvl) {
-            out.push(lvl);
-        }
-        if raw < m - 1 {
-            break;
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Whatever levels Alice (at `a`) checks, `a..a+m` (internal only), she
-    /// meets one that Bob (at `b > a`) notifies: the meet-in-the-middle rule.
-    #[test]
-    fn every_ancestor_meets_a_notified_level() {
-        for m in 1..=5u32 {
-            for b in 1..=20u32 {
-                let notified = notify_levels(b, m);
-                assert_eq!(notified[0], b - 1, "the parent is always notified");
-                assert!(notified.windows(2).all(|w| w[0] > w[1]), "{notified:?}");
-                for a in 0..b {
-                    let checked = a..(a + m);
-                    assert!(
-                        notified.iter().any(|l| checked.contains(l) && *l < b),
-                        "m={m} b={b} a={a}: {notified:?} misses {checked:?}"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn top_levels_are_replaced_by_level_m_minus_1() {
-        assert_eq!(notify_levels(10, 4), vec![9, 5, 3]);
-        assert_eq!(notify_levels(8, 4), vec![7, 3]);
-        assert_eq!(notify_levels(3, 4), vec![2]);
-        assert_eq!(notify_levels(1, 4), vec![0]);
     }
 }

@@ -139,14 +139,19 @@
 //! * this file: the client's state, configuration and counters;
 //! * [`acquire`]: Algorithms 1 and 2 (§3.5, §3.8), with the no-hold-and-wait
 //!   rule across a request's nodes;
+//! * [`waits`]: Steps 2(b) and 2(d) of Algorithm 2 and the notified levels;
 //! * [`release`]: Algorithm 3 (§3.6), with lines 10–12 after scale-ups;
 //! * [`recovery`]: the lease recovery of §3.10 at the places a waiter spins;
+//! * [`own`]: what this client holds, so that a second range it asks for
+//!   never waits for its first (issue 12);
 //! * [`resize`]: scale-up (Algorithm 4, §3.9.1) and scale-down (§3.9.2).
 
 mod acquire;
+mod own;
 mod recovery;
 mod release;
 mod resize;
+mod waits;
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -162,8 +167,8 @@ use crate::rdma::arith::field_delta;
 use crate::rdma::{RemoteAddr, VerbReply};
 use crate::rwlock::{LockError, RwLockClient};
 
-pub use acquire::notify_levels;
 pub use resize::{ScaleDown, ScaleUp};
+pub use waits::notify_levels;
 
 /// The TCnt field of an internal node.
 const TCNT_FIELD: u64 = ((1 << COUNTER_BITS) - 1) << TCNT_SHIFT;
@@ -269,6 +274,9 @@ pub struct HeldRange {
     /// mutex holds all of `[N, ∞)`).
     pub end: u64,
     nodes: Vec<HeldNode>,
+    /// Where the requested units end (`u64::MAX`: to infinity), as the
+    /// client's own record has it ([`own`]).
+    units_end: u64,
     spillover: bool,
     /// The tree the range was acquired in (for [`HeldRange::nodes`]).
     shape: TreeShape,
@@ -359,6 +367,8 @@ pub struct CitronClient {
     stats: CitronStats,
     /// Recoveries made from `&self` paths; folded into `stats`.
     recoveries: Cell<u64>,
+    /// The ranges and nodes this client holds ([`own`]).
+    own: own::Own,
 }
 
 impl CitronClient {
@@ -378,6 +388,7 @@ impl CitronClient {
             max_depth: MAX_DEPTH,
             stats: CitronStats::default(),
             recoveries: Cell::new(0),
+            own: own::Own::default(),
         }
     }
 
@@ -416,6 +427,7 @@ impl CitronClient {
             max_depth: MAX_DEPTH,
             stats: CitronStats::default(),
             recoveries: Cell::new(0),
+            own: own::Own::default(),
         })
     }
 

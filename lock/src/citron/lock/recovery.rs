@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use super::{CitronClient, HeldNode, TCNT_FIELD};
 use crate::citron::geometry::SegmentedTree;
-use crate::citron::tree::NodeIndex;
+use crate::citron::tree::{NodeIndex, NodeKey};
 use crate::citron::word::{
     Internal, Ticket, BOUNDARIES, COUNTER_BITS, HEARTBEAT, HEARTBEAT_BIT, OCC_BIT, TCNT_SHIFT, TICK_BELOW,
 };
@@ -140,14 +140,19 @@ impl CitronClient {
     /// unchanged for [`CitronClient::stall`] holds a dead client's bits
     /// (every holder releases within T_lease), and only those bits are
     /// cleared, by a masked-CAS that compares them.
+    ///
+    /// Bits of this client's own held ranges (on time) are neither waited
+    /// for nor cleared ([`super::own`]).
     pub(super) fn clear_dead_leaf_bits(
         &mut self,
         ep: &Endpoint,
         addr: RemoteAddr,
-        leaf: NodeIndex,
+        (leaf, key): (NodeIndex, NodeKey),
         progress: &mut Progress,
     ) -> Result<(), LockError> {
-        let mut word = ep.read_u64(addr)?;
+        let on_time = self.on_time();
+        let others = |w: u64, own: &super::own::Own| w & !own.leaf_bits(key, on_time);
+        let mut word = others(ep.read_u64(addr)?, &self.own);
         let mut unchanged_since = Instant::now();
         while word != 0 {
             progress.due(ep)?;
@@ -159,7 +164,7 @@ impl CitronClient {
             } else {
                 std::thread::sleep(self.config.t_wait.min(self.tick() / 4));
             }
-            let now = ep.read_u64(addr)?;
+            let now = others(ep.read_u64(addr)?, &self.own);
             if now != word {
                 word = now;
                 unchanged_since = Instant::now();

@@ -73,7 +73,10 @@ impl CitronClient {
     }
 
     fn release_range(&mut self, ep: &Endpoint, held: HeldRange) -> Result<(), LockError> {
-        let result = self.release_nodes(ep, &held.nodes, Vec::new());
+        // Nodes another held range still uses (it rode on them, see
+        // [`super::own`]) stay held.
+        let free = self.own.remove(held.start, held.units_end, &held.nodes);
+        let result = self.release_nodes(ep, &free, Vec::new());
         if held.spillover {
             self.spillover.release(ep)?;
         }
