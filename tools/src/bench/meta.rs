@@ -560,7 +560,12 @@ what one call costs on {citron}-coherent{secs}s:"
     let table = rows_table(&rows);
     println!();
     table.print();
-    ratios(&rows, &citron, &targets);
+    // Each CitronFS configuration (the ones with counters) against every
+    // other file system of the run.
+    let peers: Vec<&str> = targets.iter().filter(|t| t.counters.is_none()).map(|t| t.name.as_str()).collect();
+    for t in targets.iter().filter(|t| t.counters.is_some()) {
+        ratios(&rows, &t.name, &peers);
+    }
 
     fs::create_dir_all(&args.out)?;
     let csv = args.out.join("meta.csv");
@@ -605,9 +610,8 @@ fn rows_table(rows: &[Row]) -> Table {
     table
 }
 
-/// CitronFS against every other file system of this run, row by row.
-fn ratios(rows: &[Row], citron: &str, targets: &[Target]) {
-    let others: Vec<&str> = targets.iter().map(|t| t.name.as_str()).filter(|n| *n != citron).collect();
+/// One CitronFS configuration against each of `others`, row by row.
+fn ratios(rows: &[Row], citron: &str, others: &[&str]) {
     if others.is_empty() {
         return;
     }
@@ -618,7 +622,7 @@ fn ratios(rows: &[Row], citron: &str, targets: &[Target]) {
     let mut table = Table::new(&headers);
     for r in rows.iter().filter(|r| r.fs == citron) {
         let mut cells = vec![r.processes.to_string(), r.tree.name().into(), r.phase.name().into()];
-        for o in &others {
+        for o in others {
             let peer = rows
                 .iter()
                 .find(|x| x.fs == *o && x.processes == r.processes && x.tree == r.tree && x.phase == r.phase);
