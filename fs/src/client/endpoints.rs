@@ -1,0 +1,206 @@
+//! How this client reaches server memory: joining the meta-server's and the
+//! data servers' NICs (shm, tcp or RDMA, [`Transport`]), the pool of
+//! per-thread [`Endpoints`] an operation checks out, and the data servers'
+//! endpoints that batches of verbs run on.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use citron_lock::range_lock::RangeLockSite;
+use citron_lock::rdma::{Endpoint, IbDevice, IbFabric, Node, TcpOptions, Verb, VerbCounts, VerbReply};
+
+use super::{reachable, unexpected, FsClient, Transport};
+use crate::error::FsError;
+use crate::locks::LockArea;
+use crate::proto::{DataServerInfo, MetaRequest, MetaResponse};
+use crate::types::DataServerId;
+
+/// How a server's memory can be reached, as the meta-server reported it.
+pub(super) struct ServerAddrs<'a> {
+    pub(super) nic: SocketAddr,
+    pub(super) shm: Option<&'a str>,
+    pub(super) ib: Option<SocketAddr>,
+}
+
+/// Joins a server's memory: its shm fabric when allowed and present on this
+/// host, its NIC otherwise; with [`Transport::Ib`], its RDMA control channel.
+pub(super) fn join_server(
+    server: ServerAddrs<'_>,
+    transport: Transport,
+    ib_device: Option<&IbDevice>,
+    options: TcpOptions,
+    credentials: citron_lock::rdma::NodeCredentials,
+) -> Result<Node, FsError> {
+    let ServerAddrs { nic, shm, ib } = server;
+    if transport == Transport::Ib {
+        let device = ib_device
+            .ok_or_else(|| FsError::Invalid("--transport ib needs the RDMA device of this machine".into()))?;
+        let host = ib.ok_or_else(|| {
+            FsError::Io(format!(
+                "the server at {nic} does not serve RDMA clients (start it with --ib DEVICE)"
+            ))
+        })?;
+        return Ok(Node::join_ib(&IbFabric { device: device.clone(), host }, options, credentials)?);
+    }
+    // A client made far away for a test must not take the shortcut.
+    if let (Transport::Auto, Some(name), true) = (transport, shm, options.added_rtt.is_zero()) {
+        if citron_lock::rdma::shm::fabric_dir(name).exists() {
+            match Node::join_shm_as(name, credentials.clone()) {
+                Ok(node) => return Ok(node),
+                Err(e) => log::warn!("shm fabric {name} present but unusable ({e}); using tcp"),
+            }
+        }
+    }
+    Ok(Node::join_tcp_as(nic, options, credentials)?)
+}
+
+/// The endpoints one thread uses: one to the meta-server's NIC (lock memory
+/// and attribute slots) with the state its lock handles share, and one per
+/// data server. Checked out of a pool for the duration of an operation.
+pub(super) struct Endpoints {
+    pub(super) meta: Endpoint,
+    pub(super) locks: citron_lock::lock_host::LockContext,
+    pub(super) data: HashMap<DataServerId, Endpoint>,
+}
+
+impl Endpoints {
+    pub(super) fn new(meta: Endpoint) -> Self {
+        let locks = citron_lock::lock_host::LockContext::new(&meta);
+        Self { meta, locks, data: HashMap::new() }
+    }
+}
+
+impl FsClient {
+    pub(super) fn add_data_servers(&self, servers: Vec<DataServerInfo>) -> Result<(), FsError> {
+        let options = self.tcp_options;
+        let mut nodes = self.data_nodes.write();
+        for info in servers {
+            if nodes.contains_key(&info.id) {
+                continue;
+            }
+            let meta = self.shared.rpc.server();
+            let addrs = ServerAddrs {
+                nic: reachable(info.nic, meta),
+                shm: info.shm.as_deref(),
+                ib: info.ib.map(|a| reachable(a, meta)),
+            };
+            let node = join_server(
+                addrs,
+                self.transport,
+                self.ib_device.as_ref(),
+                options,
+                self.shared.identity.node_credentials(),
+            )?;
+            nodes.insert(info.id, (info, node));
+        }
+        Ok(())
+    }
+
+    /// A lock area whose lock servers (a hosted Citron tree's host, the RPC
+    /// range server) listen on an unspecified address: reached at the IP we
+    /// reach the meta-server at.
+    pub(super) fn reachable_area(&self, mut area: LockArea) -> LockArea {
+        let meta = self.shared.rpc.server();
+        area.range = match area.range {
+            RangeLockSite::CitronHosted { tree, depth, spillover, host, instance, max_depth } => {
+                RangeLockSite::CitronHosted {
+                    tree,
+                    depth,
+                    spillover,
+                    host: reachable(host, meta),
+                    instance,
+                    max_depth,
+                }
+            }
+            RangeLockSite::Rpc { server, instance } => {
+                RangeLockSite::Rpc { server: reachable(server, meta), instance }
+            }
+            other => other,
+        };
+        area
+    }
+
+    pub(super) fn with_endpoints<R>(
+        &self,
+        f: impl FnOnce(&mut Endpoints) -> Result<R, FsError>,
+    ) -> Result<R, FsError> {
+        if self.shared.fenced() {
+            return Err(FsError::Io(
+                "this client's lease expired; it is fenced until it re-registers".into(),
+            ));
+        }
+        let mut eps = match self.pool.lock().pop() {
+            Some(e) => e,
+            None => Endpoints::new(self.meta_node.endpoint()?),
+        };
+        let result = f(&mut eps);
+        // Expected errors (a refused lock, a missing file) leave the
+        // endpoints as they were: keep them, so refusals open no connection
+        // and use up no id. Only a failure may have broken them.
+        if !result.as_ref().is_err_and(FsError::may_break_endpoints) {
+            self.pool.lock().push(eps);
+        } else {
+            let mut c = eps.meta.counts();
+            for e in eps.data.values() {
+                c += e.counts();
+            }
+            *self.retired_counts.lock() += c;
+        }
+        result
+    }
+
+    /// Runs one batch per data server; `verbs` are tagged with their server.
+    pub(super) fn execute_grouped(
+        &self,
+        eps: &mut Endpoints,
+        verbs: Vec<(DataServerId, Verb, usize)>,
+    ) -> Result<Vec<(usize, VerbReply)>, FsError> {
+        let mut by_server: HashMap<DataServerId, (Vec<Verb>, Vec<usize>)> = HashMap::new();
+        for (s, v, tag) in verbs {
+            let e = by_server.entry(s).or_default();
+            e.0.push(v);
+            e.1.push(tag);
+        }
+        let mut out = Vec::new();
+        for (server, (verbs, tags)) in by_server {
+            let ep = match eps.data.entry(server) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => e.insert(self.data_endpoint(server)?),
+            };
+            let replies = ep.execute(&verbs)?;
+            for (r, tag) in replies.into_iter().zip(tags) {
+                out.push((tag, r.map_err(|e| FsError::Io(format!("data server {}: {e}", server.0)))?));
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) fn data_endpoint(&self, server: DataServerId) -> Result<Endpoint, FsError> {
+        if let Some((_, node)) = self.data_nodes.read().get(&server) {
+            return Ok(node.endpoint()?);
+        }
+        // A data server that joined after us.
+        match self.call(&MetaRequest::DataServers)? {
+            MetaResponse::DataServers(list) => self.add_data_servers(list)?,
+            other => return Err(unexpected(other)),
+        }
+        let nodes = self.data_nodes.read();
+        let (_, node) =
+            nodes.get(&server).ok_or_else(|| FsError::Io(format!("unknown data server {}", server.0)))?;
+        Ok(node.endpoint()?)
+    }
+
+    /// Verbs issued so far by this client's I/O and lock calls (pooled and
+    /// retired endpoints; not the lock waiter thread's retries of blocked
+    /// requests).
+    pub fn verb_counts(&self) -> VerbCounts {
+        let mut c = *self.retired_counts.lock();
+        for eps in self.pool.lock().iter() {
+            c += eps.meta.counts();
+            for e in eps.data.values() {
+                c += e.counts();
+            }
+        }
+        c
+    }
+}

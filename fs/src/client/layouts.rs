@@ -1,0 +1,246 @@
+//! The chunk layouts of the files open here, cached and refetched when the
+//! attribute slot's epoch or allocation generation moves, and the data
+//! verbs that read and write chunk memory through them (Octopus's
+//! client-active I/O, DESIGN.md §5).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use citron_lock::rdma::{Verb, VerbReply};
+use parking_lot::RwLock;
+
+use super::endpoints::Endpoints;
+use super::{unexpected, FsClient};
+use crate::error::FsError;
+use crate::proto::{AttrSlot, FileLayout, MetaRequest, MetaResponse};
+use crate::types::{ChunkIndex, ChunkLoc, Ino};
+
+pub(super) struct CachedLayout {
+    pub(super) slot: AttrSlot,
+    pub(super) epoch: u64,
+    pub(super) allocs: u64,
+    pub(super) chunks: HashMap<ChunkIndex, ChunkLoc>,
+}
+
+/// A regular file's attribute slot as one read saw it (see [`AttrSlot`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SlotWords {
+    pub(super) size: u64,
+    pub(super) epoch: u64,
+    pub(super) allocs: u64,
+    pub(super) perm: u16,
+    pub(super) gid: u32,
+}
+
+/// What [`FsClient::write_data`] did.
+pub(super) enum Written {
+    Done(Arc<RwLock<CachedLayout>>),
+    /// Nothing: a chunk's extent is too small and must move to a bigger one
+    /// under the inode mutex exclusive.
+    NeedsGrowth,
+}
+
+impl FsClient {
+    /// Caches a layout fetched from the meta-server, never going back in
+    /// time: threads of this client fetch concurrently, and a fetch sent
+    /// before another thread's allocation may arrive after that thread
+    /// added its chunks to the cache. Chunks are freed only with an epoch
+    /// bump, so within one epoch the union of the cached and fetched maps is
+    /// exact up to the larger allocation generation; a fetch of an older
+    /// epoch than the cache's is stale and dropped.
+    pub(super) fn install_layout(&self, l: FileLayout) -> Arc<RwLock<CachedLayout>> {
+        let mut layouts = self.layouts.write();
+        let mut chunks: HashMap<ChunkIndex, ChunkLoc> = l.chunks.into_iter().collect();
+        let mut allocs = l.allocs;
+        if let Some(old) = layouts.get(&l.ino) {
+            let o = old.read();
+            if o.epoch > l.epoch {
+                return old.clone();
+            }
+            if o.epoch == l.epoch {
+                for (c, loc) in &o.chunks {
+                    chunks.entry(*c).or_insert(*loc);
+                }
+                allocs = allocs.max(o.allocs);
+            }
+        }
+        let cached = Arc::new(RwLock::new(CachedLayout { slot: l.slot, epoch: l.epoch, allocs, chunks }));
+        // Only open files' layouts are kept (the last release drops one).
+        if self.shared.opens.get(l.ino).is_some() {
+            layouts.insert(l.ino, cached.clone());
+        }
+        cached
+    }
+
+    pub(super) fn refresh_layout(&self, ino: Ino) -> Result<Arc<RwLock<CachedLayout>>, FsError> {
+        match self.call(&MetaRequest::Layout { ino })? {
+            MetaResponse::Layout(l) => Ok(self.install_layout(l)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub(super) fn layout(&self, ino: Ino) -> Result<Arc<RwLock<CachedLayout>>, FsError> {
+        if let Some(l) = self.layouts.read().get(&ino) {
+            return Ok(l.clone());
+        }
+        self.refresh_layout(ino)
+    }
+
+    /// Reads the slot. One verb.
+    pub(super) fn read_slot(eps: &Endpoints, slot: AttrSlot) -> Result<SlotWords, FsError> {
+        let mut b = [0u8; AttrSlot::BYTES as usize];
+        eps.meta.read(slot.0, &mut b)?;
+        let word =
+            |off: u64| u64::from_le_bytes(b[off as usize..off as usize + 8].try_into().expect("8 bytes"));
+        Ok(SlotWords {
+            size: word(AttrSlot::SIZE),
+            epoch: word(AttrSlot::EPOCH),
+            allocs: word(AttrSlot::ALLOCS),
+            perm: word(AttrSlot::PERM) as u16,
+            gid: (word(AttrSlot::PERM) >> 32) as u32,
+        })
+    }
+
+    /// The cached layout, refetched if chunks were freed (epoch) or
+    /// allocated by anyone (allocation generation) since it was taken; and
+    /// the slot as read.
+    pub(super) fn current_layout(
+        &self,
+        eps: &Endpoints,
+        ino: Ino,
+    ) -> Result<(Arc<RwLock<CachedLayout>>, SlotWords), FsError> {
+        let layout = self.layout(ino)?;
+        let (slot, epoch, allocs) = {
+            let l = layout.read();
+            (l.slot, l.epoch, l.allocs)
+        };
+        let now = Self::read_slot(eps, slot)?;
+        if now.epoch != epoch || now.allocs != allocs {
+            return Ok((self.refresh_layout(ino)?, now));
+        }
+        Ok((layout, now))
+    }
+
+    /// The size of a regular file as its slot says (one verb).
+    pub fn file_size(&self, ino: Ino) -> Result<u64, FsError> {
+        self.with_endpoints(|eps| Ok(self.current_layout(eps, ino)?.1.size))
+    }
+
+    /// Reads bytes `offset..end` (within the size) with one batch per data
+    /// server; holes, and the part of a chunk past its extent, read as
+    /// zeros. The caller holds the locks.
+    pub(super) fn read_data(
+        &self,
+        eps: &mut Endpoints,
+        layout: &Arc<RwLock<CachedLayout>>,
+        offset: u64,
+        end: u64,
+    ) -> Result<Vec<u8>, FsError> {
+        let mut buf = vec![0u8; (end - offset) as usize];
+        let pieces: Vec<_> = self.geometry.split(offset, end - offset).collect();
+        let mut verbs = Vec::new();
+        {
+            let l = layout.read();
+            for (i, p) in pieces.iter().enumerate() {
+                let Some(loc) = l.chunks.get(&p.chunk) else { continue };
+                let len = (p.offset_in_chunk + p.len).min(loc.capacity).saturating_sub(p.offset_in_chunk);
+                if len > 0 {
+                    let verb = Verb::Read { addr: loc.addr + p.offset_in_chunk, len: len as u32 };
+                    verbs.push((loc.server, verb, i));
+                }
+            }
+        }
+        for (i, reply) in self.execute_grouped(eps, verbs)? {
+            let p = pieces[i];
+            match reply {
+                VerbReply::Data(d) if d.len() as u64 <= p.len => {
+                    let at = p.buf_offset as usize;
+                    buf[at..at + d.len()].copy_from_slice(&d)
+                }
+                other => return Err(FsError::Io(format!("unexpected read reply {other:?}"))),
+            }
+        }
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset` into the chunks' extents with one batch per
+    /// data server, first giving chunks without one an extent. A chunk whose
+    /// extent is too small for the write must move to a bigger one, which
+    /// needs the inode mutex exclusive: with `may_grow` (the caller holds
+    /// it) the meta-server moves it here; without, nothing is written and
+    /// the answer is [`Written::NeedsGrowth`]. The caller holds the locks
+    /// and publishes the size and mtime.
+    pub(super) fn write_data(
+        &self,
+        eps: &mut Endpoints,
+        ino: Ino,
+        mut layout: Arc<RwLock<CachedLayout>>,
+        offset: u64,
+        data: &[u8],
+        may_grow: bool,
+    ) -> Result<Written, FsError> {
+        let pieces: Vec<_> = self.geometry.split(offset, data.len() as u64).collect();
+        let needs: Vec<(ChunkIndex, u64)> =
+            pieces.iter().map(|p| (p.chunk, p.offset_in_chunk + p.len)).collect();
+        let asks: Vec<(ChunkIndex, u64)> = {
+            let l = layout.read();
+            needs
+                .iter()
+                .copied()
+                .filter(|(c, end)| match l.chunks.get(c) {
+                    None => true,
+                    Some(loc) => may_grow && loc.capacity < *end,
+                })
+                .collect()
+        };
+        // The extents this write was given. Another thread of this client
+        // may install a layout fetched before our allocation meanwhile (it
+        // saw the allocation generation move), so they are not looked up
+        // in the cache alone.
+        let mut given: HashMap<ChunkIndex, ChunkLoc> = HashMap::new();
+        if !asks.is_empty() {
+            let request = if may_grow {
+                MetaRequest::GrowExtents { ino, chunks: asks }
+            } else {
+                MetaRequest::AllocChunks { ino, chunks: asks }
+            };
+            match self.call(&request)? {
+                MetaResponse::Chunks(locs) => {
+                    layout.write().chunks.extend(locs.iter().copied());
+                    given.extend(locs);
+                }
+                other => return Err(unexpected(other)),
+            }
+            layout = self.layout(ino)?;
+        }
+        let mut verbs = Vec::with_capacity(pieces.len());
+        let mut too_small = Vec::new();
+        {
+            let l = layout.read();
+            for (i, (p, &(chunk, end))) in pieces.iter().zip(&needs).enumerate() {
+                let loc = given
+                    .get(&chunk)
+                    .or_else(|| l.chunks.get(&chunk))
+                    .ok_or_else(|| FsError::Io("chunk vanished".into()))?;
+                if loc.capacity < end {
+                    too_small.push((chunk, end));
+                    continue;
+                }
+                let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
+                verbs.push((
+                    loc.server,
+                    Verb::Write { addr: loc.addr + p.offset_in_chunk, data: bytes.to_vec() },
+                    i,
+                ));
+            }
+        }
+        if !too_small.is_empty() {
+            if may_grow {
+                return Err(FsError::Io(format!("inode {}: extents did not grow for {too_small:?}", ino.0)));
+            }
+            return Ok(Written::NeedsGrowth);
+        }
+        self.execute_grouped(eps, verbs)?;
+        Ok(Written::Done(layout))
+    }
+}

@@ -1,0 +1,125 @@
+//! The client's lease: the heartbeat thread that renews it, registering
+//! again after it was lost (older opens and locks are gone then), fencing,
+//! and leaving the cluster (DESIGN.md §4).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use citron_lock::rdma::tcp::RpcError;
+use citron_rpc::auth::{HandshakeError, Status};
+
+use super::{answer, renewal_priority, FsClient, Shared};
+use crate::proto::{MetaRequest, MetaResponse};
+use crate::types::ClientId;
+
+impl FsClient {
+    /// How many times this client has had to register again after its
+    /// lease was lost. Opens and locks of an older registration are gone.
+    pub fn registration(&self) -> u64 {
+        self.shared.registration.load(Ordering::Relaxed)
+    }
+
+    /// Whether the client is fenced right now (lease lost or not renewed
+    /// in time): every lock and I/O call fails with EIO.
+    pub fn is_fenced(&self) -> bool {
+        self.shared.fenced()
+    }
+
+    /// A test hook: stops (`true`) or resumes renewing the lease, so a test
+    /// gets this client fenced and registered again while its other
+    /// threads go on (as a mount cut off from the network and back).
+    #[doc(hidden)]
+    pub fn pause_lease_renewal(&self, paused: bool) {
+        // Relaxed: a flag the heartbeat thread polls; nothing is published
+        // with it.
+        self.shared.renewal_paused.store(paused, Ordering::Relaxed);
+    }
+}
+
+pub(super) fn heartbeat_loop(shared: &Shared) {
+    renewal_priority::raise_calling_thread();
+    let tick = (shared.lease / 4).max(Duration::from_millis(10));
+    let mut last = std::time::Instant::now();
+    while !shared.stop.load(Ordering::Relaxed) {
+        // Short naps, so dropping the client does not wait a whole tick.
+        std::thread::sleep(Duration::from_millis(20).min(tick));
+        if last.elapsed() < tick || shared.renewal_paused.load(Ordering::Relaxed) {
+            continue;
+        }
+        last = std::time::Instant::now();
+        let sent = last;
+        let client = ClientId(shared.client.load(Ordering::Relaxed));
+        match shared.call(&MetaRequest::Heartbeat { client }) {
+            Ok(MetaResponse::Done) => *shared.renewed.lock() = sent,
+            Ok(MetaResponse::Failed(_))
+            | Err(RpcError::Handshake(HandshakeError::Refused(Status::NotAdmitted))) => {
+                log::warn!("lease of client {} lost", client.0);
+                shared.fenced.store(true, Ordering::Relaxed);
+                shared.identity.registering(&shared.rpc);
+                let again = shared.call(&MetaRequest::RegisterClient {
+                    hostname: shared.hostname.clone(),
+                    pid: std::process::id(),
+                });
+                let registered = match again {
+                    Ok(MetaResponse::Registered(info)) => {
+                        match shared.identity.registered(&shared.rpc, &info) {
+                            Ok(()) => Some(info),
+                            Err(e) => {
+                                log::warn!("cannot use the new registration: {e}");
+                                None
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some(info) = registered {
+                    shared.client.store(info.client.0, Ordering::Relaxed);
+                    let now = shared.registration.fetch_add(1, Ordering::Relaxed) + 1;
+                    shared.opens.drop_older_than(now);
+                    *shared.renewed.lock() = sent;
+                    shared.fenced.store(false, Ordering::Relaxed);
+                    log::warn!("re-registered as client {}", info.client.0);
+                }
+            }
+            Ok(other) => log::warn!("unexpected heartbeat answer {other:?}"),
+            Err(e) => log::warn!("heartbeat failed: {e}"),
+        }
+    }
+}
+
+impl FsClient {
+    /// Leaves the cluster ahead of the client's drop (a mount going away):
+    /// lock requests still blocked are answered with an error (EIO), and the
+    /// meta-server is told this client leaves, so it removes the client's
+    /// lock records and opens now (waking whoever waits for them) instead
+    /// of a lease later. Calls after this fail. Idempotent.
+    pub fn shutdown(&self) {
+        if let Some(w) = &self.waiters {
+            w.shutdown();
+        }
+        if self.shared.stop.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        if !self.shared.fenced() {
+            let client = ClientId(self.shared.client.load(Ordering::Relaxed));
+            match answer(self.shared.call(&MetaRequest::ClientLeaves { client })) {
+                Ok(_) => log::info!("client {} left the cluster", client.0),
+                Err(e) => log::warn!("cannot tell the meta-server that client {} leaves: {e}", client.0),
+            }
+        }
+        self.shared.fenced.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for FsClient {
+    fn drop(&mut self) {
+        self.shutdown();
+        self.waiters.take();
+        if let Some(h) = self.heartbeat.take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.tuning.take() {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Metadata operations: RPCs to the meta-server (lookups, attributes,
+//! directory entries, links, renames, extended attributes), and the
+//! coherent caching grants a mount may ask for with them (meta-server
+//! `grants`).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{granted, unexpected, FsClient};
+use crate::error::FsError;
+use crate::proto::{Grant, Invalidation, MetaRequest, MetaResponse, RenameMode, XattrMode};
+use crate::types::{Attr, Caller, DirEntry, FileKind, FsStats, Ino};
+
+impl FsClient {
+    /// From now on the kernel of this client's mount caches what the
+    /// meta-server grants, for `ttl` (zero: nothing). Whoever sets it must
+    /// run an invalidation thread ([`FsClient::await_invalidations`]), or
+    /// every change elsewhere of what it was granted waits out the grant.
+    pub fn set_caching(&self, ttl: Duration) {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.shared.caching_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The grant TTL this client asks for (zero: it does not cache).
+    pub fn caching(&self) -> Duration {
+        Duration::from_millis(self.shared.caching_ms.load(Ordering::Relaxed))
+    }
+
+    /// A lookup, and what of its answer the kernel may cache (nothing
+    /// unless [`FsClient::set_caching`]).
+    pub fn lookup_granted(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(Attr, Grant), FsError> {
+        granted(self.call(&MetaRequest::Lookup { caller, parent, name: name.to_vec() })?)
+    }
+
+    /// A getattr, and whether the kernel may cache its answer.
+    pub fn getattr_granted(&self, ino: Ino) -> Result<(Attr, Grant), FsError> {
+        granted(self.call(&MetaRequest::GetAttr { ino })?)
+    }
+
+    /// The long poll of the mount's invalidation thread: acknowledges the
+    /// invalidations up to `acked` (the kernel has dropped what they name)
+    /// and answers newer ones as soon as there are some (or none, after a
+    /// while), with the number to acknowledge next. Numbers start again
+    /// at zero for a new registration ([`FsClient::client_id`]).
+    pub fn await_invalidations(&self, acked: u64) -> Result<(u64, Vec<Invalidation>), FsError> {
+        let request = MetaRequest::AwaitInvalidations { client: self.client_id(), acked };
+        match self.call_plain(&request)? {
+            MetaResponse::Invalidations { through, items } => Ok((through, items)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Whether the client has left the cluster ([`FsClient::shutdown`]).
+    pub fn is_shut_down(&self) -> bool {
+        self.shared.stop.load(Ordering::Relaxed)
+    }
+
+    pub fn lookup(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<Attr, FsError> {
+        self.call_attr(&MetaRequest::Lookup { caller, parent, name: name.to_vec() })
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr, FsError> {
+        self.call_attr(&MetaRequest::GetAttr { ino })
+    }
+
+    pub fn create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        perm: u16,
+        rdev: u32,
+    ) -> Result<Attr, FsError> {
+        self.call_attr(&MetaRequest::Create { caller, parent, name: name.to_vec(), kind, perm, rdev })
+    }
+
+    pub fn symlink(&self, caller: Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, FsError> {
+        self.call_attr(&MetaRequest::Symlink { caller, parent, name: name.to_vec(), target: target.to_vec() })
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, FsError> {
+        match self.call(&MetaRequest::ReadLink { ino })? {
+            MetaResponse::Target(t) => Ok(t),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn link(&self, caller: Caller, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr, FsError> {
+        self.call_attr(&MetaRequest::Link { caller, ino, new_parent, new_name: new_name.to_vec() })
+    }
+
+    pub fn unlink(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::Unlink { caller, parent, name: name.to_vec() })
+    }
+
+    pub fn rmdir(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::Rmdir { caller, parent, name: name.to_vec() })
+    }
+
+    pub fn rename(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: RenameMode,
+    ) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::Rename {
+            caller,
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            flags,
+        })
+    }
+
+    /// Entries after cookie `after` (0: from the start).
+    pub fn readdir(&self, caller: Caller, ino: Ino, after: u64, max: u32) -> Result<Vec<DirEntry>, FsError> {
+        match self.call(&MetaRequest::ReadDir { caller, ino, after, max })? {
+            MetaResponse::Entries(e) => Ok(e),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn statfs(&self) -> Result<FsStats, FsError> {
+        match self.call(&MetaRequest::StatFs)? {
+            MetaResponse::Stats(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn set_xattr(
+        &self,
+        caller: Caller,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::SetXattr {
+            caller,
+            ino,
+            name: name.to_vec(),
+            value: value.to_vec(),
+            mode,
+        })
+    }
+
+    pub fn get_xattr(&self, caller: Caller, ino: Ino, name: &[u8]) -> Result<Vec<u8>, FsError> {
+        match self.call(&MetaRequest::GetXattr { caller, ino, name: name.to_vec() })? {
+            MetaResponse::Xattr(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn list_xattr(&self, caller: Caller, ino: Ino) -> Result<Vec<Vec<u8>>, FsError> {
+        match self.call(&MetaRequest::ListXattr { caller, ino })? {
+            MetaResponse::XattrNames(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn remove_xattr(&self, caller: Caller, ino: Ino, name: &[u8]) -> Result<(), FsError> {
+        self.call_done(&MetaRequest::RemoveXattr { caller, ino, name: name.to_vec() })
+    }
+}

@@ -1,0 +1,138 @@
+//! Opening and releasing regular files: an open is counted by the
+//! meta-server and lends the file's lock memory and layout; the last
+//! release here gives them back ([`opens`](super::opens)).
+
+use super::{opens, unexpected, FsClient, Opened, RELEASE_WAIT};
+use crate::error::FsError;
+use crate::proto::{FileLayout, MetaRequest, MetaResponse};
+use crate::types::{Attr, Caller, Ino};
+
+impl FsClient {
+    /// Opens a regular file for reading and writing as root (counted by the
+    /// meta-server until [`FsClient::release`]); the answer lends the
+    /// file's lock memory.
+    pub fn open(&self, ino: Ino) -> Result<(), FsError> {
+        self.open_as(Caller::ROOT, ino, libc::O_RDWR)
+    }
+
+    /// Opens a regular file for I/O as `caller` with open(2) `flags` (the
+    /// meta-server checks the caller may).
+    pub fn open_as(&self, caller: Caller, ino: Ino, flags: i32) -> Result<(), FsError> {
+        self.shared.opens.with_entry(ino, |e| {
+            let registration = self.registration();
+            match self.call(&MetaRequest::Open { caller, client: self.client_id(), ino, flags })? {
+                MetaResponse::Layout(l) => {
+                    self.count_open(e, registration, &l);
+                    self.install_layout(l);
+                    Ok(())
+                }
+                other => Err(unexpected(other)),
+            }
+        })
+    }
+
+    /// Creates a regular file and opens it for I/O, in one round trip;
+    /// [`FsError::Exists`] if the name exists (`O_CREAT | O_EXCL`).
+    pub fn create_open(&self, caller: Caller, parent: Ino, name: &[u8], perm: u16) -> Result<Attr, FsError> {
+        let opened = self.create_or_open(caller, parent, name, perm, true)?;
+        debug_assert!(opened.created);
+        Ok(opened.attr)
+    }
+
+    /// `O_CREAT` without `O_EXCL`: creates a regular file, or opens the
+    /// regular file of that name if there is one, in one round trip
+    /// (counted by the meta-server until [`FsClient::release`]). Whoever
+    /// opens an existing file checks the caller's access to it itself.
+    pub fn open_or_create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+    ) -> Result<Opened, FsError> {
+        self.create_or_open(caller, parent, name, perm, false)
+    }
+
+    pub(super) fn create_or_open(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        perm: u16,
+        exclusive: bool,
+    ) -> Result<Opened, FsError> {
+        let client = self.client_id();
+        let registration = self.registration();
+        let request =
+            MetaRequest::CreateOpen { caller, client, parent, name: name.to_vec(), perm, exclusive };
+        let (attr, layout, created) = match self.call(&request)? {
+            MetaResponse::Opened(attr, layout) => (attr, layout, true),
+            MetaResponse::OpenedExisting(attr, layout) => (attr, layout, false),
+            other => return Err(unexpected(other)),
+        };
+        self.shared.opens.with_entry(attr.ino, |e| self.count_open(e, registration, &layout));
+        self.install_layout(layout);
+        Ok(Opened { attr, created })
+    }
+
+    /// Records an open the meta-server counted, and the lock memory it lent.
+    pub(super) fn count_open(&self, e: &mut opens::OpenFile, registration: u64, l: &FileLayout) {
+        if e.registration != registration {
+            // Opens of an older registration died with it.
+            e.reset(false);
+        }
+        e.registration = registration;
+        e.count += 1;
+        let area = l.locks.map(|a| self.reachable_area(a));
+        if e.area != area {
+            e.table = None;
+        }
+        e.area = area;
+    }
+
+    /// Ends one open of `ino`. Only the last one here reaches the
+    /// meta-server, handing back every open of the file this client made
+    /// (the meta-server needs to know whether a client has a file open, not
+    /// how often: grants, lock memory and an unlinked file's data all
+    /// follow the last close). It first stops every use of the file's lock
+    /// memory ([`opens`]): its blocked lock requests are cancelled and its
+    /// addresses forgotten before the meta-server, which may then reuse the
+    /// memory, hears of the release.
+    pub fn release(&self, ino: Ino) -> Result<(), FsError> {
+        let current = self.registration();
+        let Some(entry) = self.shared.opens.get(ino) else {
+            return self.call_done(&MetaRequest::Release { client: self.client_id(), ino, opens: 1 });
+        };
+        let mut e = entry.lock();
+        if e.closed || e.registration != current {
+            // The meta-server dropped it with an older registration.
+            return Ok(());
+        }
+        if e.count > 1 {
+            e.count -= 1;
+            e.deferred += 1;
+            return Ok(());
+        }
+        // Calls still using the addresses end first (a lock request of a
+        // process the kernel abandoned may be running on another worker),
+        // then the waits they may have handed to the waiter thread go.
+        if !entry.wait_unpinned(&mut e, RELEASE_WAIT) {
+            log::error!("inode {}: calls still use its lock memory after {RELEASE_WAIT:?}", ino.0);
+        }
+        if let Some(w) = self.waiters.as_ref() {
+            w.cancel_file(ino);
+        }
+        let opens = e.deferred + 1;
+        e.reset(true);
+        self.shared.opens.forget(ino, &entry);
+        self.layouts.write().remove(&ino);
+        // Still holding the entry: an open of the file by another thread
+        // reaches the meta-server after this release.
+        self.call_done(&MetaRequest::Release { client: self.client_id(), ino, opens })
+    }
+
+    /// Files open on this client (each counted once).
+    pub fn open_files(&self) -> usize {
+        self.shared.opens.len()
+    }
+}
