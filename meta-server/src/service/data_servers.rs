@@ -1,0 +1,145 @@
+//! The data servers as the meta-server sees them: registering one, losing
+//! one that stopped answering (the prober), and the calls the meta-server
+//! makes on their memory (zeroing freed extents, filling new ones).
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use citron_lock::rdma::RegionId;
+use citronfs_core::proto::{DataServerInfo, MetaResponse};
+use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId, Ino};
+use citronfs_core::FsError;
+
+use crate::access::Placed;
+use crate::data_link::DataServerLink;
+use crate::namespace::{ExtentPlan, Namespace, ZeroRange};
+
+use super::{server_credentials, MetaService};
+
+impl MetaService {
+    pub(super) fn link(&self, server: DataServerId) -> Result<Arc<DataServerLink>, FsError> {
+        let links = self.data_servers.lock();
+        links
+            .iter()
+            .find(|l| l.info.id == server)
+            .cloned()
+            .ok_or_else(|| FsError::Io(format!("unknown data server {}", server.0)))
+    }
+
+    pub(super) fn zero(&self, ranges: &[ZeroRange]) -> Result<(), FsError> {
+        for r in ranges {
+            self.link(r.loc.server)?.zero(r.loc.addr + r.offset_in_chunk, r.len)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn register_data_server(
+        &self,
+        nic: SocketAddr,
+        shm: Option<String>,
+        ib: Option<SocketAddr>,
+        region: u32,
+        capacity: u64,
+    ) -> Result<MetaResponse, FsError> {
+        let mut links = self.data_servers.lock();
+        let id = DataServerId(self.next_data_server.fetch_add(1, Ordering::Relaxed) as u32);
+        let credentials = server_credentials(&self.access);
+        let link =
+            DataServerLink::connect(DataServerInfo { id, nic, shm, ib }, RegionId(region), credentials)?;
+        self.access.add_data_server(id, nic);
+        self.ns.lock().extents.add_server(id, RegionId(region), capacity, link.discard());
+        links.push(Arc::new(link));
+        log::info!("data server {} at {nic}: {capacity} bytes", id.0);
+        Ok(MetaResponse::DataServerRegistered(id))
+    }
+
+    /// Data server `id` is gone (it left, or stopped answering), and the
+    /// file data in its memory with it. New extents go to the others; files
+    /// that had extents there keep their names and attributes, and opening
+    /// them or doing I/O answers EIO (their epochs change, so clients with
+    /// a layout refetch it and learn); truncating or removing them works.
+    pub(super) fn lose_data_server(&self, id: DataServerId, why: &str) {
+        let gone = {
+            let mut links = self.data_servers.lock();
+            let before = links.len();
+            links.retain(|l| l.info.id != id);
+            links.len() < before
+        };
+        if gone {
+            let files = self.ns.lock().lose_data_server(id);
+            log::warn!("data server {} is gone ({why}): {files} files lost data on it", id.0);
+        }
+    }
+
+    /// Probes every data server through its NIC ([`DataServerLink::probe`]).
+    /// A server that has not answered for a whole lease is lost
+    /// ([`MetaService::lose_data_server`]): the lease is the bound a busy
+    /// machine gets before anyone is declared dead, as for clients. Clients
+    /// reaching it over tcp see errors before that; clients on its shm
+    /// fabric learn from the epochs.
+    pub(super) fn probe_data_servers(&self) {
+        let links = self.data_servers.lock().clone();
+        let wait = (self.lease / 4).max(Duration::from_millis(100));
+        for link in links {
+            if link.probe(wait, self.lease) {
+                self.lose_data_server(link.info.id, "it stopped answering for a lease");
+            }
+        }
+    }
+
+    /// Takes extents with `plan` (under the namespace lock), fills them
+    /// outside it (zeroes old bytes, copies a moving chunk) and commits them.
+    /// When the data servers are full, orphans still in their grace are
+    /// freed at once and the plan is tried again: no wait, no quarantine.
+    pub(super) fn with_extents(
+        &self,
+        ino: Ino,
+        plan: impl Fn(&mut Namespace) -> Result<ExtentPlan, FsError>,
+    ) -> Result<Vec<(ChunkIndex, ChunkLoc)>, FsError> {
+        let plan = {
+            let mut ns = self.ns.lock();
+            ns.sweep_orphans();
+            match plan(&mut ns) {
+                Err(FsError::NoSpace) if ns.free_orphans_now() => plan(&mut ns)?,
+                other => other?,
+            }
+        };
+        if let Err(e) = self.fill(&plan) {
+            log::error!("preparing extents of inode {}: {e}", ino.0);
+            self.ns.lock().abandon_extents(plan);
+            return Err(e);
+        }
+        let mut ns = self.ns.lock();
+        let chunks = ns.commit_extents(plan)?;
+        if self.access.enforcing() {
+            // Openers gain the new extents and lose a moved chunk's old one.
+            let memory = ns.file_memory(ino);
+            drop(ns);
+            self.access.file_changed(ino, memory);
+        }
+        Ok(chunks)
+    }
+
+    /// Makes a plan's new extents ready for clients: a moving chunk's bytes
+    /// copied, memory that may hold old bytes zeroed. Memory that held
+    /// another file's bytes may still be granted to its former openers, so
+    /// first nobody keeps a grant on it, as its NIC confirms (one round trip
+    /// per data server, and only in a keyed cluster).
+    pub(super) fn fill(&self, plan: &ExtentPlan) -> Result<(), FsError> {
+        let reused: Vec<Placed> =
+            plan.steps.iter().filter(|s| s.zero).map(|s| crate::namespace::extent_memory(s.new)).collect();
+        self.access.revoke_everyone(&reused).map_err(|e| FsError::Io(e.to_string()))?;
+        for step in &plan.steps {
+            let dest = self.link(step.new.server)?;
+            if let Some(old) = step.old {
+                self.link(old.server)?.copy(old.addr, step.copy, &dest, step.new.addr)?;
+            }
+            if step.zero && step.copy < step.new.capacity {
+                dest.zero(step.new.addr + step.copy, step.new.capacity - step.copy)?;
+            }
+        }
+        Ok(())
+    }
+}

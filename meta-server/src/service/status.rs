@@ -1,0 +1,97 @@
+//! What `citronfs status` shows: the cluster's clients, data servers, files
+//! and lock memory, gathered from the meta-server's state.
+
+use std::time::Instant;
+
+use citronfs_core::proto::DataServerInfo;
+use citronfs_core::status::{
+    ClientStatus, ClusterStatus, DataServerStatus, FileStatus, LockMemoryStatus, ReclaimStatus,
+};
+
+use super::MetaService;
+
+impl MetaService {
+    /// The cluster as `citronfs status` shows it.
+    pub(super) fn status(&self) -> ClusterStatus {
+        let (space, counts, usage, by_client, areas_in_use) = {
+            let ns = self.ns.lock();
+            (
+                ns.extents.servers(),
+                ns.file_counts(),
+                ns.lock_usage(),
+                ns.opens_by_client(),
+                ns.lock_memory_in_use(),
+            )
+        };
+        let infos: Vec<DataServerInfo> = self.data_servers.lock().iter().map(|l| l.info.clone()).collect();
+        let data_servers = space
+            .iter()
+            .filter_map(|s| {
+                let info = infos.iter().find(|i| i.id == s.id)?;
+                Some(DataServerStatus {
+                    id: s.id,
+                    nic: info.nic,
+                    shm: info.shm.clone(),
+                    capacity: s.capacity,
+                    used: s.capacity - s.free,
+                    free: s.free,
+                    extents: s.extents,
+                    largest_free: s.largest_free,
+                })
+            })
+            .collect();
+        let trees_in_use = self.trees_in_use();
+        let now = Instant::now();
+        let mut clients: Vec<ClientStatus> = self
+            .clients
+            .lock()
+            .iter()
+            .map(|(id, l)| ClientStatus {
+                id: *id,
+                hostname: l.hostname.clone(),
+                pid: l.pid,
+                renewed_ms_ago: now.duration_since(l.renewed).as_millis() as u64,
+                lease_ms: self.lease.as_millis() as u64,
+                opens: by_client.get(id).copied().unwrap_or(0),
+            })
+            .collect();
+        clients.sort_by_key(|c| c.id);
+        let r = self.reclaim.stats();
+        ClusterStatus {
+            chunk_size: self.chunk_size,
+            data_servers,
+            files: FileStatus {
+                inodes: counts.inodes,
+                regular_files: counts.regular_files,
+                open_files: counts.open_files,
+                opens: counts.opens,
+                max_files: counts.max_files,
+                allocated: counts.allocated,
+            },
+            lock_memory: LockMemoryStatus {
+                in_use: areas_in_use + trees_in_use,
+                limit: self.lock_bytes,
+                files: usage.files,
+                peak_files: usage.peak_files,
+                refused_opens: usage.refused_opens,
+                areas_in_use,
+                areas: usage.area_bytes,
+                trees_in_use,
+                trees: self.tree_bytes,
+            },
+            clients,
+            reclaim: ReclaimStatus {
+                fences: r.fences,
+                revoked: r.revoked,
+                lock_memory_frees: r.lock_memory_frees,
+                extent_frees: r.extent_frees,
+                extent_bytes_freed: r.extent_bytes_freed,
+            },
+        }
+    }
+
+    /// Bytes of the tree host's arena in use.
+    pub(super) fn trees_in_use(&self) -> u64 {
+        self.trees.as_ref().map_or(0, |h| self.tree_bytes.saturating_sub(h.free_bytes()))
+    }
+}
