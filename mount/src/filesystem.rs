@@ -1,0 +1,537 @@
+//! The FUSE requests: `impl Filesystem for CitronFuse`, each request one
+//! call of [`FsClient`] answered with its errno ([`crate::errno`]): entries
+//! and attributes, files and their I/O, directories, extended attributes
+//! and locks.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Instant, SystemTime};
+
+use citronfs_core::client::WriteMode;
+use citronfs_core::locks::LockMode;
+use citronfs_core::proto::{RenameMode, XattrMode};
+use citronfs_core::types::{FileKind, Ino, SetAttr, Timestamp};
+use fuser::{
+    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::locking::lock;
+use crate::{
+    access, caller, data, done, errno, file_type, fuse_attr, kind_of_mode, name, setid, time, CitronFuse,
+    FuseOp, LOCKS_XATTR, META_XATTR, READDIR_PAGE,
+};
+
+impl Filesystem for CitronFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Bigger writes: fewer round trips per MiB.
+        let _ = config.set_max_write(1 << 20);
+        // Shared writable mappings of files opened with direct I/O (kernel
+        // >= 6.6); kept coherent across mounts through locks (`coherence`).
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+            log::warn!("the kernel does not offer {missing:?}: shared writable mappings fail with ENODEV");
+        }
+        // Without these the kernel keeps fcntl and flock locks node-local
+        // and the file system would silently not be distributed.
+        config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS).map_err(
+            |missing| {
+                std::io::Error::other(format!(
+                    "the kernel does not offer {missing:?}: locks would stay local to this node"
+                ))
+            },
+        )?;
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
+        self.requests.count(FuseOp::Lookup);
+        if self.options.cache_ttl.is_zero() {
+            return self.entry(reply, self.client.lookup(caller(req), Ino(parent.0), name(n)));
+        }
+        let (sent, before) = (Instant::now(), self.invalidations.epochs().all());
+        match self.client.lookup_granted(caller(req), Ino(parent.0), name(n)) {
+            Ok((a, grant)) => {
+                let ttl = self.granted_ttl(sent, before, self.invalidations.epochs().all());
+                let entry_ttl = if grant.entry { ttl } else { self.options.attr_ttl };
+                let attr_ttl = if grant.attr { ttl } else { self.options.attr_ttl };
+                reply.entry_with_ttls(&attr_ttl, &entry_ttl, &fuse_attr(&a), Generation(0))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.requests.count(FuseOp::GetAttr);
+        if self.options.cache_ttl.is_zero() {
+            return match self.client.getattr(Ino(ino.0)) {
+                Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            };
+        }
+        let epochs = self.invalidations.epochs();
+        let (sent, before) = (Instant::now(), epochs.of(Ino(ino.0)));
+        match self.client.getattr_granted(Ino(ino.0)) {
+            Ok((a, grant)) => {
+                let ttl = match grant.attr {
+                    true => self.granted_ttl(sent, before, epochs.of(Ino(ino.0))),
+                    false => self.options.attr_ttl,
+                };
+                reply.attr(&ttl, &fuse_attr(&a))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        self.requests.count(FuseOp::SetAttr);
+        let set = SetAttr {
+            perm: mode.map(|m| (m & 0o7777) as u16),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time),
+            mtime: mtime.map(time),
+            ctime: ctime.map(Timestamp::from),
+        };
+        let (who, ino) = (caller(req), Ino(ino.0));
+        let sgid = setid::SgidCheck::before(size, uid, gid, || self.client.getattr(ino).ok());
+        let r = self.client.setattr(who, ino, set).and_then(|a| {
+            let creds = || access::Credentials::of(req.pid(), req.uid(), req.gid());
+            match sgid.after(&a, req.gid(), creds) {
+                Some(perm) => {
+                    self.client.setattr(who, ino, SetAttr { perm: Some(perm), ..SetAttr::default() })
+                }
+                None => Ok(a),
+            }
+        });
+        match r {
+            Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.requests.count(FuseOp::ReadLink);
+        data(reply, self.client.readlink(Ino(ino.0)))
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        self.requests.count(FuseOp::Mknod);
+        let r = kind_of_mode(mode).and_then(|kind| {
+            let perm = (mode & !umask & 0o7777) as u16;
+            self.client.create(caller(req), Ino(parent.0), name(n), kind, perm, rdev)
+        });
+        self.entry(reply, r)
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        self.requests.count(FuseOp::Mkdir);
+        let perm = (mode & !umask & 0o7777) as u16;
+        self.entry(reply, self.client.create(caller(req), Ino(parent.0), name(n), FileKind::Dir, perm, 0))
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::Unlink);
+        done(reply, self.client.unlink(caller(req), Ino(parent.0), name(n)))
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::Rmdir);
+        done(reply, self.client.rmdir(caller(req), Ino(parent.0), name(n)))
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
+        self.requests.count(FuseOp::Symlink);
+        let target = target.as_os_str().as_bytes();
+        self.entry(reply, self.client.symlink(caller(req), Ino(parent.0), name(link), target))
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.requests.count(FuseOp::Rename);
+        let mode = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            RenameMode::Exchange
+        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            RenameMode::NoReplace
+        } else if flags.is_empty() {
+            RenameMode::Replace
+        } else {
+            return reply.error(Errno::EINVAL);
+        };
+        done(
+            reply,
+            self.client.rename(caller(req), Ino(parent.0), name(n), Ino(newparent.0), name(newname), mode),
+        )
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        self.requests.count(FuseOp::Link);
+        self.entry(reply, self.client.link(caller(req), Ino(ino.0), Ino(newparent.0), name(newname)))
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.requests.count(FuseOp::Open);
+        // One round trip: the meta-server's Open refuses directories (EISDIR)
+        // itself, and the kernel opens devices, fifos and sockets without us.
+        match self.open_fh(caller(req), Ino(ino.0), flags.0) {
+            Ok(fh) => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.requests.count(FuseOp::Read);
+        if let Err(e) = self.check_handle(fh) {
+            return reply.error(e);
+        }
+        if lock_owner.is_none() {
+            // Direct reads carry the caller's lock owner; page-cache reads
+            // (a fault of a mapping) do not.
+            self.coherence.cached(Ino(ino.0));
+        }
+        data(reply, self.client.read(Ino(ino.0), offset, size))
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        self.requests.count(FuseOp::Write);
+        let append = match self.check_handle(fh) {
+            Ok(a) => a,
+            Err(e) => return reply.error(e),
+        };
+        if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
+            self.coherence.cached(Ino(ino.0)); // written back from a mapping
+        }
+        // The kernel sets this on every direct write by a process without
+        // CAP_FSETID and clears nothing itself (see `setid`).
+        let groups = || setid::groups_of(req.pid(), req.uid(), req.gid());
+        let unprivileged = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let how =
+            WriteMode { append, unprivileged: unprivileged.then_some(&groups as &dyn Fn() -> Vec<u32>) };
+        match self.client.write_as(Ino(ino.0), offset, data, how) {
+            Ok(_) => reply.written(data.len() as u32),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, owner: LockOwner, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::Flush);
+        // Data is in the data servers' memory when `write` answers. A close
+        // by a POSIX lock owner releases all its locks on the file.
+        done(reply, self.client.release_owner_locks(Ino(ino.0), citronfs_core::locks::LockOwner(owner.0)))
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Counted once done (the others as they arrive): the kernel sends a
+        // release after close(2) returns, and whoever counts waits for it.
+        let _counted = self.requests.on_drop(FuseOp::Release);
+        let open = self.open_files.lock().remove(&fh.0);
+        self.posix_owners.lock().remove(&fh.0);
+        match open {
+            Some(f) => {
+                self.coherence.released(f.ino);
+                // The last close of an open file: its OFD and flock locks go.
+                let unlocked = self.client.release_handle_locks(f.ino, fh.0);
+                if let Err(e) = &unlocked {
+                    log::warn!("releasing the locks of handle {} of inode {}: {e}", fh.0, f.ino.0);
+                }
+                let released = if f.registration == self.client.registration() {
+                    self.client.release(f.ino)
+                } else {
+                    Ok(()) // the meta-server dropped this open with the old registration
+                };
+                done(reply, unlocked.and(released))
+            }
+            None => reply.ok(),
+        }
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::Fsync);
+        reply.ok()
+    }
+
+    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        self.requests.count(FuseOp::ReadDir);
+        let mut after = offset;
+        loop {
+            let page = match self.client.readdir(caller(req), Ino(ino.0), after, READDIR_PAGE) {
+                Ok(p) => p,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            // A short page is the directory's end: asking again would only
+            // cost a round trip for an empty one.
+            let last = page.len() < READDIR_PAGE as usize;
+            for e in page {
+                if reply.add(INodeNo(e.ino.0), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name)) {
+                    return reply.ok();
+                }
+                after = e.cookie;
+            }
+            if last {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.requests.count(FuseOp::StatFs);
+        match self.client.statfs() {
+            Ok(s) => {
+                let (blocks, free) = (s.total_bytes / 4096, s.free_bytes / 4096);
+                let free_inodes = s.max_inodes.saturating_sub(s.inodes);
+                reply.statfs(blocks, free, free, s.max_inodes, free_inodes, 4096, 255, 4096)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        n: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        self.requests.count(FuseOp::SetXattr);
+        let mode = match flags {
+            0 => XattrMode::Any,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        done(reply, self.client.set_xattr(caller(req), Ino(ino.0), name(n), value, mode))
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
+        self.requests.count(FuseOp::GetXattr);
+        let value = if name(n) == LOCKS_XATTR.as_bytes() {
+            self.lock_listing(Ino(ino.0))
+        } else if name(n) == META_XATTR.as_bytes() {
+            Ok(self.client.meta_addr().to_string().into_bytes())
+        } else {
+            self.client.get_xattr(caller(req), Ino(ino.0), name(n))
+        };
+        match value {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.requests.count(FuseOp::ListXattr);
+        match self.client.list_xattr(caller(req), Ino(ino.0)) {
+            Ok(names) => {
+                let mut buf = Vec::new();
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                if size == 0 {
+                    reply.size(buf.len() as u32)
+                } else if buf.len() > size as usize {
+                    reply.error(Errno::ERANGE)
+                } else {
+                    reply.data(&buf)
+                }
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::RemoveXattr);
+        done(reply, self.client.remove_xattr(caller(req), Ino(ino.0), name(n)))
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        self.requests.count(FuseOp::Access);
+        // Only called without default_permissions; existence is what we know.
+        done(reply, self.client.getattr(Ino(ino.0)).map(|_| ()))
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        n: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        self.requests.count(FuseOp::Create);
+        let perm = (mode & !umask & 0o7777) as u16;
+        let (who, parent, n) = (caller(req), Ino(parent.0), name(n));
+        let opened = if flags & libc::O_EXCL != 0 {
+            self.client.create_open(who, parent, n, perm)
+        } else {
+            // Without O_EXCL, a name another mount created since our kernel
+            // looked it up is opened, not refused.
+            self.client.open_or_create(who, parent, n, perm).and_then(|o| match o.created {
+                true => Ok(o.attr),
+                false => self.open_existing_for_create(req, o.attr, flags),
+            })
+        };
+        let r = opened.map(|a| (self.track_open(a.ino, flags), a));
+        match r {
+            Ok((fh, a)) => reply.created(
+                &self.options.attr_ttl,
+                &fuse_attr(&a),
+                Generation(0),
+                fh,
+                FopenFlags::FOPEN_DIRECT_IO,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        self.requests.count(FuseOp::GetLk);
+        let call = match self.lock_call(req, ino, fh, lock_owner, start, end, typ, pid) {
+            Ok(c) => c,
+            Err(e) => return reply.error(e),
+        };
+        match self.client.getlk(&call) {
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Ok(Some(holder)) => {
+                let typ = if holder.mode == LockMode::Write { libc::F_WRLCK } else { libc::F_RDLCK };
+                reply.locked(holder.range.start, holder.range.last, typ, holder.pid)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.requests.count(FuseOp::SetLk);
+        let call = match self.lock_call(req, ino, fh, lock_owner, start, end, typ, pid) {
+            Ok(c) => c,
+            Err(e) => return reply.error(e),
+        };
+        let tid = req.pid();
+        if !self.coherence.is_cached(call.ino) {
+            return lock(&self.client, call, sleep, tid, None, reply);
+        }
+        // This mount caches pages of the file (a mapping): write back and
+        // drop the range before the change and again after a grant, on a
+        // coherence thread (see `coherence`).
+        let (client, inval) = (self.client.clone(), self.coherence.invalidator().clone());
+        self.coherence.invalidator().run(Box::new(move || {
+            inval.invalidate(call.ino, call.range);
+            lock(&client, call, sleep, tid, Some(inval), reply)
+        }));
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.requests.count(FuseOp::Fallocate);
+        let keep_size = match mode {
+            0 => false,
+            libc::FALLOC_FL_KEEP_SIZE => true,
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        done(reply, self.client.fallocate(Ino(ino.0), offset, length, keep_size))
+    }
+}
