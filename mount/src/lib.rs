@@ -14,6 +14,7 @@ mod access;
 pub mod caller;
 mod coherence;
 mod invalidation;
+mod listing;
 mod requests;
 mod setid;
 
@@ -36,8 +37,8 @@ use citronfs_core::FsError;
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -48,8 +49,9 @@ pub struct MountOptions {
     /// anyone (0: never). Not coherent across mounts unless zero; see
     /// `cache_ttl` for caching that is.
     pub attr_ttl: Duration,
-    /// Coherent caching (0: off): lookups and getattrs are granted for this
-    /// long by the meta-server, which invalidates them on this mount before
+    /// Coherent caching (0: off): lookups, getattrs and listings
+    /// (READDIRPLUS, [`listing`]) are granted for this long by the
+    /// meta-server, which invalidates them on this mount before
     /// another mount's change answers ([`invalidation`]).
     pub cache_ttl: Duration,
     /// FUSE worker threads.
@@ -61,10 +63,6 @@ impl Default for MountOptions {
         Self { attr_ttl: Duration::ZERO, cache_ttl: Duration::ZERO, threads: 4 }
     }
 }
-
-/// Entries asked of the meta-server at once by `readdir` (it answers up to
-/// 4096).
-const READDIR_PAGE: u32 = 512;
 
 /// A virtual extended attribute (never listed) whose value is the
 /// cluster-wide list of the file's lock holders and waiters, one per line,
@@ -463,6 +461,13 @@ impl Filesystem for CitronFuse {
         }
         // Without these the kernel keeps fcntl and flock locks node-local
         // and the file system would silently not be distributed.
+        // A caching mount lists with READDIRPLUS, every time (`listing`);
+        // one without caching keeps plain READDIR.
+        if !self.options.cache_ttl.is_zero() {
+            if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS) {
+                log::warn!("the kernel does not offer {missing:?}: listings cache no attributes");
+            }
+        }
         config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS).map_err(
             |missing| {
                 std::io::Error::other(format!(
@@ -744,28 +749,22 @@ impl Filesystem for CitronFuse {
         reply.ok()
     }
 
-    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
         self.requests.count(FuseOp::ReadDir);
-        let mut after = offset;
-        loop {
-            let page = match self.client.readdir(caller(req), Ino(ino.0), after, READDIR_PAGE) {
-                Ok(p) => p,
-                Err(e) => return reply.error(errno(&e)),
-            };
-            // A short page is the directory's end: asking again would only
-            // cost a round trip for an empty one.
-            let last = page.len() < READDIR_PAGE as usize;
-            for e in page {
-                if reply.add(INodeNo(e.ino.0), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name)) {
-                    return reply.ok();
-                }
-                after = e.cookie;
-            }
-            if last {
-                break;
-            }
-        }
-        reply.ok()
+        self.list(caller(req), Ino(ino.0), offset, reply)
+    }
+
+    /// Asked only by the kernel of a caching mount (`init`).
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectoryPlus,
+    ) {
+        self.requests.count(FuseOp::ReadDirPlus);
+        self.list_plus(caller(req), Ino(ino.0), offset, reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

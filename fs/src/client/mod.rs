@@ -50,8 +50,8 @@ use crate::layout::ChunkGeometry;
 use crate::locks::waiter::Waiters;
 use crate::locks::{LockArea, LockTiming, WaitsFor};
 use crate::proto::{
-    AttrSlot, ClusterInfo, DataServerInfo, FileLayout, Grant, Invalidation, MetaRequest, MetaResponse,
-    RenameMode, XattrMode,
+    AttrSlot, ClusterInfo, DataServerInfo, EntryPlus, FileLayout, Grant, Invalidation, MetaRequest,
+    MetaResponse, RenameMode, XattrMode,
 };
 use crate::rpc_counts::{RpcCounters, RpcCounts};
 use crate::types::{
@@ -621,6 +621,21 @@ impl FsClient {
     pub fn readdir(&self, caller: Caller, ino: Ino, after: u64, max: u32) -> Result<Vec<DirEntry>, FsError> {
         match self.call(&MetaRequest::ReadDir { caller, ino, after, max })? {
             MetaResponse::Entries(e) => Ok(e),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Entries after cookie `after` with their attributes, and what of each
+    /// the kernel may cache (nothing unless [`FsClient::set_caching`]).
+    pub fn readdir_plus(
+        &self,
+        caller: Caller,
+        ino: Ino,
+        after: u64,
+        max: u32,
+    ) -> Result<Vec<EntryPlus>, FsError> {
+        match self.call(&MetaRequest::ReadDirPlus { caller, ino, after, max })? {
+            MetaResponse::EntriesPlus(e) => Ok(e),
             other => Err(unexpected(other)),
         }
     }
