@@ -234,6 +234,15 @@ pub enum MetaRequest {
         after: u64,
         max: u32,
     },
+    /// `ReadDir` with each entry's attributes ([`MetaResponse::EntriesPlus`]):
+    /// a caching mount's READDIRPLUS. Sent as [`MetaRequest::Caching`], each
+    /// entry and its attributes are granted as a lookup's would be.
+    ReadDirPlus {
+        caller: Caller,
+        ino: Ino,
+        after: u64,
+        max: u32,
+    },
     /// Checks `caller` may open `ino` with `access` (R_OK/W_OK/X_OK bits).
     Access {
         caller: Caller,
@@ -333,7 +342,8 @@ pub enum MetaRequest {
     /// `request`, sent by a mount whose kernel caches what it is granted
     /// (coherent caching, `crate::grants`): the meta-server records a
     /// grant of `ttl_ms` for what a `Lookup` or `GetAttr` answers (the
-    /// answer is then [`MetaResponse::Granted`]), and a change does not
+    /// answer is then [`MetaResponse::Granted`]) and for the entries a
+    /// `ReadDirPlus` lists, and a change does not
     /// invalidate `client`'s own cache (its kernel updates it from the
     /// change's answer). Never nested.
     Caching {
@@ -376,6 +386,17 @@ pub struct Grant {
     /// The attributes (never those of a regular file open for writing
     /// anywhere: its size and mtime change one-sidedly).
     pub attr: bool,
+}
+
+/// An entry of a `ReadDirPlus` answer: what a lookup of it would answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryPlus {
+    pub entry: DirEntry,
+    pub attr: Attr,
+    /// Granted to a caching client: the entry and its attributes together
+    /// or neither (the kernel takes one TTL for both), never for "." and
+    /// "..", which the kernel does not cache from a listing.
+    pub grant: Grant,
 }
 
 impl MetaRequest {
@@ -424,6 +445,8 @@ pub enum MetaResponse {
         items: Vec<Invalidation>,
     },
     Entries(Vec<DirEntry>),
+    /// The answer to a `ReadDirPlus`.
+    EntriesPlus(Vec<EntryPlus>),
     Target(Vec<u8>),
     Layout(FileLayout),
     Opened(Attr, FileLayout),

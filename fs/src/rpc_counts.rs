@@ -57,6 +57,7 @@ meta_kinds!(
     Rmdir,
     Rename,
     ReadDir,
+    ReadDirPlus,
     Access,
     Open,
     Layout,

@@ -5,11 +5,12 @@
 //!
 //! # Grants
 //!
-//! A caching mount sends its `Lookup` and `GetAttr` wrapped as
-//! `MetaRequest::Caching { client, ttl }`. While the namespace mutex is
-//! still held for the answer, the service records here a grant per thing
-//! the kernel may cache — the entry `(parent, name)` a lookup resolved,
-//! the answered inode's attributes — for `client`, expiring
+//! A caching mount sends its `Lookup`, `GetAttr` and `ReadDirPlus` (its
+//! kernel's READDIRPLUS) wrapped as `MetaRequest::Caching { client, ttl }`.
+//! While the namespace mutex is still held for the answer, the service
+//! records here a grant per thing the kernel may cache — the entry
+//! `(parent, name)` a lookup resolved or a listing named, the answered
+//! inode's attributes — for `client`, expiring
 //! [`GRANT_MARGIN`] after `now + ttl`. Grants are per name, not per directory: a mount that
 //! looked up its own files in a shared directory is not called back when
 //! another mount unlinks its.

@@ -108,6 +108,7 @@ fn caller_mut(request: &mut MetaRequest) -> Option<&mut Caller> {
         | R::Rmdir { caller, .. }
         | R::Rename { caller, .. }
         | R::ReadDir { caller, .. }
+        | R::ReadDirPlus { caller, .. }
         | R::Access { caller, .. }
         | R::Open { caller, .. }
         | R::SetXattr { caller, .. }

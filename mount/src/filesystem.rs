@@ -14,14 +14,15 @@ use citronfs_core::proto::{RenameMode, XattrMode};
 use citronfs_core::types::{FileKind, Ino, SetAttr, Timestamp};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 
 use crate::locking::lock;
 use crate::{
-    access, caller, data, done, errno, file_type, fuse_attr, kind_of_mode, name, setid, time, CitronFuse,
-    FuseOp, LOCKS_XATTR, META_XATTR, READDIR_PAGE,
+    access, caller, data, done, errno, fuse_attr, kind_of_mode, name, setid, time, CitronFuse, FuseOp,
+    LOCKS_XATTR, META_XATTR,
 };
 
 impl Filesystem for CitronFuse {
@@ -32,6 +33,13 @@ impl Filesystem for CitronFuse {
         // >= 6.6); kept coherent across mounts through locks (`coherence`).
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
             log::warn!("the kernel does not offer {missing:?}: shared writable mappings fail with ENODEV");
+        }
+        // A caching mount lists with READDIRPLUS, every time (`listing`);
+        // one without caching keeps plain READDIR.
+        if !self.options.cache_ttl.is_zero() {
+            if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS) {
+                log::warn!("the kernel does not offer {missing:?}: listings cache no attributes");
+            }
         }
         // Without these the kernel keeps fcntl and flock locks node-local
         // and the file system would silently not be distributed.
@@ -316,28 +324,22 @@ impl Filesystem for CitronFuse {
         reply.ok()
     }
 
-    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {
         self.requests.count(FuseOp::ReadDir);
-        let mut after = offset;
-        loop {
-            let page = match self.client.readdir(caller(req), Ino(ino.0), after, READDIR_PAGE) {
-                Ok(p) => p,
-                Err(e) => return reply.error(errno(&e)),
-            };
-            // A short page is the directory's end: asking again would only
-            // cost a round trip for an empty one.
-            let last = page.len() < READDIR_PAGE as usize;
-            for e in page {
-                if reply.add(INodeNo(e.ino.0), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name)) {
-                    return reply.ok();
-                }
-                after = e.cookie;
-            }
-            if last {
-                break;
-            }
-        }
-        reply.ok()
+        self.list(caller(req), Ino(ino.0), offset, reply)
+    }
+
+    /// Asked only by the kernel of a caching mount (`init`).
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectoryPlus,
+    ) {
+        self.requests.count(FuseOp::ReadDirPlus);
+        self.list_plus(caller(req), Ino(ino.0), offset, reply)
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -15,6 +15,7 @@ pub mod caller;
 mod coherence;
 mod filesystem;
 mod invalidation;
+mod listing;
 mod locking;
 mod requests;
 mod session;
@@ -47,8 +48,9 @@ pub struct MountOptions {
     /// anyone (0: never). Not coherent across mounts unless zero; see
     /// `cache_ttl` for caching that is.
     pub attr_ttl: Duration,
-    /// Coherent caching (0: off): lookups and getattrs are granted for this
-    /// long by the meta-server, which invalidates them on this mount before
+    /// Coherent caching (0: off): lookups, getattrs and listings
+    /// (READDIRPLUS, [`listing`]) are granted for this long by the
+    /// meta-server, which invalidates them on this mount before
     /// another mount's change answers ([`invalidation`]).
     pub cache_ttl: Duration,
     /// FUSE worker threads.
@@ -60,10 +62,6 @@ impl Default for MountOptions {
         Self { attr_ttl: Duration::ZERO, cache_ttl: Duration::ZERO, threads: 4 }
     }
 }
-
-/// Entries asked of the meta-server at once by `readdir` (it answers up to
-/// 4096).
-const READDIR_PAGE: u32 = 512;
 
 /// A virtual extended attribute (never listed) whose value is the
 /// cluster-wide list of the file's lock holders and waiters, one per line,

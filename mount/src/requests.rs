@@ -48,6 +48,7 @@ fuse_ops!(
     Release,
     Fsync,
     ReadDir,
+    ReadDirPlus,
     StatFs,
     SetXattr,
     GetXattr,

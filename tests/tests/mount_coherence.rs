@@ -354,3 +354,54 @@ fn concurrent_unlinks_in_one_directory_on_two_mounts_wait_for_no_grant() {
         }
     }
 }
+
+/// READDIRPLUS (caching mounts): B's listing of a directory brings each
+/// entry's attributes along, granted, so B's kernel answers the stat of
+/// every listed file alone (no FUSE request, no round trip); and what A
+/// changes afterwards — a chmod, an unlink, a rename, a write through a
+/// file it holds open — is seen by B's very next stat or listing.
+#[test]
+fn a_listing_caches_what_it_lists_and_changes_are_still_seen_at_once() {
+    let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    // Several kernel pages of entries.
+    const FILES: usize = 300;
+    fs::create_dir(a.path("d")).unwrap();
+    for i in 0..FILES {
+        fs::write(a.path(&format!("d/f{i}")), b"x").unwrap();
+    }
+    all_closed(&c);
+    assert_eq!(names(&b, "d").len(), FILES);
+    for i in 0..FILES {
+        let (meta, calls, requests) = stat_cost(&b, &format!("d/f{i}"));
+        assert_eq!(meta.len(), 1, "d/f{i}");
+        assert_eq!(calls.operations(), 0, "the stat of listed d/f{i} sent {}", calls.describe());
+        assert_eq!(requests, 0, "the stat of listed d/f{i} reached the daemon");
+    }
+
+    // A chmod: B stats at once, and B lists first then stats.
+    fs::set_permissions(a.path("d/f0"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(b.path("d/f0")).unwrap().permissions().mode() & 0o7777, 0o600);
+    fs::set_permissions(a.path("d/f1"), fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(names(&b, "d").len(), FILES);
+    assert_eq!(fs::metadata(b.path("d/f1")).unwrap().permissions().mode() & 0o7777, 0o640);
+
+    // An unlink and a rename, each seen by the next stat and listing.
+    fs::remove_file(a.path("d/f2")).unwrap();
+    assert!(missing(&b, "d/f2"), "B still sees d/f2 after A unlinked it");
+    let ino = fs::metadata(a.path("d/f3")).unwrap().ino();
+    fs::rename(a.path("d/f3"), a.path("d/g3")).unwrap();
+    let listed = names(&b, "d");
+    assert!(!listed.contains(&"f2".to_string()) && !listed.contains(&"f3".to_string()), "B lists old names");
+    assert!(listed.contains(&"g3".to_string()) && listed.len() == FILES - 1, "B misses the renamed name");
+    assert!(missing(&b, "d/f3"), "B still sees d/f3 after A renamed it");
+    assert_eq!(fs::metadata(b.path("d/g3")).unwrap().ino(), ino);
+
+    // A file open for writing on A: its size changes without the
+    // meta-server seeing it, so a listing must not let B's kernel cache
+    // its attributes.
+    let mut w = fs::OpenOptions::new().append(true).open(a.path("d/f4")).unwrap();
+    assert_eq!(names(&b, "d").len(), FILES - 1);
+    w.write_all(b"more").unwrap();
+    assert_eq!(fs::metadata(b.path("d/f4")).unwrap().len(), 5, "B's stat after A's write");
+    drop(w);
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{granted, unexpected, FsClient};
 use crate::error::FsError;
-use crate::proto::{Grant, Invalidation, MetaRequest, MetaResponse, RenameMode, XattrMode};
+use crate::proto::{EntryPlus, Grant, Invalidation, MetaRequest, MetaResponse, RenameMode, XattrMode};
 use crate::types::{Attr, Caller, DirEntry, FileKind, FsStats, Ino};
 
 impl FsClient {
@@ -121,6 +121,21 @@ impl FsClient {
     pub fn readdir(&self, caller: Caller, ino: Ino, after: u64, max: u32) -> Result<Vec<DirEntry>, FsError> {
         match self.call(&MetaRequest::ReadDir { caller, ino, after, max })? {
             MetaResponse::Entries(e) => Ok(e),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Entries after cookie `after` with their attributes, and what of each
+    /// the kernel may cache (nothing unless [`FsClient::set_caching`]).
+    pub fn readdir_plus(
+        &self,
+        caller: Caller,
+        ino: Ino,
+        after: u64,
+        max: u32,
+    ) -> Result<Vec<EntryPlus>, FsError> {
+        match self.call(&MetaRequest::ReadDirPlus { caller, ino, after, max })? {
+            MetaResponse::EntriesPlus(e) => Ok(e),
             other => Err(unexpected(other)),
         }
     }

@@ -7,7 +7,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use citron_rpc::auth::{Credential, KeyOptions};
-use citronfs_core::proto::{ClientInfo, ClusterInfo, Grant, Invalidation, MetaRequest, MetaResponse};
+use citronfs_core::proto::{
+    ClientInfo, ClusterInfo, EntryPlus, Grant, Invalidation, MetaRequest, MetaResponse,
+};
 use citronfs_core::session::SessionKeys;
 use citronfs_core::types::{Attr, ClientId, FileKind, Ino};
 use citronfs_core::FsError;
@@ -17,6 +19,9 @@ use crate::grants::POLL_WAIT;
 use crate::identity::Asker;
 use crate::namespace::NewInode;
 use crate::permissions::Checks;
+
+/// Most entries one `ReadDir` or `ReadDirPlus` answers.
+const MAX_READDIR: u32 = 4096;
 
 /// What a request changed that kernels may cache ([`crate::grants`]).
 #[derive(Default)]
@@ -71,6 +76,36 @@ impl MetaService {
             self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
         }
         MetaResponse::Granted(attr, grant)
+    }
+
+    /// What a `ReadDirPlus` answers: entries of `dir` after cookie `after`,
+    /// with their attributes, each entry and its attributes granted
+    /// together to a caching client as a lookup's answer would be (neither
+    /// for a file open for writing, nor for "." and ".."). Called with the
+    /// namespace mutex held, as [`Self::granted`].
+    fn entries_plus(
+        &self,
+        ns: &crate::namespace::Namespace,
+        caching: Option<(ClientId, Duration)>,
+        dir: Ino,
+        after: u64,
+        max: u32,
+    ) -> Result<MetaResponse, FsError> {
+        let entries = ns.readdir(dir, after, max.min(MAX_READDIR))?;
+        let mut out = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let attr = ns.attr(entry.ino)?;
+            let mut grant = Grant::default();
+            let dots = entry.name == b"." || entry.name == b"..";
+            if let Some((client, ttl)) = caching.filter(|_| !dots && self.attr_grantable(&attr)) {
+                let name = entry.name.clone();
+                self.grants.grant(client, Invalidation::Entry { parent: dir, name }, ttl);
+                self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
+                grant = Grant { entry: true, attr: true };
+            }
+            out.push(EntryPlus { entry, attr, grant });
+        }
+        Ok(MetaResponse::EntriesPlus(out))
     }
 
     fn dispatch_changing(
@@ -267,7 +302,11 @@ impl MetaService {
                 A::Done
             }
             R::ReadDir { ino, after, max, .. } => {
-                A::Entries(self.ns.lock().readdir(ino, after, max.min(4096))?)
+                A::Entries(self.ns.lock().readdir(ino, after, max.min(MAX_READDIR))?)
+            }
+            R::ReadDirPlus { ino, after, max, .. } => {
+                let ns = self.ns.lock();
+                self.entries_plus(&ns, caching, ino, after, max)?
             }
             R::Access { caller, ino, access } => {
                 checks.access(&self.ns.lock(), caller, ino, access)?;

@@ -24,8 +24,8 @@
 //! system on one host (its M "mounts" are one directory); `--peer
 //! NAME=DIR_A,DIR_B` adds another file system's two mounts of one volume.
 //! `--coherent-ttl SECS` (1 by default, 0 for none) adds a CitronFS
-//! cluster whose mounts cache coherently (the meta-server grants lookups
-//! and getattrs and calls the other mounts back before a change answers;
+//! cluster whose mounts cache coherently (the meta-server grants lookups,
+//! getattrs and READDIRPLUS listings and calls the other mounts back before a change answers;
 //! `citronfs mount --cache-ttl`), with its own cost table. `--cached-ttl
 //! SECS` adds one whose kernels cache attributes and entries without
 //! asking (not coherent across mounts: it bounds what caching could buy,

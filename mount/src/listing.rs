@@ -1,0 +1,107 @@
+//! Directory listings: `READDIR`, and `READDIRPLUS` for caching mounts
+//! (issue 13), paged from the meta-server into the kernel's buffer.
+//!
+//! A caching mount asks the kernel for READDIRPLUS on every listing
+//! (`FUSE_DO_READDIRPLUS` without the kernel's `FUSE_READDIRPLUS_AUTO`
+//! guess): each entry comes with its attributes, and the meta-server grants
+//! the entry and its attributes as it grants a lookup's answer (its
+//! `grants` module; neither for a regular file open for writing, then the
+//! kernel gets TTL zero for it), so the `lstat` of each listed name — `ls
+//! -l`, `find`'s descent — is answered by the kernel alone. A mount without
+//! caching never asks for it and lists as before (plain `READDIR`).
+//!
+//! Races, as for lookups ([`crate::invalidation`]): a page whose RPC an
+//! invalidation overtook (the counter of all invalidations moved while it
+//! was out) goes to the kernel with TTL zero. The kernel installs neither
+//! "." nor ".." from a listing, and drops attributes of an inode
+//! invalidated since its request began (its `attr_version`).
+//!
+//! fuser does not tell the kernel's buffer size (one page, about 25
+//! entries, on older kernels; recent ones size it from the caller's
+//! `getdents` buffer, 32 KiB from glibc: 6.18 here lists a directory of 100
+//! entries in one request), and an entry fetched but not fitting is granted for
+//! nothing (a needless callback later, never a stale answer): READDIRPLUS
+//! pages start small and double while the buffer takes them.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::time::Instant;
+
+use citronfs_core::types::{Caller, Ino};
+use fuser::{Generation, INodeNo, ReplyDirectory, ReplyDirectoryPlus};
+
+use crate::{errno, file_type, fuse_attr, CitronFuse};
+
+/// Entries asked of the meta-server at once by `readdir` (it answers up to
+/// 4096), and at most by one page of `readdirplus`.
+const READDIR_PAGE: u32 = 512;
+
+/// The first page of a `readdirplus` (an entry takes 152 bytes and its
+/// name, padded to 8): two pages fill a 32 KiB kernel buffer.
+const PLUS_FIRST_PAGE: u32 = 64;
+
+impl CitronFuse {
+    /// `READDIR`: entries after cookie `offset` until the buffer is full or
+    /// the directory ends.
+    pub(crate) fn list(&self, caller: Caller, ino: Ino, offset: u64, mut reply: ReplyDirectory) {
+        let mut after = offset;
+        loop {
+            let page = match self.client.readdir(caller, ino, after, READDIR_PAGE) {
+                Ok(p) => p,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            // A short page is the directory's end: asking again would only
+            // cost a round trip for an empty one.
+            let last = page.len() < READDIR_PAGE as usize;
+            for e in page {
+                if reply.add(INodeNo(e.ino.0), e.cookie, file_type(e.kind), OsStr::from_bytes(&e.name)) {
+                    return reply.ok();
+                }
+                after = e.cookie;
+            }
+            if last {
+                break;
+            }
+        }
+        reply.ok()
+    }
+
+    /// `READDIRPLUS`: as [`CitronFuse::list`], each entry with its
+    /// attributes and the TTL the meta-server granted them.
+    pub(crate) fn list_plus(&self, caller: Caller, ino: Ino, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let epochs = self.invalidations.epochs();
+        let (mut after, mut page) = (offset, PLUS_FIRST_PAGE);
+        loop {
+            let (sent, before) = (Instant::now(), epochs.all());
+            let entries = match self.client.readdir_plus(caller, ino, after, page) {
+                Ok(p) => p,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            let granted = self.granted_ttl(sent, before, epochs.all());
+            let last = entries.len() < page as usize;
+            for e in entries {
+                let ttl = match e.grant.entry && e.grant.attr {
+                    true => granted,
+                    false => self.options.attr_ttl,
+                };
+                let name = OsStr::from_bytes(&e.entry.name);
+                if reply.add(
+                    INodeNo(e.entry.ino.0),
+                    e.entry.cookie,
+                    name,
+                    &ttl,
+                    &fuse_attr(&e.attr),
+                    Generation(0),
+                ) {
+                    return reply.ok();
+                }
+                after = e.entry.cookie;
+            }
+            if last {
+                break;
+            }
+            page = (page * 2).min(READDIR_PAGE);
+        }
+        reply.ok()
+    }
+}
