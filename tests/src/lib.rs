@@ -9,6 +9,7 @@ pub mod alock_oracle;
 pub mod args;
 pub mod citron_stress;
 pub mod deadlock_oracle;
+pub mod lock_calls;
 pub mod lock_stress;
 pub mod posix_stress;
 pub mod probe;

@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 
 use citronfs_core::client::{ClientConfig, FsClient, LockCall};
 use citronfs_core::locks::waiter::{set_retry_hook, RetryPoint};
-use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, LockOwner};
+use citronfs_core::locks::{ByteRange, LockMode, LockOwner};
 use citronfs_core::types::{Caller, Ino};
 use citronfs_core::FsError;
+use citronfs_tests::lock_calls::{posix_call, setlkw};
 use citronfs_tests::{TestCluster, TEST_LEASE};
 
 /// A failure bound only: what should come long before.
@@ -29,27 +30,7 @@ const BOUND: Duration = Duration::from_secs(30);
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn call(ino: Ino, owner: u64, mode: Option<LockMode>) -> LockCall {
-    LockCall {
-        ino,
-        owner: LockOwner(owner),
-        flavor: LockFlavor::Posix,
-        mode,
-        range: ByteRange::new(0, 0).unwrap(),
-        pid: owner as u32,
-        fh: 1,
-    }
-}
-
-fn setlkw(client: &FsClient, c: LockCall) -> Receiver<Result<(), FsError>> {
-    let (tx, rx) = channel();
-    client.setlkw(
-        &c,
-        Box::new(|| false),
-        Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    );
-    rx
+    posix_call(ino, owner, mode, ByteRange::new(0, 0).unwrap())
 }
 
 /// Holds every retry on one file at one [`RetryPoint`] until opened; each

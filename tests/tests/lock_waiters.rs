@@ -3,42 +3,22 @@
 //! stuck behind another client's range lock would be) does not delay the
 //! grant of a wait on another file of the same client.
 
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::channel;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use citronfs_core::client::{ClientConfig, FsClient, LockCall};
 use citronfs_core::locks::waiter::{set_retry_hook, RetryPoint};
-use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, LockOwner};
+use citronfs_core::locks::{ByteRange, LockMode};
 use citronfs_core::types::{Caller, Ino};
-use citronfs_core::FsError;
+use citronfs_tests::lock_calls::{posix_call, setlkw};
 use citronfs_tests::TestCluster;
 
 /// A failure bound only: a grant that should come long before.
 const LOST_AFTER: Duration = Duration::from_secs(30);
 
 fn call(ino: Ino, owner: u64, mode: Option<LockMode>) -> LockCall {
-    LockCall {
-        ino,
-        owner: LockOwner(owner),
-        flavor: LockFlavor::Posix,
-        mode,
-        range: ByteRange::new(0, 0).unwrap(),
-        pid: owner as u32,
-        fh: 1,
-    }
-}
-
-fn setlkw(client: &FsClient, c: LockCall) -> Receiver<Result<(), FsError>> {
-    let (tx, rx) = channel();
-    client.setlkw(
-        &c,
-        Box::new(|| false),
-        Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    );
-    rx
+    posix_call(ino, owner, mode, ByteRange::new(0, 0).unwrap())
 }
 
 /// A gate the hook waits at while it is closed.

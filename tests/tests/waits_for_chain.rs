@@ -9,16 +9,17 @@
 //! new blocks are granted to the clients already admitted, and a client
 //! admitted after the growth gets them with the membership.
 
-use std::sync::mpsc::{channel, Receiver, TryRecvError};
+use std::sync::mpsc::TryRecvError;
 use std::time::Duration;
 
 use std::sync::Arc;
 
 use citron_rpc::auth::Keyring;
 use citronfs_core::client::{FsClient, LockCall, Transport};
-use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, LockOwner};
+use citronfs_core::locks::{ByteRange, LockMode};
 use citronfs_core::types::{Caller, Ino};
 use citronfs_core::FsError;
+use citronfs_tests::lock_calls::{posix_call, setlkw};
 use citronfs_tests::TestCluster;
 
 /// A failure bound only.
@@ -28,27 +29,7 @@ const BOUND: Duration = Duration::from_secs(60);
 const WAITERS: u64 = 300;
 
 fn call(ino: Ino, owner: u64, mode: Option<LockMode>) -> LockCall {
-    LockCall {
-        ino,
-        owner: LockOwner(owner),
-        flavor: LockFlavor::Posix,
-        mode,
-        range: ByteRange::new(0, 99).unwrap(),
-        pid: owner as u32,
-        fh: 1,
-    }
-}
-
-fn setlkw(client: &FsClient, c: LockCall) -> Receiver<Result<(), FsError>> {
-    let (tx, rx) = channel();
-    client.setlkw(
-        &c,
-        Box::new(|| false),
-        Box::new(move |r| {
-            let _ = tx.send(r);
-        }),
-    );
-    rx
+    posix_call(ino, owner, mode, ByteRange::new(0, 99).unwrap())
 }
 
 fn three_hundred_waiters_and_a_deadlock_past_them(cluster: &TestCluster, transport: Transport) {
