@@ -54,6 +54,11 @@ pub enum FsError {
     /// A server could not be reached or answered garbage.
     #[error("i/o error: {0}")]
     Io(String),
+    /// This client's registration ended (its lease ran out, or it registered
+    /// anew) while a call it had begun under the old one was under way: the
+    /// call must not go on under the new identity.
+    #[error("this client was fenced: its registration ended during the call")]
+    Fenced,
 }
 
 impl FsError {
@@ -65,7 +70,7 @@ impl FsError {
     /// endpoints are as good as before, and reusing them costs no new
     /// connection and no new id.
     pub fn may_break_endpoints(&self) -> bool {
-        matches!(self, FsError::Io(_))
+        matches!(self, FsError::Io(_) | FsError::Fenced)
     }
 }
 

@@ -119,6 +119,10 @@ pub struct ClusterInfo {
     /// In a keyed cluster: the client's session and member secrets,
     /// wrapped under the key it registered with.
     pub session: Option<crate::session::SessionKeys>,
+    /// The meta-server's incarnation: with `client`, the session a client
+    /// of a cluster without keys names to the NICs, so that a fence
+    /// applies to its connections there.
+    pub incarnation: u64,
 }
 
 /// A registered client, as `citronfs locks` and `status` show it.

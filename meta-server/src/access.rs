@@ -47,8 +47,17 @@
 //! from everyone before it zeroes it (a server-to-server round trip it
 //! already makes to zero the chunk).
 //!
-//! Without keys (a loopback test cluster) everyone is a server to the NICs
-//! and this module does nothing.
+//! # Without keys: admission and fences only
+//!
+//! Without keys (a loopback or trusted cluster) nothing is proved, so this
+//! module grants nothing: servers, and clients before they register, are
+//! anonymous, and anonymous peers may touch everything. But a registered
+//! client names its session to the NICs ([`Credential::Claim`]), and
+//! admission and fences apply to it as in a keyed cluster: a client whose
+//! lease ran out is refused at every NIC and its connections there are
+//! cut, so its verbs still in flight cannot land on memory whose locks were
+//! recovered (issue 12). It costs a command per NIC at each registration
+//! and each fence, nothing per open or per verb beyond the NIC's lookup.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -125,7 +134,7 @@ pub struct Access {
     /// This meta-server's incarnation: part of every session id, so a
     /// session of an earlier run is worthless.
     incarnation: u64,
-    /// `None`: no keys, nothing enforced.
+    /// `None`: no keys, no grants (admission and fences still hold).
     keyring: Option<Arc<Keyring>>,
     local: Arc<AccessTable>,
     remotes: Mutex<HashMap<DataServerId, Pusher>>,
@@ -141,10 +150,8 @@ impl Access {
         use rand::RngCore;
         let incarnation = rand::rngs::OsRng.next_u64();
         let hold_ms = hold.as_millis().min(u128::from(u64::MAX)) as u64;
-        if keyring.is_some() {
-            local.apply(&AccessCommand::Reset { incarnation });
-            local.apply(&AccessCommand::SetHold { millis: hold_ms });
-        }
+        local.apply(&AccessCommand::Reset { incarnation });
+        local.apply(&AccessCommand::SetHold { millis: hold_ms });
         Self {
             hold_ms,
             incarnation,
@@ -156,7 +163,8 @@ impl Access {
         }
     }
 
-    /// Whether grants are enforced (the cluster has a key).
+    /// Whether grants are enforced (the cluster has a key). Admission and
+    /// fences are, always.
     pub fn enforcing(&self) -> bool {
         self.keyring.is_some()
     }
@@ -209,9 +217,20 @@ impl Access {
     /// A data server registered: its NIC is told who is in charge and which
     /// clients are admitted; later changes follow in order.
     pub fn add_data_server(&self, id: DataServerId, nic: SocketAddr) {
-        let Some(ring) = &self.keyring else { return };
-        let Some(key) = ring.cluster_key() else { return };
-        let pusher = Pusher::spawn(id, nic, Credentials::new(Credential::Key(key.clone())));
+        let credentials = match &self.keyring {
+            None => Credentials::anonymous(),
+            Some(ring) => match ring.cluster_key() {
+                Some(key) => Credentials::new(Credential::Key(key.clone())),
+                None => {
+                    log::error!(
+                        "no cluster key: the NIC of data server {} cannot be told who is admitted",
+                        id.0
+                    );
+                    return;
+                }
+            },
+        };
+        let pusher = Pusher::spawn(id, nic, credentials);
         let mut first = vec![
             AccessCommand::Reset { incarnation: self.incarnation },
             AccessCommand::SetHold { millis: self.hold_ms },
@@ -223,13 +242,12 @@ impl Access {
 
     /// A client registered: it may connect, and holds the membership extents.
     pub fn admit(&self, client: ClientId) {
-        if !self.enforcing() {
-            return;
-        }
         self.ledger.lock().admitted.insert(client);
         self.local.apply(&AccessCommand::Admit { client: client.0 });
-        let membership = self.membership.lock().clone();
-        self.grant(client, &membership, false);
+        if self.enforcing() {
+            let membership = self.membership.lock().clone();
+            self.grant(client, &membership, false);
+        }
         for pusher in self.remotes.lock().values() {
             pusher.send(vec![AccessCommand::Admit { client: client.0 }], None);
         }
@@ -364,9 +382,6 @@ impl Access {
     /// `client` is gone: at every NIC its grants and admission end and its
     /// connections are cut, confirmed.
     pub fn fence(&self, client: ClientId) -> Result<(), AccessError> {
-        if !self.enforcing() {
-            return Ok(());
-        }
         {
             let mut ledger = self.ledger.lock();
             ledger.admitted.remove(&client);

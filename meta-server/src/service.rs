@@ -326,11 +326,12 @@ impl RpcService for MetaService {
         MetaResponse::Failed(FsError::Invalid(format!("malformed request: {error}")))
     }
 
-    /// A session may connect while its client is registered (not fenced)
-    /// with this incarnation; mailbox members never.
+    /// A session (proved, or claimed without keys) may connect while its
+    /// client is registered (not fenced) with this incarnation; mailbox
+    /// members never.
     fn admit(&self, principal: &Principal) -> Result<(), Status> {
         match principal {
-            Principal::Session(s) => {
+            Principal::Session(s) | Principal::Claimed(s) => {
                 let live = s.incarnation == self.access.incarnation()
                     && self.clients.lock().contains_key(&ClientId(s.client));
                 if live {

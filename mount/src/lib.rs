@@ -97,7 +97,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Interrupted => Errno::EINTR,
         FsError::NoLocks => Errno::ENOLCK,
         FsError::TooManyOpenFiles => Errno::ENFILE,
-        FsError::Io(_) => Errno::EIO,
+        FsError::Io(_) | FsError::Fenced => Errno::EIO,
     }
 }
 

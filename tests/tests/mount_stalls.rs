@@ -28,11 +28,11 @@
 //! (the Citron tree read word by word, and the inode mutex, the ALock and
 //! the ranges taken again promptly); and the EIO rule above.
 //!
-//! Over tcp, in a keyed cluster: only there do the NICs enforce per-client
-//! grants, which a fence revokes. (An unkeyed cluster's NICs enforce no
-//! grants, so nothing refuses a fenced mount's verbs: run unkeyed, the
-//! 10 s range case saw the frozen mount's write land after the other's.)
-//! And a mount
+//! Over tcp, in a keyed cluster (its NICs enforce per-client grants, which
+//! a fence revokes), and without keys for the range lock: there the NICs
+//! enforce no grants but still admit and fence the session a registered
+//! client names (before they did not, and the 10 s range case saw the
+//! frozen mount's write land after the other's). And a mount
 //! on the shm backend maps server memory into its own address space, where
 //! no server can revoke a stalled process's stores (a documented
 //! limitation, see the reclamation module of the meta-server).
@@ -91,25 +91,37 @@ fn client(c: &TestCluster) -> FsClient {
     FsClient::connect(config).expect("join the cluster")
 }
 
-/// A keyed cluster (its NICs enforce per-client grants, so a fence revokes
-/// a client's verbs there) and its key file.
-fn keyed_cluster() -> (TestCluster, tempfile::TempDir) {
-    let ring = std::sync::Arc::new(Keyring::generate("cluster").unwrap());
-    let dir = tempfile::tempdir().unwrap();
-    ring.save_new(&dir.path().join("key")).unwrap();
-    (TestCluster::keyed(ring, 1), dir)
+/// Whether the cluster has keys.
+#[derive(Clone, Copy, Debug)]
+enum Keys {
+    /// Its NICs enforce per-client grants, and a fence revokes them.
+    Cluster,
+    /// Its NICs enforce no grants, but admit and fence the session each
+    /// registered client names.
+    Without,
+}
+
+/// A test cluster, and with keys the directory of its key file.
+fn cluster(keys: Keys) -> (TestCluster, Option<tempfile::TempDir>) {
+    match keys {
+        Keys::Cluster => {
+            let ring = std::sync::Arc::new(Keyring::generate("cluster").unwrap());
+            let dir = tempfile::tempdir().unwrap();
+            ring.save_new(&dir.path().join("key")).unwrap();
+            (TestCluster::keyed(ring, 1), Some(dir))
+        }
+        Keys::Without => (TestCluster::start(1, 64 << 20, 1 << 20), None),
+    }
 }
 
 /// A tcp mount in a process of its own that stops itself holding `held`.
-fn frozen_mount(c: &TestCluster, key_dir: &std::path::Path, held: Held) -> ProcessMount {
+fn frozen_mount(c: &TestCluster, key_dir: Option<&std::path::Path>, held: Held) -> ProcessMount {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = std::process::Command::new(MOUNT_WORKER);
-    cmd.arg(c.meta.local_addr().to_string())
-        .arg(dir.path())
-        .arg("--tcp")
-        .arg("--key-file")
-        .arg(key_dir.join("key"))
-        .env(STOP_HOLDING_VAR, held.hook());
+    cmd.arg(c.meta.local_addr().to_string()).arg(dir.path()).arg("--tcp").env(STOP_HOLDING_VAR, held.hook());
+    if let Some(k) = key_dir {
+        cmd.arg("--key-file").arg(k.join("key"));
+    }
     ProcessMount::start(cmd, dir, "mounted")
 }
 
@@ -166,10 +178,15 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
     rx.recv_timeout(LIVENESS).unwrap_or_else(|_| panic!("{what}: not done within {LIVENESS:?}"))
 }
 
-/// The whole scenario for one lock and one stall.
+/// The whole scenario for one lock and one stall, in a keyed cluster.
 fn stall(held: Held, stall: Duration) {
-    let what = format!("{held:?} for {stall:?}");
-    let (c, key_dir) = keyed_cluster();
+    stall_in(Keys::Cluster, held, stall)
+}
+
+/// The whole scenario for one lock and one stall.
+fn stall_in(keys: Keys, held: Held, stall: Duration) {
+    let what = format!("{held:?} for {stall:?} ({keys:?} keys)");
+    let (c, key_dir) = cluster(keys);
     assert_eq!(TEST_LEASE, Duration::from_secs(2), "the outcomes below are argued for a 2 s lease");
     // The fence decides: nothing lapses below 2 s - 0.5 s (renewal period).
     let fenced = stall >= TEST_LEASE;
@@ -178,7 +195,7 @@ fn stall(held: Held, stall: Duration) {
     if !matches!(held, Held::AttrLock) {
         other.write(ino, 0, &vec![b'o'; PIECE], false).unwrap();
     }
-    let frozen = frozen_mount(&c, key_dir.path(), held);
+    let frozen = frozen_mount(&c, key_dir.as_ref().map(|d| d.path()), held);
     assert_eq!(std::fs::metadata(frozen.path("f")).unwrap().ino(), ino.0);
     let mut p = Probe::spawn(PROBE);
     let pf = p.open(&frozen.path("f"));
@@ -290,4 +307,14 @@ fn frozen_three_seconds_holding_the_attribute_alock() {
 #[test]
 fn frozen_ten_seconds_holding_the_attribute_alock() {
     stall(Held::AttrLock, Duration::from_secs(10));
+}
+
+#[test]
+fn frozen_three_seconds_holding_a_range_lock_without_keys() {
+    stall_in(Keys::Without, Held::Range, Duration::from_secs(3));
+}
+
+#[test]
+fn frozen_ten_seconds_holding_a_range_lock_without_keys() {
+    stall_in(Keys::Without, Held::Range, Duration::from_secs(10));
 }

@@ -57,16 +57,34 @@ pub(super) fn join_server(
 /// The endpoints one thread uses: one to the meta-server's NIC (lock memory
 /// and attribute slots) with the state its lock handles share, and one per
 /// data server. Checked out of a pool for the duration of an operation.
+///
+/// # One identity per set
+///
+/// A set belongs to the identity the client's nodes proved when it was
+/// made ([`Identity::nic_version`](super::identity::Identity)): its
+/// connections were opened under it, and an operation that checked the set
+/// out runs under it. A client that registers anew must not carry such an
+/// operation on under its new identity: in a cluster without keys a NIC
+/// would let the new session write where the old one, fenced, may not
+/// (and with keys, the new one holds other grants). So a set of an older
+/// identity is dropped at checkout, and a data server's endpoint opened
+/// during an operation, and every batch of data verbs, first checks that
+/// the identity is still the set's. Ordering:
+/// the version is read before any connection of the set is opened, and
+/// checked after; a connection that proved the new identity was opened
+/// after the identity changed, so the check after it sees the change.
 pub(super) struct Endpoints {
     pub(super) meta: Endpoint,
     pub(super) locks: citron_lock::lock_host::LockContext,
     pub(super) data: HashMap<DataServerId, Endpoint>,
+    /// The identity version the set was made under.
+    identity: u64,
 }
 
 impl Endpoints {
-    pub(super) fn new(meta: Endpoint) -> Self {
+    pub(super) fn new(meta: Endpoint, identity: u64) -> Self {
         let locks = citron_lock::lock_host::LockContext::new(&meta);
-        Self { meta, locks, data: HashMap::new() }
+        Self { meta, locks, data: HashMap::new(), identity }
     }
 }
 
@@ -129,10 +147,20 @@ impl FsClient {
                 "this client's lease expired; it is fenced until it re-registers".into(),
             ));
         }
-        let mut eps = match self.pool.lock().pop() {
-            Some(e) => e,
-            None => Endpoints::new(self.meta_node.endpoint()?),
+        let identity = self.shared.identity.nic_version();
+        let pooled = self.pool.lock().pop();
+        let mut eps = match pooled {
+            Some(e) if e.identity == identity => e,
+            stale => {
+                if let Some(old) = stale {
+                    // Of an earlier registration: its connections prove an
+                    // identity that is gone.
+                    self.retire(&old);
+                }
+                Endpoints::new(self.meta_node.endpoint()?, identity)
+            }
         };
+        self.same_identity(eps.identity)?;
         let result = f(&mut eps);
         // Expected errors (a refused lock, a missing file) leave the
         // endpoints as they were: keep them, so refusals open no connection
@@ -140,13 +168,29 @@ impl FsClient {
         if !result.as_ref().is_err_and(FsError::may_break_endpoints) {
             self.pool.lock().push(eps);
         } else {
-            let mut c = eps.meta.counts();
-            for e in eps.data.values() {
-                c += e.counts();
-            }
-            *self.retired_counts.lock() += c;
+            self.retire(&eps);
         }
         result
+    }
+
+    /// Keeps the verb counts of a set that is dropped.
+    fn retire(&self, eps: &Endpoints) {
+        let mut c = eps.meta.counts();
+        for e in eps.data.values() {
+            c += e.counts();
+        }
+        *self.retired_counts.lock() += c;
+    }
+
+    /// Fails with [`FsError::Fenced`] if the client's identity is no longer
+    /// `identity`, the one a set of endpoints was made under (see
+    /// [`Endpoints`]).
+    fn same_identity(&self, identity: u64) -> Result<(), FsError> {
+        if self.shared.identity.nic_version() == identity {
+            Ok(())
+        } else {
+            Err(FsError::Fenced)
+        }
     }
 
     /// Runs one batch per data server; `verbs` are tagged with their server.
@@ -162,11 +206,14 @@ impl FsClient {
             e.1.push(tag);
         }
         let mut out = Vec::new();
+        let identity = eps.identity;
         for (server, (verbs, tags)) in by_server {
             let ep = match eps.data.entry(server) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(self.data_endpoint(server)?),
             };
+            // After the endpoint's connection was opened, before its verbs.
+            self.same_identity(identity)?;
             let replies = ep.execute(&verbs)?;
             for (r, tag) in replies.into_iter().zip(tags) {
                 out.push((tag, r.map_err(|e| FsError::Io(format!("data server {}: {e}", server.0)))?));

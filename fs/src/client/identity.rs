@@ -3,7 +3,10 @@
 //! the session secret the registration gave it ([`crate::session`]), to
 //! the meta-server and every NIC; the members' secret to other clients'
 //! mailboxes. After it was fenced it proves its key again to register
-//! anew. Without a key everything is anonymous (a cluster without keys).
+//! anew. Without a key (a cluster without keys) nothing is proved: every
+//! connection is anonymous, except that once registered the client names
+//! its session to the NICs ([`Credential::Claim`]), so that a fence of this
+//! client refuses its verbs there as it would in a keyed cluster.
 
 use citron_lock::rdma::tcp::RpcClient;
 use citron_lock::rdma::NodeCredentials;
@@ -15,8 +18,11 @@ use crate::proto::{ClusterInfo, MetaRequest, MetaResponse};
 
 pub(super) struct Identity {
     key: Option<Key>,
-    /// Shared with the meta-server RPC client and the nodes' queue pairs.
+    /// Shared with the meta-server RPC client (and, keyed, the nodes).
     credentials: Credentials,
+    /// What the nodes' queue pairs prove: `credentials` itself in a keyed
+    /// cluster; without keys, the claimed session once registered.
+    nic: Credentials,
     /// What the node proves to other mailboxes and lets into its own.
     members: Mutex<Option<(Credentials, Authority)>>,
 }
@@ -27,7 +33,11 @@ impl Identity {
             Some(k) => Credentials::new(Credential::Key(k.clone())),
             None => Credentials::anonymous(),
         };
-        Self { key, credentials, members: Mutex::new(None) }
+        let nic = match &key {
+            Some(_) => credentials.clone(),
+            None => Credentials::anonymous(),
+        };
+        Self { key, credentials, nic, members: Mutex::new(None) }
     }
 
     pub fn credentials(&self) -> &Credentials {
@@ -51,7 +61,13 @@ impl Identity {
         let (Some(key), Some(keys)) = (&self.key, &info.session) else {
             return match self.key {
                 Some(_) => Err(FsError::Io("the meta-server gave no session to a keyed client".into())),
-                None => Ok(()),
+                None => {
+                    // Connections opened from now on name the new session;
+                    // those of an old one are cut by its fence.
+                    let id = SessionId { incarnation: info.incarnation, client: info.client.0 };
+                    self.nic.set(Credential::Claim(id));
+                    Ok(())
+                }
             };
         };
         let (session, member) = keys.unwrap(key, info.client);
@@ -65,9 +81,15 @@ impl Identity {
         Ok(())
     }
 
+    /// The version of what the nodes' queue pairs prove: it changes when the
+    /// client registers anew (see [`super::endpoints::Endpoints`]).
+    pub fn nic_version(&self) -> u64 {
+        self.nic.version()
+    }
+
     /// What a node of this client proves and lets in.
     pub fn node_credentials(&self) -> NodeCredentials {
         let (peers, mailbox) = self.members.lock().clone().unwrap_or_default();
-        NodeCredentials { host: self.credentials.clone(), peers, mailbox }
+        NodeCredentials { host: self.nic.clone(), peers, mailbox }
     }
 }

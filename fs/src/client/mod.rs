@@ -253,6 +253,7 @@ impl FsClient {
             lock_params,
             lock_host,
             session: _,
+            incarnation: _,
         } = info;
         let geometry = ChunkGeometry::new(chunk_size).map_err(FsError::Invalid)?;
         let options = config.tcp_options();

@@ -189,6 +189,7 @@ impl MetaService {
                     lock_params: self.lock_params,
                     lock_host: self.lock_host.clone(),
                     session,
+                    incarnation: self.access.incarnation(),
                 })
             }
             R::DataServers => {

@@ -33,7 +33,9 @@ impl Revocation for NicRevocation {
         // anything it held is handed to others.
         self.access.fence(client).map_err(|e| FsError::Io(e.to_string()))?;
         if let Some(conns) = self.connections.get() {
-            conns.close_where(|p| matches!(p, Principal::Session(s) if s.client == client.0));
+            conns.close_where(
+                |p| matches!(p, Principal::Session(s) | Principal::Claimed(s) if s.client == client.0),
+            );
         }
         Ok(())
     }

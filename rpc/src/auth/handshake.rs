@@ -83,6 +83,9 @@ pub enum CredentialId {
     Session(SessionId),
     /// The secret all registered clients share ([`Keyring::member_secret`]).
     Member { incarnation: u64 },
+    /// A registered client's session, named without proof: only a server
+    /// without keys accepts it ([`Credential::Claim`]).
+    Claim(SessionId),
 }
 
 impl CredentialId {
@@ -92,6 +95,7 @@ impl CredentialId {
             CredentialId::Key(_) => 1,
             CredentialId::Session(_) => 2,
             CredentialId::Member { .. } => 3,
+            CredentialId::Claim(_) => 4,
         }
     }
 }
@@ -110,6 +114,12 @@ pub enum Credential {
         incarnation: u64,
         secret: Secret,
     },
+    /// In a cluster without keys, a registered client names its session
+    /// (nothing proves it; there is no secret). A server without keys takes
+    /// the peer for [`Principal::Claimed`], so that a fence of that client
+    /// applies to the connection: this protects the cluster from a stalled
+    /// client of its own, not from a hostile one (keys do that).
+    Claim(SessionId),
 }
 
 impl Credential {
@@ -119,12 +129,13 @@ impl Credential {
             Credential::Key(k) => CredentialId::Key(k.name.clone()),
             Credential::Session { id, .. } => CredentialId::Session(*id),
             Credential::Member { incarnation, .. } => CredentialId::Member { incarnation: *incarnation },
+            Credential::Claim(id) => CredentialId::Claim(*id),
         }
     }
 
     fn secret(&self) -> Option<&Secret> {
         match self {
-            Credential::Anonymous => None,
+            Credential::Anonymous | Credential::Claim(_) => None,
             Credential::Key(k) => Some(&k.secret),
             Credential::Session { secret, .. } | Credential::Member { secret, .. } => Some(secret),
         }
@@ -185,6 +196,11 @@ pub enum Principal {
     Session(SessionId),
     /// One of the registered clients (traffic between clients' mailboxes).
     Member { incarnation: u64 },
+    /// A registered client of a server without keys, by the session it
+    /// named ([`Credential::Claim`]): trusted as [`Principal::Anonymous`] is
+    /// by services that check no identity, but a NIC refuses it once that
+    /// client is fenced.
+    Claimed(SessionId),
 }
 
 impl Principal {
@@ -194,7 +210,7 @@ impl Principal {
         match self {
             Principal::Anonymous => true,
             Principal::Key { options, .. } => options.role == Role::Server,
-            Principal::Session(_) | Principal::Member { .. } => false,
+            Principal::Session(_) | Principal::Member { .. } | Principal::Claimed(_) => false,
         }
     }
 }
@@ -202,8 +218,9 @@ impl Principal {
 /// Whom a server lets in.
 #[derive(Clone, Debug, Default)]
 pub enum Authority {
-    /// No keys: anyone, as [`Principal::Anonymous`]; keyed clients are
-    /// told the server has none.
+    /// No keys: anyone, as [`Principal::Anonymous`] (or, naming its
+    /// session, [`Principal::Claimed`]); keyed clients are told the server
+    /// has none.
     #[default]
     Open,
     /// Holders of the keyring's keys, and (with its cluster key) the
@@ -228,7 +245,7 @@ impl Authority {
     fn secret_of(&self, id: &CredentialId) -> Result<(Secret, Principal), Status> {
         match (self, id) {
             (Authority::Open, _) => Err(Status::NoKeys),
-            (_, CredentialId::Anonymous) => Err(Status::KeyRequired),
+            (_, CredentialId::Anonymous | CredentialId::Claim(_)) => Err(Status::KeyRequired),
             (Authority::Keyring(ring), CredentialId::Key(name)) => {
                 let key = ring.get(name).ok_or(Status::UnknownCredential)?;
                 Ok((key.secret.clone(), Principal::Key { name: key.name.clone(), options: key.options }))
@@ -335,7 +352,7 @@ fn encode_hello(id: &CredentialId, nonce_c: &[u8; NONCE_LEN]) -> Vec<u8> {
     let (name, incarnation, client): (&[u8], u64, u64) = match id {
         CredentialId::Anonymous => (b"", 0, 0),
         CredentialId::Key(n) => (n.as_bytes(), 0, 0),
-        CredentialId::Session(s) => (b"", s.incarnation, s.client),
+        CredentialId::Session(s) | CredentialId::Claim(s) => (b"", s.incarnation, s.client),
         CredentialId::Member { incarnation } => (b"", *incarnation, 0),
     };
     let mut out = Vec::with_capacity(HELLO_FIXED + name.len());
@@ -378,6 +395,7 @@ fn read_hello(r: &mut impl Read) -> Result<(Vec<u8>, CredentialId), Status> {
         }
         2 => CredentialId::Session(SessionId { incarnation, client }),
         3 => CredentialId::Member { incarnation },
+        4 => CredentialId::Claim(SessionId { incarnation, client }),
         _ => return Err(Status::BadHello),
     };
     Ok((hello, id))
@@ -468,10 +486,15 @@ fn server_exchange(
     admit: impl FnOnce(&Principal) -> Result<(), Status>,
 ) -> Result<Principal, Status> {
     let (hello, id) = read_hello(stream)?;
-    if authority.is_open() && id == CredentialId::Anonymous {
-        admit(&Principal::Anonymous)?;
+    if authority.is_open() {
+        let principal = match id {
+            CredentialId::Anonymous => Principal::Anonymous,
+            CredentialId::Claim(s) => Principal::Claimed(s),
+            _ => return Err(Status::NoKeys),
+        };
+        admit(&principal)?;
         stream.write_all(&[Status::Open as u8]).map_err(|_| Status::Broken)?;
-        return Ok(Principal::Anonymous);
+        return Ok(principal);
     }
     let (secret, principal) = authority.secret_of(&id)?;
     let nonce_s = nonce();
@@ -628,6 +651,25 @@ mod tests {
             run(Authority::Open, |st| client_handshake(st, &Credential::Anonymous, Duration::from_secs(5)));
         assert_eq!(s, Ok(Principal::Anonymous));
         c.unwrap();
+    }
+
+    /// A session claimed without proof is taken at its word by a server
+    /// without keys (so that fences apply to it), and refused by a keyed
+    /// one, which wants the session proved.
+    #[test]
+    fn a_claimed_session_is_for_servers_without_keys() {
+        let id = SessionId { incarnation: 5, client: 12 };
+        let (s, c) = run(Authority::Open, move |st| {
+            client_handshake(st, &Credential::Claim(id), Duration::from_secs(5))
+        });
+        assert_eq!(s, Ok(Principal::Claimed(id)));
+        assert!(!Principal::Claimed(id).is_server());
+        c.unwrap();
+        let (s, c) = run(Authority::Keyring(ring()), move |st| {
+            client_handshake(st, &Credential::Claim(id), Duration::from_secs(5))
+        });
+        assert_eq!(s, Err(Status::KeyRequired));
+        assert!(matches!(c, Err(HandshakeError::KeyRequired)), "{c:?}");
     }
 
     #[test]

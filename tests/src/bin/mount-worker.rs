@@ -1,30 +1,45 @@
 //! A mount of a cluster in a process of its own (a client node that can be
-//! killed): `mount-worker META_ADDR DIR [--tcp] [--key-file PATH]` (the
-//! first key of the file is the one proved). Prints `mounted` once the file
-//! system is served, then serves until killed or unmounted.
+//! killed or stopped). Prints `mounted` once the file system is served,
+//! then serves until killed or unmounted. Logs go to stderr when `RUST_LOG`
+//! asks for them.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use clap::Parser;
 
 use citronfs_core::client::{ClientConfig, FsClient, Transport};
 use citronfs_mount::{spawn_mount, CitronFuse, MountOptions};
 
+#[derive(Parser)]
+struct Args {
+    /// The meta-server's RPC address.
+    meta: SocketAddr,
+    /// Where to mount.
+    dir: PathBuf,
+    /// Reach server memory over tcp even where shm is present.
+    #[arg(long)]
+    tcp: bool,
+    /// Prove the first key of this key file.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+}
+
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let (Some(meta), Some(dir)) = (args.get(1), args.get(2)) else {
-        anyhow::bail!("usage: mount-worker META_ADDR DIR [--tcp] [--key-file PATH]");
-    };
-    let mut config = ClientConfig::new(meta.parse()?);
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("off")).init();
+    let args = Args::parse();
+    let mut config = ClientConfig::new(args.meta);
     config.timeout = Duration::from_secs(3);
-    if args.iter().any(|a| a == "--tcp") {
+    if args.tcp {
         config.transport = Transport::Tcp;
     }
-    if let Some(i) = args.iter().position(|a| a == "--key-file") {
-        let path = args.get(i + 1).ok_or_else(|| anyhow::anyhow!("--key-file needs a path"))?;
-        let ring = citron_rpc::auth::Keyring::load(std::path::Path::new(path))?;
+    if let Some(path) = &args.key_file {
+        let ring = citron_rpc::auth::Keyring::load(path)?;
         config.key = Some(ring.first().clone());
     }
     let client = FsClient::connect(config)?;
-    let session = spawn_mount(CitronFuse::new(client, MountOptions::default()), std::path::Path::new(dir))?;
+    let session = spawn_mount(CitronFuse::new(client, MountOptions::default()), &args.dir)?;
     println!("mounted");
     session.join()?;
     Ok(())

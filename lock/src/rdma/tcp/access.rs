@@ -41,6 +41,18 @@
 //!   connections (the software form of destroying its queue pairs, Citron
 //!   §3.10 "Detection"); its session can no longer connect.
 //!
+//! # Clusters without keys: fences without grants
+//!
+//! Without keys nothing is proved, so grants would protect nothing; but a
+//! client that stalled past its lease must still be refused, or its verbs
+//! in flight land after its locks were recovered (issue 12). A registered
+//! client of such a cluster names its session when it connects
+//! ([`Principal::Claimed`]). Admission and fencing apply to it exactly as
+//! to a proved session (the meta-server admits and fences clients of every
+//! cluster); grants do not: an admitted, unfenced claimed client may touch
+//! every region, as a server may. Its verbs still run under the read lock
+//! of its entry, so a fence that returns has waited for them, as above.
+//!
 //! # Cost per verb
 //!
 //! For a server principal, one match. For a client: a read lock of the
@@ -357,7 +369,9 @@ impl AccessTable {
     /// Cuts the connections of the sessions of clients that `which` selects.
     fn cut(&self, which: impl Fn(ClientNumber) -> bool) {
         if let Some(conns) = self.connections.get() {
-            let n = conns.close_where(|p| matches!(p, Principal::Session(s) if which(s.client)));
+            let n = conns.close_where(
+                |p| matches!(p, Principal::Session(s) | Principal::Claimed(s) if which(s.client)),
+            );
             if n > 0 {
                 log::info!("cut {n} connections of fenced clients");
             }
@@ -365,12 +379,13 @@ impl AccessTable {
     }
 
     /// Whether a peer that proved `principal` may connect to the NIC:
-    /// servers, and sessions of admitted clients of the incarnation in
-    /// charge (waiting up to the hold for an admission in flight).
+    /// servers, and sessions (proved or claimed) of admitted clients of the
+    /// incarnation in charge (waiting up to the hold for an admission in
+    /// flight).
     pub fn admit(&self, principal: &Principal) -> Result<(), Status> {
         match principal {
             p if p.is_server() => Ok(()),
-            Principal::Session(s) => {
+            Principal::Session(s) | Principal::Claimed(s) => {
                 let deadline = Instant::now() + self.hold();
                 loop {
                     let seen = self.generation();
@@ -401,9 +416,10 @@ impl AccessTable {
         verb: &Verb,
         run: impl FnOnce(&Verb) -> Result<VerbReply, VerbError>,
     ) -> Result<VerbReply, VerbError> {
-        let client = match principal {
+        let (client, needs_grant) = match principal {
             p if p.is_server() => return run(verb),
-            Principal::Session(s) => s.client,
+            Principal::Session(s) => (s.client, true),
+            Principal::Claimed(s) => (s.client, false),
             _ => {
                 let (addr, len, _) = touched(verb);
                 return Err(self.refuse(addr, len));
@@ -421,8 +437,9 @@ impl AccessTable {
                 if access.fenced.load(Ordering::Acquire) {
                     return Err(self.refuse(addr, len));
                 }
-                if g.covers(addr, len, write) {
-                    // Executed under the read lock: a revocation waits for it.
+                if !needs_grant || g.covers(addr, len, write) {
+                    // Executed under the read lock: a revocation or fence
+                    // waits for it.
                     return run(verb);
                 }
             }
@@ -605,5 +622,24 @@ mod tests {
         t.apply(&AccessCommand::Reset { incarnation: 8 });
         assert_eq!(t.clients(), 0);
         assert_eq!(t.admit(&Principal::Member { incarnation: 8 }), Err(Status::NotAdmitted));
+    }
+    /// A claimed session (a cluster without keys) needs no grant, but must
+    /// be admitted, and a fence refuses it as it refuses a proved session.
+    #[test]
+    fn a_claimed_session_needs_admission_not_grants_and_is_fenced() {
+        let t = table();
+        let claimed = |client| Principal::Claimed(SessionId { incarnation: 7, client });
+        assert_eq!(t.admit(&claimed(1)), Ok(()));
+        let faa = Verb::Faa { addr: RemoteAddr::new(RegionId(9), 1 << 20), add: 1 };
+        assert!(t.execute(&claimed(1), &read(0, 8), ok).is_ok());
+        assert!(t.execute(&claimed(1), &faa, ok).is_ok());
+        // Not admitted, or of another incarnation: refused.
+        assert_eq!(t.admit(&claimed(2)), Err(Status::NotAdmitted));
+        assert!(t.execute(&claimed(2), &read(0, 8), ok).is_err());
+        let stale = Principal::Claimed(SessionId { incarnation: 6, client: 1 });
+        assert_eq!(t.admit(&stale), Err(Status::NotAdmitted));
+        t.apply(&AccessCommand::Fence { client: 1 });
+        assert!(matches!(t.execute(&claimed(1), &faa, ok), Err(VerbError::NotGranted { .. })));
+        assert_eq!(t.admit(&claimed(1)), Err(Status::NotAdmitted));
     }
 }
