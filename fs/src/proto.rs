@@ -456,6 +456,18 @@ pub enum MetaResponse {
     Opened(Attr, FileLayout),
     /// A non-exclusive `CreateOpen` found a regular file and opened it.
     OpenedExisting(Attr, FileLayout),
+    /// The answer to a change of a directory's entries (`Create`,
+    /// `CreateOpen`, `Symlink`, `Unlink`, `Rmdir`) sent as
+    /// [`MetaRequest::Caching`]: `answer` as without caching, and the
+    /// directory's attributes after the change, granted to the changer
+    /// (its kernel dropped them; the mount answers the next `GETATTR` from
+    /// these). `created`: what of a created inode's entry and attributes
+    /// is granted to its creator.
+    ParentGranted {
+        answer: Box<MetaResponse>,
+        parent: Attr,
+        created: Grant,
+    },
     Chunks(Vec<(ChunkIndex, ChunkLoc)>),
     Stats(FsStats),
     Status(Box<crate::status::ClusterStatus>),

@@ -42,6 +42,28 @@
 //! grant stays in the table until it expires or its client acknowledges a
 //! later invalidation, so a second change of the same thing waits too.
 //!
+//! # The changer's own grants
+//!
+//! A change of a directory's entries by a caching client (create, mkdir,
+//! unlink, rmdir, symlink) answers it the directory's attributes after the
+//! change and grants them to it (`MetaResponse::ParentGranted`): its kernel
+//! dropped them and asks again at the next path walk, which its mount then
+//! answers without a round trip. Recorded under the namespace mutex like a
+//! lookup's grant, so another client's later change of the directory
+//! revokes it; the changer's own later changes spare it, and its mount
+//! drops or replaces what it keeps itself (mount `attr_cache`).
+//!
+//! # Creators
+//!
+//! A regular file a caching client creates with `CreateOpen` is open for
+//! writing by that client alone: its entry and attributes are granted to
+//! the creator (not to anyone else, as for every written file). Its size
+//! and times then change one-sidedly only by the creator's own writes,
+//! which its kernel sees (a write through FUSE drops the size and times it
+//! cached, so the next `stat` asks, and is answered ungranted); any other
+//! client's writing open, setattr or unlink of the file revokes the grant
+//! as any change does.
+//!
 //! # Delivery
 //!
 //! Each caching mount long-polls with `AwaitInvalidations { acked }` on a

@@ -78,6 +78,9 @@ impl Filesystem for CitronFuse {
                 Err(e) => reply.error(errno(&e)),
             };
         }
+        // A directory this mount changed itself: answered from the change's
+        // granted answer (`attr_cache`).
+        let Some(reply) = self.getattr_kept(Ino(ino.0), reply) else { return };
         let epochs = self.invalidations.epochs();
         let (sent, before) = (Instant::now(), epochs.of(Ino(ino.0)));
         match self.client.getattr_granted(Ino(ino.0)) {
@@ -131,6 +134,7 @@ impl Filesystem for CitronFuse {
                 None => Ok(a),
             }
         });
+        self.attrs_changed(&[ino]);
         match r {
             Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -153,33 +157,45 @@ impl Filesystem for CitronFuse {
         reply: ReplyEntry,
     ) {
         self.requests.count(FuseOp::Mknod);
+        let ticket = self.dir_changing(Ino(parent.0));
         let r = kind_of_mode(mode).and_then(|kind| {
             let perm = (mode & !umask & 0o7777) as u16;
-            self.client.create(caller(req), Ino(parent.0), name(n), kind, perm, rdev)
+            self.client.create_granted(caller(req), Ino(parent.0), name(n), kind, perm, rdev)
         });
-        self.entry(reply, r)
+        self.entry(reply, self.dir_changed_then(ticket, r))
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         self.requests.count(FuseOp::Mkdir);
         let perm = (mode & !umask & 0o7777) as u16;
-        self.entry(reply, self.client.create(caller(req), Ino(parent.0), name(n), FileKind::Dir, perm, 0))
+        let ticket = self.dir_changing(Ino(parent.0));
+        let r = self.client.create_granted(caller(req), Ino(parent.0), name(n), FileKind::Dir, perm, 0);
+        self.entry(reply, self.dir_changed_then(ticket, r))
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         self.requests.count(FuseOp::Unlink);
-        done(reply, self.client.unlink(caller(req), Ino(parent.0), name(n)))
+        let ticket = self.dir_changing(Ino(parent.0));
+        let r = self.client.unlink_granted(caller(req), Ino(parent.0), name(n));
+        self.dir_changed(ticket, r.as_ref().ok());
+        done(reply, r.map(drop))
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         self.requests.count(FuseOp::Rmdir);
-        done(reply, self.client.rmdir(caller(req), Ino(parent.0), name(n)))
+        let r = self.client.rmdir(caller(req), Ino(parent.0), name(n));
+        // The removed directory's attributes may be kept here (its number
+        // is not in the request): everything goes.
+        self.forget_all_attrs();
+        done(reply, r)
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
         self.requests.count(FuseOp::Symlink);
         let target = target.as_os_str().as_bytes();
-        self.entry(reply, self.client.symlink(caller(req), Ino(parent.0), name(link), target))
+        let ticket = self.dir_changing(Ino(parent.0));
+        let r = self.client.symlink_granted(caller(req), Ino(parent.0), name(link), target);
+        self.entry(reply, self.dir_changed_then(ticket, r))
     }
 
     fn rename(
@@ -202,15 +218,17 @@ impl Filesystem for CitronFuse {
         } else {
             return reply.error(Errno::EINVAL);
         };
-        done(
-            reply,
-            self.client.rename(caller(req), Ino(parent.0), name(n), Ino(newparent.0), name(newname), mode),
-        )
+        let r =
+            self.client.rename(caller(req), Ino(parent.0), name(n), Ino(newparent.0), name(newname), mode);
+        self.forget_all_attrs();
+        done(reply, r)
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         self.requests.count(FuseOp::Link);
-        self.entry(reply, self.client.link(caller(req), Ino(ino.0), Ino(newparent.0), name(newname)))
+        let r = self.client.link(caller(req), Ino(ino.0), Ino(newparent.0), name(newname));
+        self.attrs_changed(&[Ino(ino.0), Ino(newparent.0)]);
+        self.entry(reply, r)
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -371,7 +389,9 @@ impl Filesystem for CitronFuse {
             libc::XATTR_REPLACE => XattrMode::Replace,
             _ => return reply.error(Errno::EINVAL),
         };
-        done(reply, self.client.set_xattr(caller(req), Ino(ino.0), name(n), value, mode))
+        let r = self.client.set_xattr(caller(req), Ino(ino.0), name(n), value, mode);
+        self.attrs_changed(&[Ino(ino.0)]);
+        done(reply, r)
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
@@ -414,7 +434,9 @@ impl Filesystem for CitronFuse {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         self.requests.count(FuseOp::RemoveXattr);
-        done(reply, self.client.remove_xattr(caller(req), Ino(ino.0), name(n)))
+        let r = self.client.remove_xattr(caller(req), Ino(ino.0), name(n));
+        self.attrs_changed(&[Ino(ino.0)]);
+        done(reply, r)
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -436,25 +458,23 @@ impl Filesystem for CitronFuse {
         self.requests.count(FuseOp::Create);
         let perm = (mode & !umask & 0o7777) as u16;
         let (who, parent, n) = (caller(req), Ino(parent.0), name(n));
-        let opened = if flags & libc::O_EXCL != 0 {
-            self.client.create_open(who, parent, n, perm)
-        } else {
-            // Without O_EXCL, a name another mount created since our kernel
-            // looked it up is opened, not refused.
-            self.client.open_or_create(who, parent, n, perm).and_then(|o| match o.created {
-                true => Ok(o.attr),
-                false => self.open_existing_for_create(req, o.attr, flags),
-            })
-        };
-        let r = opened.map(|a| (self.track_open(a.ino, flags), a));
+        let (ticket, before) = (self.dir_changing(parent), self.invalidations.epochs().all());
+        // Without O_EXCL, a name another mount created since our kernel
+        // looked it up is opened, not refused.
+        let exclusive = flags & libc::O_EXCL != 0;
+        let opened = self.client.create_or_open(who, parent, n, perm, exclusive);
+        self.dir_changed(ticket, opened.as_ref().ok().map(|o| &o.granted));
+        let opened = opened.and_then(|o| match o.created {
+            // The new file's entry and attributes, granted to this mount as
+            // its creator and only opener (meta-server `grants`).
+            true => Ok((o.attr, self.created_ttl(ticket, before, &o.granted))),
+            false => Ok((self.open_existing_for_create(req, o.attr, flags)?, self.options.attr_ttl)),
+        });
+        let r = opened.map(|(a, ttl)| (self.track_open(a.ino, flags), a, ttl));
         match r {
-            Ok((fh, a)) => reply.created(
-                &self.options.attr_ttl,
-                &fuse_attr(&a),
-                Generation(0),
-                fh,
-                FopenFlags::FOPEN_DIRECT_IO,
-            ),
+            Ok((fh, a, ttl)) => {
+                reply.created(&ttl, &fuse_attr(&a), Generation(0), fh, FopenFlags::FOPEN_DIRECT_IO)
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

@@ -27,6 +27,10 @@
 //!   descriptor of the session's `/dev/fuse` here ([`Device`]); a kernel
 //!   that refuses it gets the precise, locking ones.
 //!
+//! An attribute invalidation also drops what the mount keeps itself of the
+//! inode ([`crate::attr_cache`]), first: before the kernel is told and
+//! the meta-server hears the acknowledgement.
+//!
 //! Never from a FUSE worker (see [`crate::coherence`] for the general
 //! rule). Whatever the thread waits for, the change that sent the
 //! invalidation waits only until its acknowledgement or the grant's
@@ -67,6 +71,8 @@ use std::time::Duration;
 use citronfs_core::client::FsClient;
 use citronfs_core::proto::Invalidation;
 use citronfs_core::types::Ino;
+
+use crate::attr_cache::AttrCache;
 
 /// Counters per stripe of inodes: a collision only makes a reply
 /// uncached.
@@ -125,6 +131,8 @@ impl Epochs {
 #[derive(Default)]
 struct Shared {
     epochs: Epochs,
+    /// Directory attributes the mount answers `GETATTR` with itself.
+    attrs: AttrCache,
     /// Test hook: the thread polls and notifies nothing while set, as if
     /// the mount's process were stopped.
     stalled: AtomicBool,
@@ -152,6 +160,16 @@ impl InvalidationControl {
 
     pub(crate) fn epochs(&self) -> &Epochs {
         &self.0.epochs
+    }
+
+    pub(crate) fn attrs(&self) -> &AttrCache {
+        &self.0.attrs
+    }
+
+    /// Directories whose attributes the mount answers `GETATTR` with
+    /// itself now, expired ones included (tests, diagnostics).
+    pub fn local_attrs(&self) -> usize {
+        self.0.attrs.len()
     }
 
     /// Ends the thread at its next turn.
@@ -221,6 +239,7 @@ impl InvalidationControl {
             match item {
                 Invalidation::Attr(ino) => {
                     self.0.epochs.bump(*ino);
+                    self.0.attrs.invalidate(*ino);
                     warn_failed(item, notify.notifier.inval_inode(fuser::INodeNo(ino.0), -1, 0));
                 }
                 Invalidation::Entry { parent, name } => {

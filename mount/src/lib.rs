@@ -11,6 +11,7 @@
 //! through locks ([`coherence`]). The session is multi-threaded.
 
 mod access;
+mod attr_cache;
 pub mod caller;
 mod coherence;
 mod filesystem;

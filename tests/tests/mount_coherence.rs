@@ -69,6 +69,7 @@ both_modes!(
     chmod_rename_and_size_changes_are_seen_at_once_on_the_other_mount,
     only_the_last_close_on_a_mount_reaches_the_meta_server,
     big_directories_are_listed_whole_on_the_other_mount,
+    a_directory_changed_on_either_mount_is_seen_at_once_by_the_other,
 );
 
 fn names(m: &TestMount, dir: &str) -> Vec<String> {
@@ -404,4 +405,137 @@ fn a_listing_caches_what_it_lists_and_changes_are_still_seen_at_once() {
     w.write_all(b"more").unwrap();
     assert_eq!(fs::metadata(b.path("d/f4")).unwrap().len(), 5, "B's stat after A's write");
     drop(w);
+}
+
+/// What a `stat` of `rel` on `m` shows of a directory that can change: its
+/// mode, link count, times and size.
+fn dir_state(meta: &fs::Metadata) -> (u32, u64, i64, i64, i64, i64, u64) {
+    (meta.mode(), meta.nlink(), meta.mtime(), meta.mtime_nsec(), meta.ctime(), meta.ctime_nsec(), meta.size())
+}
+
+/// The same, as the meta-server has it now (asked directly, past every
+/// cache).
+fn true_dir_state(m: &TestMount, ino: Ino) -> (u32, u64, i64, i64, i64, i64, u64) {
+    let a = m.client.getattr(ino).unwrap();
+    let mode = libc::S_IFDIR | u32::from(a.perm);
+    (
+        mode,
+        u64::from(a.nlink),
+        a.mtime.secs,
+        i64::from(a.mtime.nanos),
+        a.ctime.secs,
+        i64::from(a.ctime.nanos),
+        a.size,
+    )
+}
+
+/// A directory's attributes after a change on either mount: a caching
+/// mount answers `GETATTR` of a directory it just changed itself from the
+/// change's answer (no round trip), and must still see every change the
+/// other mount makes at once. Each round: B caches the directory; A
+/// creates in it (a file or a subdirectory: new mtime, new link count) and
+/// stats it (answered by A itself); B sees what A did; then B makes one of
+/// create, unlink, chmod, rename, mkdir, rmdir in it and A — which holds
+/// the directory's attributes from its own change — sees it at once.
+fn a_directory_changed_on_either_mount_is_seen_at_once_by_the_other(mode: Mode) {
+    let (_c, a, b) = cluster(mode);
+    fs::create_dir(a.path("d")).unwrap();
+    let d = Ino(fs::metadata(a.path("d")).unwrap().ino());
+    let check = |m: &TestMount, who: &str, round: usize, what: &str| {
+        let seen = dir_state(&fs::metadata(m.path("d")).unwrap());
+        assert_eq!(seen, true_dir_state(m, d), "round {round}: {who}'s stat of d after {what}");
+        seen
+    };
+    for round in 0..60 {
+        fs::metadata(b.path("d")).unwrap();
+        let before = check(&a, "A", round, "nothing");
+        // A changes d: the kernel drops d's attributes, the next stat asks.
+        let what = if round % 3 == 0 {
+            fs::create_dir(a.path(&format!("d/sub{round}"))).unwrap();
+            "A's mkdir"
+        } else {
+            fs::OpenOptions::new().write(true).create_new(true).open(a.path(&format!("d/a{round}"))).unwrap();
+            "A's create"
+        };
+        let on_a = check(&a, "A", round, what);
+        assert_ne!(on_a, before, "round {round}: d did not change");
+        assert_eq!(check(&b, "B", round, what), on_a, "round {round}: A and B disagree");
+        // A stats d again (its own change's answer, if it keeps it); B changes it.
+        check(&a, "A", round, "its own stat");
+        let what = match round % 6 {
+            0 => {
+                fs::write(b.path(&format!("d/b{round}")), b"").unwrap();
+                "B's create"
+            }
+            1 => {
+                fs::remove_file(b.path(&format!("d/a{round}"))).unwrap();
+                "B's unlink"
+            }
+            2 => {
+                let perm = if round % 4 == 0 { 0o750 } else { 0o755 };
+                fs::set_permissions(b.path("d"), fs::Permissions::from_mode(perm)).unwrap();
+                "B's chmod"
+            }
+            3 => {
+                fs::rename(b.path(&format!("d/sub{round}")), b.path(&format!("d/moved{round}"))).unwrap();
+                "B's rename"
+            }
+            4 => {
+                fs::create_dir(b.path(&format!("d/bsub{round}"))).unwrap();
+                "B's mkdir"
+            }
+            _ => {
+                fs::remove_dir(b.path(&format!("d/bsub{}", round - 1))).unwrap();
+                "B's rmdir"
+            }
+        };
+        let after = check(&a, "A", round, what);
+        assert_eq!(check(&b, "B", round, what), after, "round {round}: A and B disagree after {what}");
+    }
+}
+
+/// The round trips of a create on a caching mount, in a directory it holds
+/// a grant on: the kernel's path walk asks `GETATTR` of the directory (it
+/// dropped the attributes after the previous create), which the mount
+/// answers from the previous create's answer; then a negative `LOOKUP` of
+/// the name, and the create itself, which grants the new file's entry and
+/// attributes to its creator; the close's release is the third call. A
+/// `stat` of the directory and of the new file then costs nothing.
+#[test]
+fn a_cached_create_costs_three_calls_and_the_stats_after_it_none() {
+    let (_c, a, _b) = cluster(Mode::Cached(LONG_TTL));
+    fs::create_dir(a.path("d")).unwrap();
+    fs::metadata(a.path("d")).unwrap();
+    // A create before: the kernel dropped d's attributes, as in a loop of
+    // creates (its release is waited for, not counted below).
+    close(&a, fs::File::create(a.path("d/warm")).unwrap());
+    for round in 0..20 {
+        let name = format!("d/f{round}");
+        let calls = a.client.rpc_counts();
+        let f = fs::OpenOptions::new().write(true).create_new(true).open(a.path(&name)).unwrap();
+        let opened = a.client.rpc_counts() - calls;
+        let released = close(&a, f);
+        let spent = opened.operations() + released.operations();
+        assert!(
+            spent <= 3,
+            "round {round}: a create and close sent {spent} calls: {} then {}",
+            opened.describe(),
+            released.describe()
+        );
+        let (_, calls, _) = stat_cost(&a, "d");
+        assert_eq!(
+            calls.operations(),
+            0,
+            "round {round}: the stat of d after a create sent {}",
+            calls.describe()
+        );
+        let (meta, calls, _) = stat_cost(&a, &name);
+        assert_eq!(meta.len(), 0);
+        assert_eq!(
+            calls.operations(),
+            0,
+            "round {round}: the stat of {name} after its create sent {}",
+            calls.describe()
+        );
+    }
 }

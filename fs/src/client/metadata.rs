@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{granted, unexpected, FsClient};
+use super::{granted, unexpected, ChangeGrant, FsClient};
 use crate::error::FsError;
 use crate::proto::{EntryPlus, Grant, Invalidation, MetaRequest, MetaResponse, RenameMode, XattrMode};
 use crate::types::{Attr, Caller, DirEntry, FileKind, FsStats, Ino};
@@ -72,11 +72,37 @@ impl FsClient {
         perm: u16,
         rdev: u32,
     ) -> Result<Attr, FsError> {
-        self.call_attr(&MetaRequest::Create { caller, parent, name: name.to_vec(), kind, perm, rdev })
+        Ok(self.create_granted(caller, parent, name, kind, perm, rdev)?.0)
+    }
+
+    /// [`FsClient::create`], and what a caching client was granted with it
+    /// (the directory's new attributes).
+    pub fn create_granted(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        perm: u16,
+        rdev: u32,
+    ) -> Result<(Attr, ChangeGrant), FsError> {
+        self.call_change_attr(&MetaRequest::Create { caller, parent, name: name.to_vec(), kind, perm, rdev })
     }
 
     pub fn symlink(&self, caller: Caller, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr, FsError> {
-        self.call_attr(&MetaRequest::Symlink { caller, parent, name: name.to_vec(), target: target.to_vec() })
+        Ok(self.symlink_granted(caller, parent, name, target)?.0)
+    }
+
+    /// [`FsClient::symlink`], and what a caching client was granted with it.
+    pub fn symlink_granted(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<(Attr, ChangeGrant), FsError> {
+        let request = MetaRequest::Symlink { caller, parent, name: name.to_vec(), target: target.to_vec() };
+        self.call_change_attr(&request)
     }
 
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, FsError> {
@@ -92,6 +118,11 @@ impl FsClient {
 
     pub fn unlink(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {
         self.call_done(&MetaRequest::Unlink { caller, parent, name: name.to_vec() })
+    }
+
+    /// [`FsClient::unlink`], and what a caching client was granted with it.
+    pub fn unlink_granted(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<ChangeGrant, FsError> {
+        self.call_change_done(&MetaRequest::Unlink { caller, parent, name: name.to_vec() })
     }
 
     pub fn rmdir(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {

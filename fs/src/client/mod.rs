@@ -67,6 +67,20 @@ pub struct Opened {
     /// Whether it was created; `false`: the name existed and the existing
     /// file was opened.
     pub created: bool,
+    /// What a caching client was granted with it.
+    pub granted: ChangeGrant,
+}
+
+/// What the meta-server granted a caching client with its change of a
+/// directory's entries (`MetaResponse::ParentGranted`; nothing for a client
+/// that does not cache).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChangeGrant {
+    /// The directory's attributes after the change, granted for the
+    /// client's TTL from about when the request was sent.
+    pub parent: Option<Attr>,
+    /// What of a created inode's entry and attributes is granted.
+    pub created: Grant,
 }
 
 /// How long a last release waits for the calls that use the file's lock
@@ -206,6 +220,17 @@ fn granted(r: MetaResponse) -> Result<(Attr, Grant), FsError> {
         MetaResponse::Granted(a, g) => Ok((a, g)),
         MetaResponse::Attr(a) => Ok((a, Grant::default())),
         other => Err(unexpected(other)),
+    }
+}
+
+/// A change's answer out of its [`MetaResponse::ParentGranted`] wrapper,
+/// and what it granted.
+fn change_answer(r: MetaResponse) -> (MetaResponse, ChangeGrant) {
+    match r {
+        MetaResponse::ParentGranted { answer, parent, created } => {
+            (*answer, ChangeGrant { parent: Some(parent), created })
+        }
+        other => (other, ChangeGrant::default()),
     }
 }
 
@@ -376,19 +401,33 @@ impl FsClient {
     }
 
     fn call_attr(&self, request: &MetaRequest) -> Result<Attr, FsError> {
-        match self.call(request)? {
+        Ok(self.call_change_attr(request)?.0)
+    }
+
+    /// A change answered with attributes, and what a caching client was
+    /// granted with it.
+    fn call_change_attr(&self, request: &MetaRequest) -> Result<(Attr, ChangeGrant), FsError> {
+        let (answer, grant) = change_answer(self.call(request)?);
+        let attr = match answer {
             // A caching client's lookups and getattrs are answered with a
             // grant; callers that do not hand the answer to the kernel
             // ignore it (the meta-server may call back for nothing).
-            MetaResponse::Attr(a) | MetaResponse::Granted(a, _) => Ok(a),
-            other => Err(unexpected(other)),
-        }
+            MetaResponse::Attr(a) | MetaResponse::Granted(a, _) => a,
+            other => return Err(unexpected(other)),
+        };
+        Ok((attr, grant))
     }
 
     fn call_done(&self, request: &MetaRequest) -> Result<(), FsError> {
-        match self.call(request)? {
-            MetaResponse::Done => Ok(()),
-            other => Err(unexpected(other)),
+        self.call_change_done(request).map(drop)
+    }
+
+    /// A change answered `Done`, and what a caching client was granted
+    /// with it.
+    fn call_change_done(&self, request: &MetaRequest) -> Result<ChangeGrant, FsError> {
+        match change_answer(self.call(request)?) {
+            (MetaResponse::Done, grant) => Ok(grant),
+            (other, _) => Err(unexpected(other)),
         }
     }
 

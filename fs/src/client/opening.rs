@@ -2,7 +2,7 @@
 //! meta-server and lends the file's lock memory and layout; the last
 //! release here gives them back ([`opens`](super::opens)).
 
-use super::{opens, unexpected, FsClient, Opened, RELEASE_WAIT};
+use super::{change_answer, opens, unexpected, FsClient, Opened, RELEASE_WAIT};
 use crate::error::FsError;
 use crate::proto::{FileLayout, MetaRequest, MetaResponse};
 use crate::types::{Attr, Caller, Ino};
@@ -53,7 +53,10 @@ impl FsClient {
         self.create_or_open(caller, parent, name, perm, false)
     }
 
-    pub(super) fn create_or_open(
+    /// [`FsClient::create_open`] (`exclusive`) or
+    /// [`FsClient::open_or_create`], with what a caching client was
+    /// granted ([`Opened::granted`]).
+    pub fn create_or_open(
         &self,
         caller: Caller,
         parent: Ino,
@@ -65,14 +68,15 @@ impl FsClient {
         let registration = self.registration();
         let request =
             MetaRequest::CreateOpen { caller, client, parent, name: name.to_vec(), perm, exclusive };
-        let (attr, layout, created) = match self.call(&request)? {
+        let (answer, granted) = change_answer(self.call(&request)?);
+        let (attr, layout, created) = match answer {
             MetaResponse::Opened(attr, layout) => (attr, layout, true),
             MetaResponse::OpenedExisting(attr, layout) => (attr, layout, false),
             other => return Err(unexpected(other)),
         };
         self.shared.opens.with_entry(attr.ino, |e| self.count_open(e, registration, &layout));
         self.install_layout(layout);
-        Ok(Opened { attr, created })
+        Ok(Opened { attr, created, granted })
     }
 
     /// Records an open the meta-server counted, and the lock memory it lent.

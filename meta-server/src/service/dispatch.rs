@@ -78,6 +78,29 @@ impl MetaService {
         MetaResponse::Granted(attr, grant)
     }
 
+    /// What a change of `dir`'s entries answers a caching changer: the
+    /// directory's attributes after it, granted to the changer (whose
+    /// grant a change never revokes, [`Grants::revoke`]), with `answer`;
+    /// `created`: what of a created inode the changer was granted. Called
+    /// with the namespace mutex held, as [`Self::granted`], so a change of
+    /// `dir` by another client either came before (and is in the answer)
+    /// or comes after and revokes this grant.
+    ///
+    /// [`Grants::revoke`]: crate::grants::Grants::revoke
+    fn with_parent(
+        &self,
+        ns: &crate::namespace::Namespace,
+        caching: Option<(ClientId, Duration)>,
+        dir: Ino,
+        answer: MetaResponse,
+        created: Grant,
+    ) -> MetaResponse {
+        let Some((client, ttl)) = caching else { return answer };
+        let Ok(parent) = ns.attr(dir) else { return answer };
+        self.grants.grant(client, Invalidation::Attr(dir), ttl);
+        MetaResponse::ParentGranted { answer: Box::new(answer), parent, created }
+    }
+
     /// What a `ReadDirPlus` answers: entries of `dir` after cookie `after`,
     /// with their attributes, each entry and its attributes granted
     /// together to a caching client as a lookup's answer would be (neither
@@ -251,7 +274,7 @@ impl MetaService {
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 changed.keys.push(AttrOf(parent));
-                A::Attr(attr)
+                self.with_parent(&ns, caching, parent, A::Attr(attr), Grant::default())
             }
             R::Symlink { caller, parent, name, target } => {
                 let new =
@@ -260,7 +283,7 @@ impl MetaService {
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 changed.keys.push(AttrOf(parent));
-                A::Attr(attr)
+                self.with_parent(&ns, caching, parent, A::Attr(attr), Grant::default())
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
             R::Link { caller, ino, new_parent, new_name } => {
@@ -278,7 +301,7 @@ impl MetaService {
                 ns.unlink(parent, &name)?;
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
-                A::Done
+                self.with_parent(&ns, caching, parent, A::Done, Grant::default())
             }
             R::Rmdir { caller, parent, name } => {
                 let mut ns = self.ns.lock();
@@ -289,7 +312,7 @@ impl MetaService {
                 ns.rmdir(parent, &name)?;
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
-                A::Done
+                self.with_parent(&ns, caching, parent, A::Done, Grant::default())
             }
             R::Rename { caller, parent, name, new_parent, new_name, flags } => {
                 let mut ns = self.ns.lock();
@@ -342,6 +365,7 @@ impl MetaService {
                     }
                     Err(e) => return Err(e),
                 };
+                let mut created = Grant::default();
                 if let A::Opened(attr, _) | A::OpenedExisting(attr, _) = &opened {
                     // Pushed before the answer leaves (a NIC holds a verb that
                     // outruns its grant).
@@ -350,7 +374,18 @@ impl MetaService {
                     self.grants.writing(client, attr.ino);
                     changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
                 }
-                opened
+                if let (A::Opened(attr, _), Some((caching_client, ttl))) = (&opened, caching) {
+                    // A new file's entry and attributes, granted to its
+                    // creator alone, its only opener: only its own writes
+                    // change them one-sidedly, and its kernel knows those
+                    // (a write drops the size and times it cached). Another
+                    // client's writing open, chmod or unlink revokes them
+                    // like any grant ([`crate::grants`], "Creators").
+                    self.grants.grant(caching_client, Entry { parent, name: name.clone() }, ttl);
+                    self.grants.grant(caching_client, AttrOf(attr.ino), ttl);
+                    created = Grant { entry: true, attr: true };
+                }
+                self.with_parent(&ns, caching, parent, opened, created)
             }
             R::KillSuidGid { ino, groups } => {
                 // Sent by a writer in the middle of its write: its kernel

@@ -1,0 +1,324 @@
+//! Directory attributes a caching mount answers `GETATTR` with itself,
+//! without a round trip to the meta-server (issue 13).
+//!
+//! # Why
+//!
+//! After its own create, unlink or mkdir in a directory the kernel
+//! drops the directory's attributes (`fuse_dir_changed`), and with
+//! `default_permissions` its next path walk through the directory asks
+//! `GETATTR` for them again: one round trip per create. The meta-server
+//! already answers such a change of a caching mount with the directory's
+//! attributes after it, granted to this mount like a getattr's
+//! (`MetaResponse::ParentGranted`; it keeps the changer's grant and calls
+//! every *other* mount back before the change answers, meta-server
+//! `grants`). They are kept here until the grant runs out, and `GETATTR`
+//! answers from here while they are.
+//!
+//! # What is kept, and the races
+//!
+//! Only directories, and only attributes a change's answer brought: a
+//! directory's attributes change only through the meta-server (never
+//! one-sidedly, as a regular file's size does), so every change of one is
+//! either another mount's — called back, which drops it here — or this
+//! mount's own — which drops or replaces it here. Each case:
+//!
+//! * **another mount's change**: the meta-server revokes this mount's grant
+//!   before the change answers; the invalidation thread calls
+//!   [`AttrCache::invalidate`] *before* it tells the kernel and
+//!   acknowledges, so once the change has answered no `GETATTR` finds the
+//!   old attributes here. The meta-server waits for the acknowledgement or
+//!   the grant's expiry, and an entry here expires no later than the grant
+//!   (it is counted from when the request was *sent*).
+//! * **a reply overtaken by an invalidation**: every request whose answer
+//!   may be installed takes a [`Ticket`] before it is sent — a generation
+//!   of the inode's stripe, bumped by every invalidation and every own
+//!   change started since — and [`AttrCache::install`] compares it and
+//!   inserts under one lock, the lock [`AttrCache::invalidate`] bumps and
+//!   removes under, so there is no window between the check and the
+//!   insertion.
+//! * **two own changes of one directory at once** (two processes creating
+//!   in it): each takes its ticket with [`AttrCache::changing`], which bumps
+//!   the generation first, so only the change started last can install; an
+//!   older answer arriving after a newer change started is dropped (a miss,
+//!   never a stale answer).
+//! * **own changes whose answer carries no new attributes** (setattr,
+//!   link, extended attributes): the mount calls [`AttrCache::invalidate`]
+//!   for what they change, after the answer and before it replies to the
+//!   kernel; an own rename or rmdir drops everything
+//!   ([`AttrCache::invalidate_all`]: the moved directory's times change
+//!   too, a removed one's link count, and their numbers are not in the
+//!   request).
+//!
+//! Strict mounts (TTL zero) never install anything here: they ask the
+//! meta-server every time.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use citronfs_core::client::ChangeGrant;
+use citronfs_core::types::{Attr, FileKind, Ino};
+use citronfs_core::FsError;
+use fuser::ReplyAttr;
+use parking_lot::Mutex;
+
+use crate::{fuse_attr, CitronFuse};
+
+/// Generations per stripe of inodes: a collision only drops an answer.
+const STRIPES: usize = 1024;
+
+/// A directory's attributes, valid until `expires`.
+#[derive(Clone, Debug)]
+struct Cached {
+    attr: Attr,
+    expires: Instant,
+}
+
+struct State {
+    attrs: HashMap<Ino, Cached>,
+    generations: Box<[u64; STRIPES]>,
+}
+
+impl State {
+    fn generation(&mut self, ino: Ino) -> &mut u64 {
+        &mut self.generations[(ino.0 as usize) % STRIPES]
+    }
+}
+
+/// What a request took before it was sent: its answer is installed only if
+/// nothing invalidated or changed the inode since.
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket {
+    ino: Ino,
+    generation: u64,
+    sent: Instant,
+}
+
+impl Ticket {
+    /// When the request was sent (grants count from the answer, later).
+    pub fn sent(&self) -> Instant {
+        self.sent
+    }
+}
+
+/// The mount's granted directory attributes (see the module header).
+pub struct AttrCache {
+    state: Mutex<State>,
+}
+
+impl Default for AttrCache {
+    fn default() -> Self {
+        Self { state: Mutex::new(State { attrs: HashMap::new(), generations: Box::new([0; STRIPES]) }) }
+    }
+}
+
+impl AttrCache {
+    /// Before an own change of directory `ino` whose answer brings its new
+    /// attributes: answers of changes started earlier are no longer
+    /// installed.
+    pub fn changing(&self, ino: Ino) -> Ticket {
+        let mut s = self.state.lock();
+        let g = s.generation(ino);
+        *g += 1;
+        Ticket { ino, generation: *g, sent: Instant::now() }
+    }
+
+    /// Installs `attr` (the directory of `ticket`'s answer), granted for
+    /// `ttl` from when the request was sent, unless the inode was
+    /// invalidated or changed again since the ticket was taken.
+    pub fn install(&self, ticket: Ticket, attr: Attr, ttl: Duration) {
+        if attr.ino != ticket.ino || attr.kind != FileKind::Dir || ttl.is_zero() {
+            return;
+        }
+        let expires = ticket.sent + ttl;
+        let mut s = self.state.lock();
+        if *s.generation(ticket.ino) != ticket.generation {
+            return;
+        }
+        s.attrs.insert(ticket.ino, Cached { attr, expires });
+    }
+
+    /// Drops `ino`'s attributes, and every answer in flight that would
+    /// install them (a callback from the meta-server, or an own change
+    /// whose answer does not carry them).
+    pub fn invalidate(&self, ino: Ino) {
+        let mut s = self.state.lock();
+        *s.generation(ino) += 1;
+        s.attrs.remove(&ino);
+    }
+
+    /// Drops everything, and every answer in flight.
+    pub fn invalidate_all(&self) {
+        let mut s = self.state.lock();
+        for g in s.generations.iter_mut() {
+            *g += 1;
+        }
+        s.attrs.clear();
+    }
+
+    /// `ino`'s attributes and how long they stay valid, if held and not
+    /// expired.
+    pub fn get(&self, ino: Ino) -> Option<(Attr, Duration)> {
+        let now = Instant::now();
+        let mut s = self.state.lock();
+        match s.attrs.get(&ino) {
+            Some(c) if c.expires > now => Some((c.attr.clone(), c.expires - now)),
+            Some(_) => {
+                s.attrs.remove(&ino);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Directories held now, expired ones included (tests, diagnostics).
+    pub fn len(&self) -> usize {
+        self.state.lock().attrs.len()
+    }
+}
+
+/// The file system's use of the cache: nothing of it unless the mount
+/// caches coherently.
+impl CitronFuse {
+    fn caching(&self) -> bool {
+        !self.options.cache_ttl.is_zero()
+    }
+
+    /// Before an own change of directory `dir`'s entries that answers its
+    /// new attributes.
+    pub(crate) fn dir_changing(&self, dir: Ino) -> Option<Ticket> {
+        self.caching().then(|| self.invalidations.attrs().changing(dir))
+    }
+
+    /// The change of `ticket` answered: keeps the directory's attributes it
+    /// was granted, if any; a failed change (`None`: it may have been
+    /// applied in part, as a create whose open failed) drops what was kept.
+    pub(crate) fn dir_changed(&self, ticket: Option<Ticket>, grant: Option<&ChangeGrant>) {
+        let Some(t) = ticket else { return };
+        match grant.and_then(|g| g.parent.as_ref()) {
+            Some(parent) => self.invalidations.attrs().install(t, parent.clone(), self.options.cache_ttl),
+            None => self.invalidations.attrs().invalidate(t.ino),
+        }
+    }
+
+    /// [`Self::dir_changed`], passing the change's own answer on.
+    pub(crate) fn dir_changed_then<T>(
+        &self,
+        ticket: Option<Ticket>,
+        r: Result<(T, ChangeGrant), FsError>,
+    ) -> Result<T, FsError> {
+        self.dir_changed(ticket, r.as_ref().ok().map(|(_, grant)| grant));
+        r.map(|(answer, _)| answer)
+    }
+
+    /// An own change of `inos` whose answer carries no new attributes
+    /// answered: what is kept of them goes.
+    pub(crate) fn attrs_changed(&self, inos: &[Ino]) {
+        if self.caching() {
+            for ino in inos {
+                self.invalidations.attrs().invalidate(*ino);
+            }
+        }
+    }
+
+    /// An own rename or rmdir answered: everything kept goes (see the
+    /// module header).
+    pub(crate) fn forget_all_attrs(&self) {
+        if self.caching() {
+            self.invalidations.attrs().invalidate_all();
+        }
+    }
+
+    /// Answers a `GETATTR` of `ino` from what is kept of it; `reply` back
+    /// if nothing is.
+    pub(crate) fn getattr_kept(&self, ino: Ino, reply: ReplyAttr) -> Option<ReplyAttr> {
+        match self.caching().then(|| self.invalidations.attrs().get(ino)).flatten() {
+            Some((attr, ttl)) => {
+                reply.attr(&ttl, &fuse_attr(&attr));
+                None
+            }
+            None => Some(reply),
+        }
+    }
+
+    /// The TTL of a created inode's entry and attributes in the create's
+    /// answer: its grant less the time since the request was sent, zero if
+    /// an invalidation reached the kernel meanwhile (see `invalidation`);
+    /// `attr_ttl` if not granted.
+    pub(crate) fn created_ttl(
+        &self,
+        ticket: Option<Ticket>,
+        before: crate::invalidation::Sample,
+        grant: &ChangeGrant,
+    ) -> std::time::Duration {
+        match ticket {
+            Some(t) if grant.created.entry && grant.created.attr => {
+                self.granted_ttl(t.sent(), before, self.invalidations.epochs().all())
+            }
+            _ => self.options.attr_ttl,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(ino: u64, kind: FileKind, nlink: u32) -> Attr {
+        let t = citronfs_core::types::Timestamp::default();
+        Attr {
+            ino: Ino(ino),
+            kind,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink,
+            rdev: 0,
+            allocated: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+        }
+    }
+
+    fn dir(ino: u64, nlink: u32) -> Attr {
+        attr(ino, FileKind::Dir, nlink)
+    }
+
+    const TTL: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn an_answer_is_served_until_invalidated() {
+        let c = AttrCache::default();
+        let t = c.changing(Ino(7));
+        c.install(t, dir(7, 3), TTL);
+        assert_eq!(c.get(Ino(7)).map(|(a, _)| a.nlink), Some(3));
+        c.invalidate(Ino(7));
+        assert!(c.get(Ino(7)).is_none());
+    }
+
+    #[test]
+    fn an_answer_overtaken_by_an_invalidation_or_a_later_change_is_not_installed() {
+        let c = AttrCache::default();
+        let t = c.changing(Ino(7));
+        c.invalidate(Ino(7));
+        c.install(t, dir(7, 3), TTL);
+        assert!(c.get(Ino(7)).is_none(), "installed past an invalidation");
+
+        let older = c.changing(Ino(7));
+        let newer = c.changing(Ino(7));
+        c.install(newer, dir(7, 5), TTL);
+        c.install(older, dir(7, 4), TTL);
+        assert_eq!(c.get(Ino(7)).map(|(a, _)| a.nlink), Some(5), "an older answer replaced a newer one");
+    }
+
+    #[test]
+    fn only_directories_and_only_unexpired() {
+        let c = AttrCache::default();
+        c.install(c.changing(Ino(8)), attr(8, FileKind::File, 1), TTL);
+        assert!(c.get(Ino(8)).is_none());
+        c.install(c.changing(Ino(9)), dir(9, 2), Duration::ZERO);
+        assert!(c.get(Ino(9)).is_none());
+    }
+}
