@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use citron_lock::rdma::{Verb, VerbReply};
 use parking_lot::RwLock;
@@ -38,6 +39,10 @@ pub(super) enum Written {
     /// Nothing: a chunk's extent is too small and must move to a bigger one
     /// under the inode mutex exclusive.
     NeedsGrowth,
+    /// The range hold's lease ran out before a batch of data verbs: that
+    /// batch and the later ones were not posted (earlier ones were, within
+    /// the lease); the write must be done again under a fresh hold.
+    HoldExpired,
 }
 
 impl FsClient {
@@ -128,14 +133,16 @@ impl FsClient {
 
     /// Reads bytes `offset..end` (within the size) with one batch per data
     /// server; holes, and the part of a chunk past its extent, read as
-    /// zeros. The caller holds the locks.
+    /// zeros. The caller holds the locks; a range hold's lease runs out at
+    /// `until`, after which no batch is posted and the answer is `None`.
     pub(super) fn read_data(
         &self,
         eps: &mut Endpoints,
         layout: &Arc<RwLock<CachedLayout>>,
         offset: u64,
         end: u64,
-    ) -> Result<Vec<u8>, FsError> {
+        until: Option<Instant>,
+    ) -> Result<Option<Vec<u8>>, FsError> {
         let mut buf = vec![0u8; (end - offset) as usize];
         let pieces: Vec<_> = self.geometry.split(offset, end - offset).collect();
         let mut verbs = Vec::new();
@@ -150,7 +157,10 @@ impl FsClient {
                 }
             }
         }
-        for (i, reply) in self.execute_grouped(eps, verbs)? {
+        let Some(replies) = self.execute_grouped(eps, verbs, until, None)? else {
+            return Ok(None);
+        };
+        for (i, reply) in replies {
             let p = pieces[i];
             match reply {
                 VerbReply::Data(d) if d.len() as u64 <= p.len => {
@@ -160,7 +170,7 @@ impl FsClient {
                 other => return Err(FsError::Io(format!("unexpected read reply {other:?}"))),
             }
         }
-        Ok(buf)
+        Ok(Some(buf))
     }
 
     /// Writes `data` at `offset` into the chunks' extents with one batch per
@@ -169,7 +179,9 @@ impl FsClient {
     /// needs the inode mutex exclusive: with `may_grow` (the caller holds
     /// it) the meta-server moves it here; without, nothing is written and
     /// the answer is [`Written::NeedsGrowth`]. The caller holds the locks
-    /// and publishes the size and mtime.
+    /// and publishes the size and mtime. Under a range hold whose lease
+    /// runs out at `until`, no batch is posted after it (the extent RPCs
+    /// above may take a while): the answer is then [`Written::HoldExpired`].
     pub(super) fn write_data(
         &self,
         eps: &mut Endpoints,
@@ -178,6 +190,7 @@ impl FsClient {
         offset: u64,
         data: &[u8],
         may_grow: bool,
+        until: Option<Instant>,
     ) -> Result<Written, FsError> {
         let pieces: Vec<_> = self.geometry.split(offset, data.len() as u64).collect();
         let needs: Vec<(ChunkIndex, u64)> =
@@ -240,7 +253,10 @@ impl FsClient {
             }
             return Ok(Written::NeedsGrowth);
         }
-        self.execute_grouped(eps, verbs)?;
-        Ok(Written::Done(layout))
+        let stop_point = Some(super::stop_hook::Holding::RangeChecked);
+        match self.execute_grouped(eps, verbs, until, stop_point)? {
+            Some(_) => Ok(Written::Done(layout)),
+            None => Ok(Written::HoldExpired),
+        }
     }
 }
