@@ -38,6 +38,7 @@ use citron_lock::lock_host::open_lock;
 use citron_lock::rdma::Verb;
 use citron_lock::rwlock::{Algorithm, Mode, RwLockClient};
 
+use super::layouts::WriteUnder;
 use super::opens::Pinned;
 use super::{Endpoints, FsClient, Written};
 use crate::error::FsError;
@@ -285,8 +286,11 @@ impl FsClient {
                 if range.is_some() {
                     super::stop_hook::holding(super::stop_hook::Holding::Range);
                 }
-                let until = range.as_ref().map(RangeHold::until);
-                let written = self.write_data(eps, ino, layout, offset, data, exclusive, until);
+                let under = match exclusive {
+                    true => WriteUnder::Exclusive,
+                    false => WriteUnder::Shared { until: range.as_ref().map(RangeHold::until) },
+                };
+                let written = self.write_data(eps, ino, layout, offset, data, under);
                 // The range goes back before the size is published: that
                 // may wait for the attribute ALock, up to its recovery from
                 // a failed holder (3/2 of the lock lease plus the fence

@@ -33,6 +33,17 @@ pub(super) struct SlotWords {
     pub(super) gid: u32,
 }
 
+/// What the caller of [`FsClient::write_data`] holds.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum WriteUnder {
+    /// The inode mutex exclusive: no other I/O runs, and a chunk's extent
+    /// may move to a bigger one here.
+    Exclusive,
+    /// The inode mutex shared, and a range hold whose lease H runs out at
+    /// `until` (`None`: the file has no lock memory, so no range lock).
+    Shared { until: Option<Instant> },
+}
+
 /// What [`FsClient::write_data`] did.
 pub(super) enum Written {
     Done(Arc<RwLock<CachedLayout>>),
@@ -176,12 +187,12 @@ impl FsClient {
     /// Writes `data` at `offset` into the chunks' extents with one batch per
     /// data server, first giving chunks without one an extent. A chunk whose
     /// extent is too small for the write must move to a bigger one, which
-    /// needs the inode mutex exclusive: with `may_grow` (the caller holds
-    /// it) the meta-server moves it here; without, nothing is written and
-    /// the answer is [`Written::NeedsGrowth`]. The caller holds the locks
-    /// and publishes the size and mtime. Under a range hold whose lease
-    /// runs out at `until`, no batch is posted after it (the extent RPCs
-    /// above may take a while): the answer is then [`Written::HoldExpired`].
+    /// needs the inode mutex exclusive: [`WriteUnder::Exclusive`] (the
+    /// caller holds it), the meta-server moves it here; else nothing is
+    /// written and the answer is [`Written::NeedsGrowth`]. The caller holds
+    /// the locks and publishes the size and mtime. Under a range hold whose
+    /// lease runs out at `until`, no batch is posted after it (the extent
+    /// RPCs above may take a while): the answer is [`Written::HoldExpired`].
     pub(super) fn write_data(
         &self,
         eps: &mut Endpoints,
@@ -189,9 +200,12 @@ impl FsClient {
         mut layout: Arc<RwLock<CachedLayout>>,
         offset: u64,
         data: &[u8],
-        may_grow: bool,
-        until: Option<Instant>,
+        under: WriteUnder,
     ) -> Result<Written, FsError> {
+        let (may_grow, until) = match under {
+            WriteUnder::Exclusive => (true, None),
+            WriteUnder::Shared { until } => (false, until),
+        };
         let pieces: Vec<_> = self.geometry.split(offset, data.len() as u64).collect();
         let needs: Vec<(ChunkIndex, u64)> =
             pieces.iter().map(|p| (p.chunk, p.offset_in_chunk + p.len)).collect();
