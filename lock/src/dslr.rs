@@ -100,6 +100,14 @@
 //!   resetter (which the paper lets release late) follows the same rule; if
 //!   its word never drains, the stuck-canary reset (Alg. 1 lines 7–8)
 //!   clears it.
+//! * **The fence delay** ([`DslrConfig::fence_delay`], zero below a file
+//!   system): every silence threshold above is `2 × lease × slots + fence
+//!   delay`, so a holder whose whole process stopped after its last check
+//!   of the lease is fenced at the servers (its late verbs refused) before
+//!   anyone resets its tickets. The holder side is unchanged: Alg. 3 line 1
+//!   still counts the lease from the acquisition, and a reset comes later
+//!   than before, never sooner. Polls stay at most lease/16 apart, so the
+//!   watch of the served counters sees every release.
 //! * **Polling order.** Alg. 2 reads, then waits; we wait first (the `prev`
 //!   of the FA already says how many tickets are ahead), then read.
 //! * **Polling during silence.** The wait between polls is `wait_count × ω`
@@ -295,8 +303,16 @@ pub struct DslrConfig {
     /// ω: the polling wait per ticket ahead (Alg. 2 line 20).
     pub omega: Duration,
     /// The lease of one ticket (slot): a holder releases within it; a waiter
-    /// resets after twice it of silence (§4.7).
+    /// resets after twice it of silence (§4.7), plus the fence delay.
     pub lease: Duration,
+    /// How long after a holder's lease ran out the cluster may still need
+    /// to fence a silent holder at the servers. Every reset of silent
+    /// tickets (Alg. 1 lines 7–9, Alg. 2 line 11, the overflow resetter's
+    /// wait) waits this much longer than the paper's 2 × lease × slots, so
+    /// no ticket is reset before its holder is fenced; the release guard
+    /// (Alg. 3 line 1, within the lease) is unchanged, and only gets safer.
+    /// Zero (the default) below a file system.
+    pub fence_delay: Duration,
 }
 
 impl DslrConfig {
@@ -305,11 +321,28 @@ impl DslrConfig {
 
     /// ω = 2.5 RTT, lease = max(5000 RTT, 1 s): see the module comment.
     pub fn from_rtt(rtt: Duration) -> Self {
-        Self { omega: (rtt * 5 / 2).max(Duration::from_nanos(100)), lease: (rtt * 5000).max(Self::MIN_LEASE) }
+        Self {
+            omega: (rtt * 5 / 2).max(Duration::from_nanos(100)),
+            lease: (rtt * 5000).max(Self::MIN_LEASE),
+            fence_delay: Duration::ZERO,
+        }
     }
 
     pub fn with_lease(self, lease: Duration) -> Self {
         Self { lease, ..self }
+    }
+
+    /// The same with a fence delay ([`DslrConfig::fence_delay`]).
+    pub fn with_fence_delay(self, fence_delay: Duration) -> Self {
+        Self { fence_delay, ..self }
+    }
+
+    /// How long the served counters must stay silent, with `slots` leases
+    /// ahead of the waiter (§5.1's δ-proportional expiry), before it takes
+    /// their holders for dead: 2 × lease × slots (§4.7), plus the fence
+    /// delay.
+    pub fn silence(&self, slots: u32) -> Duration {
+        self.lease * 2 * slots + self.fence_delay
     }
 
     /// The longest single wait between two polls.
@@ -574,7 +607,7 @@ impl DslrLock {
                 self.stats.canary_backoffs += 1;
                 match canary_watch {
                     Some((served, since)) if served == prev.served() => {
-                        let silence = self.config.lease * 2 * u32::from(self.limits.max_slots);
+                        let silence = self.config.silence(u32::from(self.limits.max_slots));
                         if since.elapsed() > silence {
                             // Lines 7–9: the resetter never came.
                             self.reset_stuck(ep, served)?;
@@ -636,7 +669,7 @@ impl DslrLock {
             }
             // Line 11, with §5.1's δ-proportional expiry.
             let slots_ahead = ticket.ahead(val).clamp(1, u32::from(self.limits.max_slots));
-            if watch.1.elapsed() <= self.config.lease * 2 * slots_ahead {
+            if watch.1.elapsed() <= self.config.silence(slots_ahead) {
                 continue;
             }
             // Lines 12–16.
@@ -684,7 +717,7 @@ impl DslrLock {
             }
             if cur.served() != watch.0 {
                 watch = (cur.served(), Instant::now());
-            } else if watch.1.elapsed() > self.config.lease * 2 * u32::from(self.limits.max_slots) {
+            } else if watch.1.elapsed() > self.config.silence(u32::from(self.limits.max_slots)) {
                 // A holder before us died: nobody else will drain the word.
                 return self.reset_stuck(ep, cur.served());
             }
@@ -790,6 +823,18 @@ impl RandomBackoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn silence_adds_the_fence_delay_to_the_papers_threshold() {
+        let c = DslrConfig::from_rtt(Duration::from_micros(2)).with_lease(Duration::from_millis(300));
+        assert_eq!(c.fence_delay, Duration::ZERO, "below a file system: the paper's thresholds");
+        assert_eq!(c.silence(1), Duration::from_millis(600));
+        assert_eq!(c.silence(3), Duration::from_millis(1800));
+        let f = c.with_fence_delay(Duration::from_secs(3));
+        assert_eq!(f.silence(1), Duration::from_millis(3600));
+        assert_eq!(f.silence(3), Duration::from_millis(4800));
+        assert_eq!(f.lease, c.lease, "the holder's bound does not move");
+    }
 
     fn w(nx: u16, ns: u16, maxx: u16, maxs: u16) -> DslrWord {
         DslrWord::new(nx, ns, maxx, maxs)

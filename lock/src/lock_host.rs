@@ -93,15 +93,26 @@ pub struct LockTiming {
     /// Overrides the lease of the algorithms that have one (ShiftLock's
     /// T_lease, DSLR's lease); `None` keeps their RTT-derived default.
     pub lease: Option<Duration>,
+    /// The fence delay of the algorithms that recover silent holders
+    /// (ShiftLock, DSLR, DQL, ALock): how long after a holder's lease ran
+    /// out its cluster may still need to fence it at the servers; each
+    /// waits that much longer before it takes a silent holder for dead.
+    /// Zero unless a file system sets it (see each config's `fence_delay`).
+    #[serde(default)]
+    pub fence_delay: Duration,
 }
 
 impl LockTiming {
     pub fn from_rtt(rtt: Duration) -> Self {
-        Self { rtt, lease: None }
+        Self { rtt, lease: None, fence_delay: Duration::ZERO }
     }
 
     pub fn with_lease(self, lease: Duration) -> Self {
         Self { lease: Some(lease), ..self }
+    }
+
+    pub fn with_fence_delay(self, fence_delay: Duration) -> Self {
+        Self { fence_delay, ..self }
     }
 
     /// Measures the RTT from `ep` to the lock host (median of
@@ -374,6 +385,7 @@ pub fn open_lock(
             if let Some(lease) = timing.lease {
                 config = config.with_lease(lease);
             }
+            let config = config.with_fence_delay(timing.fence_delay);
             let lock = ShiftLockRef { entry: addr, recovery: host.shiftlock };
             Box::new(ShiftLockClient::new(lock, config, ctx.shiftlock.clone())?)
         }
@@ -382,7 +394,7 @@ pub fn open_lock(
             if let Some(lease) = timing.lease {
                 config = config.with_lease(lease);
             }
-            Box::new(DslrLock::new(addr, config))
+            Box::new(DslrLock::new(addr, config.with_fence_delay(timing.fence_delay)))
         }
         // No lease: the baseline has no recovery (see cas_spin).
         Algorithm::Cas => Box::new(CasSpinLock::new(addr, CasSpinConfig::from_rtt(timing.rtt))),
@@ -391,6 +403,7 @@ pub fn open_lock(
             if let Some(lease) = timing.lease {
                 config = config.with_lease(lease);
             }
+            let config = config.with_fence_delay(timing.fence_delay);
             Box::new(DqlLock::with_postbox(addr, config, ctx.dql.clone())?)
         }
         Algorithm::Rpc => {
@@ -405,6 +418,7 @@ pub fn open_lock(
             if let Some(lease) = timing.lease {
                 config = config.with_lease(lease);
             }
+            let config = config.with_fence_delay(timing.fence_delay);
             Box::new(AlockClient::with_postbox(addr, config, ctx.alock.clone()))
         }
     })
@@ -461,5 +475,8 @@ mod tests {
         assert_eq!(t.lease, None);
         let l = t.with_lease(Duration::from_millis(400));
         assert_eq!((l.rtt, l.lease), (Duration::from_micros(3), Some(Duration::from_millis(400))));
+        assert_eq!(l.fence_delay, Duration::ZERO);
+        let f = l.with_fence_delay(Duration::from_secs(3));
+        assert_eq!((f.lease, f.fence_delay), (l.lease, Duration::from_secs(3)));
     }
 }

@@ -27,6 +27,12 @@ use std::str::FromStr;
 
 use crate::rdma::{Endpoint, RdmaError, TransportError};
 
+/// How many fence delays an algorithm's give-up time grows by when it is
+/// given one (`with_fence_delay` of each config): room for that many
+/// takeovers of silent holders in one wait, each of which now waits a
+/// fence delay longer (see `citron::lock::recovery`, "The fence delay").
+pub const GIVE_UP_FENCES: u32 = 4;
+
 /// How a lock is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Mode {

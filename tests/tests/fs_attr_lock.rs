@@ -15,17 +15,21 @@ use citronfs_tests::TestCluster;
 
 fn client(cluster: &TestCluster) -> FsClient {
     let mut config = ClientConfig::new(cluster.meta.local_addr());
-    config.timeout = Duration::from_secs(5);
+    // The size change below waits for the lock's recovery (4.5 s) inside
+    // one RPC: a liveness bound far beyond it.
+    config.timeout = Duration::from_secs(30);
     FsClient::connect(config).expect("join the cluster")
 }
 
 #[test]
 fn a_client_dead_holding_the_attribute_lock_blocks_nothing_and_is_recovered() {
-    // A lock lease of 3 s: the recovery takes 4.5 s, far longer than the
-    // other requests below need. (A long client lease: nobody is fenced.)
-    let lease = Duration::from_secs(3);
+    // A lock lease of 1 s and the tests' 2 s client lease: the recovery
+    // takes 3/2 of the lock lease plus the fence delay (2 + 0.5 + 0.5 s,
+    // `fence_delay_for`), 4.5 s, far longer than the other requests below
+    // need. (The clients keep renewing: nobody is fenced.)
+    let lease = Duration::from_secs(1);
     let mut cfg = citronfs_meta_server::MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
-    cfg.lease = Duration::from_secs(20);
+    cfg.lease = citronfs_tests::TEST_LEASE;
     cfg.lock_params.lease_ms = lease.as_millis() as u64;
     let cluster = TestCluster::start_with(cfg, 1, 64 << 20);
     let a = client(&cluster);

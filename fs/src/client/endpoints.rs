@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::time::Instant;
 
 use citron_lock::range_lock::RangeLockSite;
 use citron_lock::rdma::{Endpoint, IbDevice, IbFabric, Node, TcpOptions, Verb, VerbCounts, VerbReply};
@@ -194,11 +195,21 @@ impl FsClient {
     }
 
     /// Runs one batch per data server; `verbs` are tagged with their server.
+    ///
+    /// Under a range hold whose lease runs out at `until` (the holder bound H, see
+    /// [`fence_delay_for`](crate::locks::guard::fence_delay_for)): before
+    /// each batch, one clock read; a batch that would go out after `until`
+    /// is not posted, nor any after it, and the answer is `None` (the
+    /// caller releases and does the operation again). With `until`,
+    /// `stop_point` is where the stalled-mount tests may stop the process:
+    /// after the check, just before the batch.
     pub(super) fn execute_grouped(
         &self,
         eps: &mut Endpoints,
         verbs: Vec<(DataServerId, Verb, usize)>,
-    ) -> Result<Vec<(usize, VerbReply)>, FsError> {
+        until: Option<Instant>,
+        stop_point: Option<super::stop_hook::Holding>,
+    ) -> Result<Option<Vec<(usize, VerbReply)>>, FsError> {
         let mut by_server: HashMap<DataServerId, (Vec<Verb>, Vec<usize>)> = HashMap::new();
         for (s, v, tag) in verbs {
             let e = by_server.entry(s).or_default();
@@ -212,14 +223,23 @@ impl FsClient {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(self.data_endpoint(server)?),
             };
-            // After the endpoint's connection was opened, before its verbs.
+            if let Some(until) = until {
+                if Instant::now() >= until {
+                    return Ok(None);
+                }
+                if let Some(point) = stop_point {
+                    super::stop_hook::holding(point);
+                }
+            }
+            // Last, after the endpoint's connection was opened and any stop
+            // point, right before its verbs.
             self.same_identity(identity)?;
             let replies = ep.execute(&verbs)?;
             for (r, tag) in replies.into_iter().zip(tags) {
                 out.push((tag, r.map_err(|e| FsError::Io(format!("data server {}: {e}", server.0)))?));
             }
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     pub(super) fn data_endpoint(&self, server: DataServerId) -> Result<Endpoint, FsError> {

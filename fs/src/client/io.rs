@@ -17,6 +17,16 @@
 //!   exclusive, so no I/O anywhere uses the old extent (every I/O reads the
 //!   layout epoch under the mutex and refetches the layout when it moved).
 //!
+//! * the data verbs go out only within the range hold's lease H (the lock
+//!   lease, from the acquisition): before each batch one clock read checks
+//!   it, and a hold past H posts nothing more, is given back (late, which is
+//!   fine) and the whole operation is done again under a fresh acquisition
+//!   ([`Attempt::HoldExpired`]): rewriting the same bytes is idempotent, and
+//!   re-reading is harmless, so the caller never sees it. This is half of
+//!   the lease ordering of issue 12 point 4; the other half is the fence
+//!   delay every takeover waits (see
+//!   [`fence_delay_for`](crate::locks::guard::fence_delay_for)).
+//!
 //! Lock order, the same everywhere: inode mutex, then range lock, then the
 //! attribute ALock. Lock-record operations (fcntl) take only range locks, and
 //! truncate takes no range lock, so no cycle can form.
@@ -28,10 +38,11 @@ use citron_lock::lock_host::open_lock;
 use citron_lock::rdma::Verb;
 use citron_lock::rwlock::{Algorithm, Mode, RwLockClient};
 
+use super::layouts::WriteUnder;
 use super::opens::Pinned;
 use super::{Endpoints, FsClient, Written};
 use crate::error::FsError;
-use crate::locks::guard::RangeHold;
+use crate::locks::guard::{RangeHold, Released};
 use crate::locks::{ByteRange, LockArea};
 use crate::proto::AttrSlot;
 use crate::types::{
@@ -53,6 +64,65 @@ pub struct WriteMode<'a> {
 /// An inode mutex held for one operation.
 struct InodeHold {
     lock: Box<dyn RwLockClient>,
+}
+
+/// One attempt of a read or write under a range hold.
+enum Attempt<T> {
+    Done(T),
+    /// The hold ran past its lease H before (some of) the data verbs; it
+    /// was given back and the operation must be done again.
+    HoldExpired,
+}
+
+/// Attempts one operation may make whose range holds all run past their
+/// lease before it fails with EIO: each costs at least a lock lease, so
+/// only a client that keeps stalling for that long gets there.
+const HOLD_ATTEMPTS: u32 = 8;
+
+/// Runs `attempt` until it is done, at most [`HOLD_ATTEMPTS`] times.
+fn retrying_late_holds<T>(
+    ino: Ino,
+    what: &str,
+    mut attempt: impl FnMut() -> Result<Attempt<T>, FsError>,
+) -> Result<T, FsError> {
+    for n in 1..=HOLD_ATTEMPTS {
+        match attempt()? {
+            Attempt::Done(t) => return Ok(t),
+            Attempt::HoldExpired => {
+                log::warn!(
+                    "inode {}: a {what} held its range lock past its lease (attempt {n}); again",
+                    ino.0
+                )
+            }
+        }
+    }
+    Err(FsError::Io(format!(
+        "inode {}: a {what} held its range lock past its lease {HOLD_ATTEMPTS} times",
+        ino.0
+    )))
+}
+
+/// Gives back a range hold after the data verbs: late is fine when every
+/// verb went out within H (see [`RangeHold::release_after_verbs`]), and
+/// when none must count (the operation is done again) any failure is only
+/// logged: the next attempt's acquisition meets what caused it.
+fn release_range(ep: &citron_lock::rdma::Endpoint, hold: RangeHold, verbs_sent: bool) -> Result<(), FsError> {
+    let bytes = hold.bytes();
+    match hold.release_after_verbs(ep) {
+        Ok(Released::OnTime) => Ok(()),
+        Ok(Released::Late) if verbs_sent => {
+            log::warn!(
+                "a range lock over {bytes:?} was released after its lease; its verbs went out within it"
+            );
+            Ok(())
+        }
+        Ok(Released::Late) => Ok(()),
+        Err(e) if !verbs_sent => {
+            log::warn!("releasing a range lock over {bytes:?} held past its lease: {e}");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 impl FsClient {
@@ -118,24 +188,31 @@ impl FsClient {
     pub fn read(&self, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
         let pin = self.pin(ino)?;
         let area = pin.area;
-        self.with_endpoints(|eps| {
-            self.with_inode_lock(eps, area, Mode::Shared, |eps| {
-                let (layout, slot) = self.current_layout(eps, ino)?;
-                let end = offset.saturating_add(len.into()).min(slot.size);
-                if offset >= end {
-                    return Ok(Vec::new());
-                }
-                let range = match &area {
-                    Some(a) => {
-                        Some(RangeHold::acquire(&eps.meta, a, &self.timing, byte_range(offset, end)?)?)
+        retrying_late_holds(ino, "read", || {
+            self.with_endpoints(|eps| {
+                self.with_inode_lock(eps, area, Mode::Shared, |eps| {
+                    let (layout, slot) = self.current_layout(eps, ino)?;
+                    let end = offset.saturating_add(len.into()).min(slot.size);
+                    if offset >= end {
+                        return Ok(Attempt::Done(Vec::new()));
                     }
-                    None => None,
-                };
-                let data = self.read_data(eps, &layout, offset, end);
-                if let Some(r) = range {
-                    r.release(&eps.meta)?;
-                }
-                data
+                    let range = match &area {
+                        Some(a) => {
+                            Some(RangeHold::acquire(&eps.meta, a, &self.timing, byte_range(offset, end)?)?)
+                        }
+                        None => None,
+                    };
+                    let until = range.as_ref().map(RangeHold::until);
+                    let data = self.read_data(eps, &layout, offset, end, until);
+                    let complete = matches!(data, Ok(Some(_)));
+                    if let Some(r) = range {
+                        release_range(&eps.meta, r, complete)?;
+                    }
+                    Ok(match data? {
+                        Some(d) => Attempt::Done(d),
+                        None => Attempt::HoldExpired,
+                    })
+                })
             })
         })
     }
@@ -155,17 +232,19 @@ impl FsClient {
         let pin = self.pin(ino)?;
         let area = pin.area;
         let mode = if how.append { Mode::Exclusive } else { Mode::Shared };
-        match self.write_under(ino, area, mode, offset, data, how)? {
+        let write_under =
+            |mode| retrying_late_holds(ino, "write", || self.write_under(ino, area, mode, offset, data, how));
+        match write_under(mode)? {
             Some(at) => Ok(at),
             // An extent must grow: again, alone on the file.
-            None => self
-                .write_under(ino, area, Mode::Exclusive, offset, data, how)?
+            None => write_under(Mode::Exclusive)?
                 .ok_or_else(|| FsError::Io(format!("inode {}: a write found its extent too small", ino.0))),
         }
     }
 
     /// One attempt of [`FsClient::write`] holding the inode mutex in `mode`;
-    /// `None` if a chunk's extent must grow first, which needs it exclusive.
+    /// `None` if a chunk's extent must grow first, which needs it exclusive;
+    /// [`Attempt::HoldExpired`] if its range hold ran past its lease first.
     fn write_under(
         &self,
         ino: Ino,
@@ -174,7 +253,7 @@ impl FsClient {
         offset: u64,
         data: &[u8],
         how: WriteMode,
-    ) -> Result<Option<u64>, FsError> {
+    ) -> Result<Attempt<Option<u64>>, FsError> {
         let WriteMode { append, unprivileged } = how;
         let exclusive = mode == Mode::Exclusive;
         self.with_endpoints(|eps| {
@@ -194,7 +273,7 @@ impl FsClient {
                     .filter(|e| *e <= MAX_FILE_SIZE)
                     .ok_or(FsError::FileTooBig)?;
                 if data.is_empty() {
-                    return Ok(Some(offset));
+                    return Ok(Attempt::Done(Some(offset)));
                 }
                 // Under the exclusive inode mutex no other I/O runs: no
                 // range lock needed.
@@ -207,23 +286,30 @@ impl FsClient {
                 if range.is_some() {
                     super::stop_hook::holding(super::stop_hook::Holding::Range);
                 }
-                let written = self.write_data(eps, ino, layout, offset, data, exclusive);
+                let under = match exclusive {
+                    true => WriteUnder::Exclusive,
+                    false => WriteUnder::Shared { until: range.as_ref().map(RangeHold::until) },
+                };
+                let written = self.write_data(eps, ino, layout, offset, data, under);
                 // The range goes back before the size is published: that
                 // may wait for the attribute ALock, up to its recovery from
-                // a failed holder (3/2 of the lock lease), which must not
-                // count against this range's own lease (a range held past
-                // it is released as Fenced, issue 12). Readers clip to the
-                // published size, so they see the new bytes only after it.
+                // a failed holder (3/2 of the lock lease plus the fence
+                // delay), which must not count against this range's own
+                // lease H (issue 12). Readers clip to the published size,
+                // so they see the new bytes only after it.
+                let complete = matches!(written, Ok(Written::Done(_)));
                 let released = match range {
-                    Some(r) => r.release(&eps.meta),
+                    Some(r) => release_range(&eps.meta, r, complete),
                     None => Ok(()),
                 };
                 let published = written.and_then(|w| match w {
                     Written::Done(l) => {
                         let slot = l.read().slot;
-                        self.publish(eps, area.as_ref(), slot, end, size).map(|()| Some(offset))
+                        self.publish(eps, area.as_ref(), slot, end, size)
+                            .map(|()| Attempt::Done(Some(offset)))
                     }
-                    Written::NeedsGrowth => Ok(None),
+                    Written::NeedsGrowth => Ok(Attempt::Done(None)),
+                    Written::HoldExpired => Ok(Attempt::HoldExpired),
                 });
                 released?;
                 published

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use citron_lock::rdma::{Verb, VerbReply};
 use parking_lot::RwLock;
@@ -32,12 +33,27 @@ pub(super) struct SlotWords {
     pub(super) gid: u32,
 }
 
+/// What the caller of [`FsClient::write_data`] holds.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum WriteUnder {
+    /// The inode mutex exclusive: no other I/O runs, and a chunk's extent
+    /// may move to a bigger one here.
+    Exclusive,
+    /// The inode mutex shared, and a range hold whose lease H runs out at
+    /// `until` (`None`: the file has no lock memory, so no range lock).
+    Shared { until: Option<Instant> },
+}
+
 /// What [`FsClient::write_data`] did.
 pub(super) enum Written {
     Done(Arc<RwLock<CachedLayout>>),
     /// Nothing: a chunk's extent is too small and must move to a bigger one
     /// under the inode mutex exclusive.
     NeedsGrowth,
+    /// The range hold's lease ran out before a batch of data verbs: that
+    /// batch and the later ones were not posted (earlier ones were, within
+    /// the lease); the write must be done again under a fresh hold.
+    HoldExpired,
 }
 
 impl FsClient {
@@ -128,14 +144,16 @@ impl FsClient {
 
     /// Reads bytes `offset..end` (within the size) with one batch per data
     /// server; holes, and the part of a chunk past its extent, read as
-    /// zeros. The caller holds the locks.
+    /// zeros. The caller holds the locks; a range hold's lease runs out at
+    /// `until`, after which no batch is posted and the answer is `None`.
     pub(super) fn read_data(
         &self,
         eps: &mut Endpoints,
         layout: &Arc<RwLock<CachedLayout>>,
         offset: u64,
         end: u64,
-    ) -> Result<Vec<u8>, FsError> {
+        until: Option<Instant>,
+    ) -> Result<Option<Vec<u8>>, FsError> {
         let mut buf = vec![0u8; (end - offset) as usize];
         let pieces: Vec<_> = self.geometry.split(offset, end - offset).collect();
         let mut verbs = Vec::new();
@@ -150,7 +168,10 @@ impl FsClient {
                 }
             }
         }
-        for (i, reply) in self.execute_grouped(eps, verbs)? {
+        let Some(replies) = self.execute_grouped(eps, verbs, until, None)? else {
+            return Ok(None);
+        };
+        for (i, reply) in replies {
             let p = pieces[i];
             match reply {
                 VerbReply::Data(d) if d.len() as u64 <= p.len => {
@@ -160,16 +181,18 @@ impl FsClient {
                 other => return Err(FsError::Io(format!("unexpected read reply {other:?}"))),
             }
         }
-        Ok(buf)
+        Ok(Some(buf))
     }
 
     /// Writes `data` at `offset` into the chunks' extents with one batch per
     /// data server, first giving chunks without one an extent. A chunk whose
     /// extent is too small for the write must move to a bigger one, which
-    /// needs the inode mutex exclusive: with `may_grow` (the caller holds
-    /// it) the meta-server moves it here; without, nothing is written and
-    /// the answer is [`Written::NeedsGrowth`]. The caller holds the locks
-    /// and publishes the size and mtime.
+    /// needs the inode mutex exclusive: [`WriteUnder::Exclusive`] (the
+    /// caller holds it), the meta-server moves it here; else nothing is
+    /// written and the answer is [`Written::NeedsGrowth`]. The caller holds
+    /// the locks and publishes the size and mtime. Under a range hold whose
+    /// lease runs out at `until`, no batch is posted after it (the extent
+    /// RPCs above may take a while): the answer is [`Written::HoldExpired`].
     pub(super) fn write_data(
         &self,
         eps: &mut Endpoints,
@@ -177,8 +200,12 @@ impl FsClient {
         mut layout: Arc<RwLock<CachedLayout>>,
         offset: u64,
         data: &[u8],
-        may_grow: bool,
+        under: WriteUnder,
     ) -> Result<Written, FsError> {
+        let (may_grow, until) = match under {
+            WriteUnder::Exclusive => (true, None),
+            WriteUnder::Shared { until } => (false, until),
+        };
         let pieces: Vec<_> = self.geometry.split(offset, data.len() as u64).collect();
         let needs: Vec<(ChunkIndex, u64)> =
             pieces.iter().map(|p| (p.chunk, p.offset_in_chunk + p.len)).collect();
@@ -240,7 +267,10 @@ impl FsClient {
             }
             return Ok(Written::NeedsGrowth);
         }
-        self.execute_grouped(eps, verbs)?;
-        Ok(Written::Done(layout))
+        let stop_point = Some(super::stop_hook::Holding::RangeChecked);
+        match self.execute_grouped(eps, verbs, until, stop_point)? {
+            Some(_) => Ok(Written::Done(layout)),
+            None => Ok(Written::HoldExpired),
+        }
     }
 }

@@ -1,9 +1,11 @@
 //! A test-only hook for the stalled-mount tests (issue 12 point 4): with
-//! `CITRONFS_TEST_STOP_HOLDING` set to `range`, `inode` or `alock` in its
-//! environment, a client process stops itself (SIGSTOP, the whole process,
-//! its lease renewals too) the first time its write path holds that lock:
-//! a byte-range lock just before the data goes out, the inode mutex
-//! exclusive, or the attribute ALock around a size change. The test
+//! `CITRONFS_TEST_STOP_HOLDING` set to `range`, `range-checked`, `inode` or
+//! `alock` in its environment, a client process stops itself (SIGSTOP, the
+//! whole process, its lease renewals too) the first time its write path
+//! holds that lock: a byte-range lock right after its acquisition, the same
+//! lock at the last moment before the data verbs go out (after every check
+//! the write makes of its hold), the inode mutex exclusive, or the
+//! attribute ALock around a size change. The test
 //! resumes it with SIGCONT after the stall it studies. Read once; unset
 //! (every real mount), it costs one load of a cached value.
 
@@ -16,8 +18,12 @@ pub const STOP_HOLDING_VAR: &str = "CITRONFS_TEST_STOP_HOLDING";
 /// A lock of the write path where the hook can stop the process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Holding {
-    /// A Citron (or other) byte-range lock, before the data verbs.
+    /// A Citron (or other) byte-range lock, right after its acquisition
+    /// (before the layout work and the data verbs).
     Range,
+    /// The same lock just before the data verbs are posted: after the
+    /// write's last check of its hold, nothing of it left but the verbs.
+    RangeChecked,
     /// The inode mutex in exclusive mode.
     InodeExclusive,
     /// The file's attribute ALock.
@@ -28,6 +34,7 @@ impl Holding {
     fn parse(name: &str) -> Option<Self> {
         match name {
             "range" => Some(Holding::Range),
+            "range-checked" => Some(Holding::RangeChecked),
             "inode" => Some(Holding::InodeExclusive),
             "alock" => Some(Holding::AttrLock),
             _ => None,
@@ -44,7 +51,7 @@ fn armed() -> Option<Holding> {
         let value = std::env::var(STOP_HOLDING_VAR).ok()?;
         let armed = Holding::parse(&value);
         if armed.is_none() {
-            log::warn!("{STOP_HOLDING_VAR}={value:?} is not range, inode or alock: ignored");
+            log::warn!("{STOP_HOLDING_VAR}={value:?} is not range, range-checked, inode or alock: ignored");
         }
         armed
     })

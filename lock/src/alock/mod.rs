@@ -165,6 +165,12 @@
 //!   was handed the lock checks the epoch in the batch that records its
 //!   entry, so a reset that came first sends it back to the queue, and a
 //!   reset that comes later fails on the entry count it raised.
+//! * **The fence delay** ([`AlockConfig::fence_delay`], zero below a file
+//!   system): the reset waits 3/2 of the lease plus it, so a remote holder
+//!   whose whole process stopped after its last check of the lease is
+//!   fenced at the servers (its verbs refused) before the lock passes on.
+//!   The watch's looks stay a quarter lease apart and the holder's bound
+//!   (the lease) is unchanged; a reset only comes later.
 //! * **A release after a reset** (a holder past its lease): its release CAS
 //!   compares its epoch too, fails, and the release hands nothing over and
 //!   says [`LockError::Fenced`](crate::rwlock::LockError::Fenced).
@@ -409,8 +415,14 @@ pub struct AlockConfig {
     /// [`LockError::Timeout`](crate::rwlock::LockError::Timeout).
     pub give_up: Duration,
     /// A remote holder releases within it; a remote cohort that shows no
-    /// progress for 3/2 of it is recovered (see the module comment).
+    /// progress for 3/2 of it (plus the fence delay) is recovered (see the
+    /// module comment).
     pub lease: Duration,
+    /// How long after a holder's lease ran out the cluster may still need
+    /// to fence a silent remote holder at the servers: the recovery waits
+    /// this much longer, so a stopped holder's verbs are refused before
+    /// anyone else enters. Zero (the default) below a file system.
+    pub fence_delay: Duration,
 }
 
 /// The budgets of the paper's evaluation (§6.1).
@@ -430,6 +442,7 @@ impl AlockConfig {
             max_poll: rtt * 64,
             give_up: Duration::from_secs(30),
             lease: (rtt * 5000).max(Duration::from_secs(1)),
+            fence_delay: Duration::ZERO,
         }
     }
 
@@ -437,14 +450,23 @@ impl AlockConfig {
     /// leave room for a recovery.
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
-        self.give_up = self.give_up.max(lease * 8);
+        self.give_up = self.give_up.max(lease * 8 + self.fence_delay * crate::rwlock::GIVE_UP_FENCES);
+        self
+    }
+
+    /// The same with a fence delay ([`AlockConfig::fence_delay`]); the
+    /// give-up time grows to leave room for
+    /// [`GIVE_UP_FENCES`](crate::rwlock::GIVE_UP_FENCES) of them.
+    pub fn with_fence_delay(mut self, fence_delay: Duration) -> Self {
+        self.fence_delay = fence_delay;
+        self.give_up = self.give_up.max(self.lease * 8 + fence_delay * crate::rwlock::GIVE_UP_FENCES);
         self
     }
 
     /// How long the remote cohort may show no progress before it is
-    /// recovered: 3/2 of the lease.
+    /// recovered: 3/2 of the lease, plus the fence delay.
     pub fn stall(&self) -> Duration {
-        self.lease * 3 / 2
+        self.lease * 3 / 2 + self.fence_delay
     }
 
     /// How often a waiter that depends on the remote cohort looks at it.
@@ -575,5 +597,19 @@ mod tests {
         );
         assert!(l.give_up > l.stall(), "a waiter outlasts a recovery");
         assert_eq!((p.poll, p.max_poll), (Duration::from_micros(3), Duration::from_micros(192)));
+    }
+
+    #[test]
+    fn recovery_waits_the_fence_delay() {
+        let l = AlockConfig::from_rtt(Duration::from_micros(3)).with_lease(Duration::from_secs(1));
+        assert_eq!(l.fence_delay, Duration::ZERO);
+        assert_eq!(l.stall(), Duration::from_millis(1500));
+        let f = l.with_fence_delay(Duration::from_secs(3));
+        assert_eq!((f.stall(), f.look()), (Duration::from_millis(4500), Duration::from_millis(250)));
+        assert!(f.give_up > f.stall() * 4, "a waiter outlasts several recoveries: {f:?}");
+        let g = AlockConfig::from_rtt(Duration::from_micros(3))
+            .with_fence_delay(Duration::from_secs(3))
+            .with_lease(Duration::from_secs(1));
+        assert_eq!((g.stall(), g.give_up), (f.stall(), f.give_up), "either order");
     }
 }

@@ -36,6 +36,11 @@ pub struct DqlConfig {
     /// Longest an acquisition waits in all before it fails with
     /// [`LockError::Timeout`] instead of hanging (a broken host, say).
     pub give_up: Duration,
+    /// How long after a holder's lease ran out the cluster may still need
+    /// to fence a silent holder at the servers: the silence S after which
+    /// a waiter resets the lock grows by it (see [`super`], "Failures").
+    /// Zero (the default) below a file system.
+    pub fence_delay: Duration,
 }
 
 impl DqlConfig {
@@ -55,14 +60,28 @@ impl DqlConfig {
             poll: rtt.max(Duration::from_nanos(100)),
             max_poll: (rtt * 64).max(Duration::from_micros(10)),
             give_up: lease * 60,
+            fence_delay: Duration::ZERO,
         }
     }
 
     /// The same with lease `lease` (and a give-up time scaled with it).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
-        self.give_up = lease * 60;
+        self.give_up = self.scaled_give_up();
         self
+    }
+
+    /// The same with a fence delay ([`DqlConfig::fence_delay`]); the
+    /// give-up time grows by [`GIVE_UP_FENCES`](crate::rwlock::GIVE_UP_FENCES)
+    /// of them.
+    pub fn with_fence_delay(mut self, fence_delay: Duration) -> Self {
+        self.fence_delay = fence_delay;
+        self.give_up = self.scaled_give_up();
+        self
+    }
+
+    fn scaled_give_up(&self) -> Duration {
+        self.lease * 60 + self.fence_delay * crate::rwlock::GIVE_UP_FENCES
     }
 
     pub fn with_variant(mut self, variant: DqlVariant) -> Self {
@@ -89,9 +108,10 @@ impl DqlConfig {
     /// S: how long a waiter hears nothing from its predecessor before it
     /// takes it for dead. A waiting predecessor beats every `beat`; a
     /// holding one releases within its lease; plus a quarter lease for
-    /// delivery and scheduling.
+    /// delivery and scheduling; plus the fence delay, so a holder whose
+    /// process stopped is fenced before the reset lets anyone in.
     pub fn silence(&self) -> Duration {
-        self.stretched(self.lease + self.beat()) + self.lease / 4
+        self.stretched(self.lease + self.beat()) + self.lease / 4 + self.fence_delay
     }
 
     /// R: how long a reset keeps the tail closed. Every client that entered
@@ -879,6 +899,22 @@ mod tests {
         // The documented bound: about 3.1 leases.
         let b = c.recovery_bound().as_secs_f64() / c.lease.as_secs_f64();
         assert!((3.0..3.3).contains(&b), "{b}");
+    }
+
+    #[test]
+    fn the_reset_waits_the_fence_delay() {
+        let c = DqlConfig::from_rtt(Duration::from_micros(2)).with_lease(Duration::from_millis(400));
+        assert_eq!(c.fence_delay, Duration::ZERO);
+        let f = c.with_fence_delay(Duration::from_secs(3));
+        assert_eq!(f.silence(), c.silence() + Duration::from_secs(3));
+        assert_eq!(f.recovery_bound(), c.recovery_bound() + Duration::from_secs(3));
+        // What the holder and the reset rely on does not move.
+        assert_eq!(
+            (f.beat(), f.fresh_window(), f.reset_wait()),
+            (c.beat(), c.fresh_window(), c.reset_wait())
+        );
+        assert!(f.give_up > f.recovery_bound() * 4, "{f:?}");
+        assert_eq!(f, c.with_lease(Duration::from_millis(400)).with_fence_delay(Duration::from_secs(3)));
     }
 
     #[test]

@@ -78,6 +78,12 @@
 //!   T_lease/4 ([`DqlConfig::silence`]) takes it for dead: killed while
 //!   holding, or while queued (its grant is then lost), or a holder overran
 //!   its lease. Detection costs messages only while waiting, no verbs.
+//! * **The fence delay** ([`DqlConfig::fence_delay`], zero below a file
+//!   system) is added to S: a holder whose whole process stopped after its
+//!   last check of its lease is fenced at the servers (its verbs refused)
+//!   before a waiter resets the lock. R, X and the beats are unchanged: the
+//!   argument below is about clients that entered before the close, which
+//!   a later reset leaves as they were.
 //! * **The reset (an era change).** The waiter CASes the tail closed (the
 //!   [`CLOSED_BIT`](word::CLOSED_BIT)): nobody can join any more. It keeps it
 //!   closed for R = (X + T_lease)(1+δ) + T_lease/16 ([`DqlConfig::reset_wait`])

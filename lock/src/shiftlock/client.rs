@@ -37,6 +37,15 @@ pub struct ShiftLockConfig {
     /// Longest an acquisition may wait in all before it fails with
     /// [`LockError::Timeout`] instead of hanging (a broken host, say).
     pub give_up: Duration,
+    /// How long after a holder's lease ran out the cluster may still need
+    /// to fence a silent holder at the servers. A waiter asks for the §3.6
+    /// recovery only after `RelCnt` stood still for 3 × T_lease plus this,
+    /// so no lock is recovered before its holder is fenced. The holders'
+    /// guards (a release within T_lease of the lease start is an ordinary
+    /// one) are unchanged: every waiter's stall timer still starts no
+    /// earlier than the holder's lease did, and now runs longer. Zero (the
+    /// default) below a file system.
+    pub fence_delay: Duration,
 }
 
 impl ShiftLockConfig {
@@ -56,14 +65,28 @@ impl ShiftLockConfig {
             max_poll: rtt * 64,
             writer_threshold: DEFAULT_WRITER_THRESHOLD,
             give_up: lease * 60,
+            fence_delay: Duration::ZERO,
         }
     }
 
     /// The same with lease `lease` (and a give-up time scaled with it).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
-        self.give_up = lease * 60;
+        self.give_up = self.scaled_give_up();
         self
+    }
+
+    /// The same with a fence delay ([`ShiftLockConfig::fence_delay`]); the
+    /// give-up time grows by [`GIVE_UP_FENCES`](crate::rwlock::GIVE_UP_FENCES)
+    /// of them, so it stays far beyond a recovery (3 × T_lease + fence delay).
+    pub fn with_fence_delay(mut self, fence_delay: Duration) -> Self {
+        self.fence_delay = fence_delay;
+        self.give_up = self.scaled_give_up();
+        self
+    }
+
+    fn scaled_give_up(&self) -> Duration {
+        self.lease * 60 + self.fence_delay * crate::rwlock::GIVE_UP_FENCES
     }
 
     /// `d` stretched by the clock drift bound (§3.6, "assumptions for timing").
@@ -71,9 +94,10 @@ impl ShiftLockConfig {
         d.mul_f64(1.0 + self.drift)
     }
 
-    /// How long `RelCnt` may stand still before a waiter suspects a failure.
+    /// How long `RelCnt` may stand still before a waiter suspects a failure:
+    /// 3 × T_lease (§3.6), plus the fence delay.
     pub fn stall_timeout(&self) -> Duration {
-        self.stretched(self.lease * 3)
+        self.stretched(self.lease * 3 + self.fence_delay)
     }
 
     /// How often a waiter that is not polling anyway looks at `RelCnt`.

@@ -98,3 +98,26 @@ pub use client::{ShiftLockClient, ShiftLockConfig, ShiftLockRef, ShiftLockStats,
 pub use entry::{Entry, Epoch, RelCnt, TailPtr, TailPtrError, ENTRY_ALIGN, ENTRY_BYTES};
 pub use message::{PeerMessage, Postbox, RecoveryReply, RecoveryRequest, Wire};
 pub use recovery::{EraTable, RecoveryLocator, RecoveryService, RecoveryStats};
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::ShiftLockConfig;
+
+    #[test]
+    fn recovery_waits_the_fence_delay_and_giving_up_waits_longer() {
+        let c = ShiftLockConfig::from_rtt(Duration::from_micros(2)).with_lease(Duration::from_millis(300));
+        assert_eq!(c.fence_delay, Duration::ZERO, "below a file system: the paper's 3 x T_lease");
+        assert_eq!(c.stall_timeout(), Duration::from_millis(900).mul_f64(1.0 + c.drift));
+        assert_eq!(c.give_up, Duration::from_secs(18));
+        let f = c.with_fence_delay(Duration::from_secs(3));
+        assert_eq!(f.stall_timeout(), Duration::from_millis(3900).mul_f64(1.0 + c.drift));
+        assert!(f.give_up > f.stall_timeout() * 4, "a waiter outlasts several recoveries: {f:?}");
+        // The order of the builders does not matter.
+        let g = ShiftLockConfig::from_rtt(Duration::from_micros(2))
+            .with_fence_delay(Duration::from_secs(3))
+            .with_lease(Duration::from_millis(300));
+        assert_eq!(g, f);
+    }
+}

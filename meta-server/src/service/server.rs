@@ -23,6 +23,7 @@ use citron_lock::rdma::{
     FabricAddr, IbHost, Node, RegionMemory, RegionTable, RemoteAddr, ShmHost, TcpHost, TcpOptions,
 };
 use citron_rpc::auth::Authority;
+use citronfs_core::locks::guard::reaper_tick;
 use citronfs_core::locks::{ClusterLockParams, LockTiming, WaitsFor};
 use citronfs_core::status::ClusterStatus;
 use citronfs_core::types::Ino;
@@ -151,7 +152,14 @@ impl MetaServer {
             fixed(citron_lock::citron::tuning::TWAIT_WORD_BYTES)?,
             Duration::from_micros(config.lock_params.t_wait_us),
         ));
-        let lock_params = ClusterLockParams { published_t_wait: Some(tuning.word()), ..config.lock_params };
+        // Every lock waits the fence delay past its own threshold before it
+        // takes a silent holder over: our client lease, a reaper tick and a
+        // margin (`fence_delay_for`), so no lock is recovered before we
+        // have fenced its holder (issue 12 point 4). Clients get these
+        // parameters at registration; our own lock users below take the
+        // same ones.
+        let lock_params = ClusterLockParams { published_t_wait: Some(tuning.word()), ..config.lock_params }
+            .fenced_within(config.lease);
         let lock_err = |e: citron_lock::rwlock::LockError| FsError::Io(format!("lock host: {e}"));
         // The meta-server acts on its own lock memory as a client of its own
         // fabric (shm when published, else its NIC): the lease reaper's
@@ -256,7 +264,8 @@ impl MetaServer {
         // lease; one that dies holding or queued is recovered by our threads
         // through an endpoint of our own (ALock's "Recovery").
         let alock_config = AlockConfig::from_rtt(Duration::from_micros(1))
-            .with_lease(Duration::from_millis(lock_params.lease_ms));
+            .with_lease(Duration::from_millis(lock_params.lease_ms))
+            .with_fence_delay(lock_params.fence_delay());
         let attr_host = AlockHost::new(locks, pool, pool_slots, alock_config)
             .map_err(lock_err)?
             .with_recovery(node.endpoint()?);
@@ -316,7 +325,7 @@ impl MetaServer {
         let reaper = {
             let stop = stop.clone();
             let service = service.clone();
-            let tick = (config.lease / 4).max(Duration::from_millis(20));
+            let tick = reaper_tick(config.lease);
             std::thread::Builder::new()
                 .name("meta-leases".into())
                 .spawn(move || {
@@ -343,7 +352,7 @@ impl MetaServer {
         let prober = {
             let stop = stop.clone();
             let service = service.clone();
-            let tick = (config.lease / 4).max(Duration::from_millis(20));
+            let tick = reaper_tick(config.lease);
             std::thread::Builder::new()
                 .name("meta-data-probe".into())
                 .spawn(move || {

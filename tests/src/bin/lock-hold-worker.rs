@@ -35,7 +35,7 @@ fn main() -> Result<()> {
         Some("dslr") if args.len() == 5 => {
             let mode = if args[3] == "shared" { Mode::Shared } else { Mode::Exclusive };
             let lease = Duration::from_millis(args[4].parse().context("LEASE_MS")?);
-            let config = DslrConfig { omega: Duration::from_micros(5), lease };
+            let config = DslrConfig { omega: Duration::from_micros(5), lease, fence_delay: Duration::ZERO };
             let mut lock = DslrLock::new(RemoteAddr::new(TEST_REGION, lock_stress::LOCK_AT), config);
             say("acquiring");
             lock.acquire(&ep, mode)?;

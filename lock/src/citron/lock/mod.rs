@@ -199,6 +199,14 @@ pub struct CitronConfig {
     /// T_lease (§3.10): every holder releases within it, so a wait that sees
     /// no progress for (a multiple of) it has found a dead client.
     pub lease: Duration,
+    /// How long after a holder's lease ran out the cluster may still need
+    /// to fence a silent holder at the servers (so that its late verbs are
+    /// refused there). Every takeover of a silent holder (§3.10, Lines 11,
+    /// 18, 22 and 36) waits this much longer than the paper's thresholds,
+    /// so no lock is recovered before its holder is fenced; the holder's own
+    /// bound (T_lease, and the late-release guard) does not change. Zero
+    /// (the default) below a file system: the paper's thresholds exactly.
+    pub fence_delay: Duration,
     /// Longest any single wait may last before the acquisition gives up.
     pub give_up: Duration,
 }
@@ -220,8 +228,42 @@ impl CitronConfig {
             drift: 1e-4,
             leaf_patience: 64,
             lease,
+            fence_delay: Duration::ZERO,
             give_up: Duration::from_secs(120),
         }
+    }
+
+    /// The same with a fence delay ([`CitronConfig::fence_delay`]) instead
+    /// of the current one; the give-up time grows by [`GIVE_UP_FENCES`] of
+    /// them, so a wait through that many takeovers still fits.
+    ///
+    /// [`GIVE_UP_FENCES`]: crate::rwlock::GIVE_UP_FENCES
+    pub fn with_fence_delay(mut self, fence_delay: Duration) -> Self {
+        self.give_up = self.give_up.saturating_sub(self.fence_delay * crate::rwlock::GIVE_UP_FENCES)
+            + fence_delay * crate::rwlock::GIVE_UP_FENCES;
+        self.fence_delay = fence_delay;
+        self
+    }
+
+    /// How long a word must stand still before a waiter takes it for a
+    /// dead client's (Lines 11, 18, 22): 3/2 T_lease (see the recovery
+    /// module), plus the fence delay.
+    pub fn takeover_stall(&self) -> Duration {
+        self.lease * 3 / 2 + self.fence_delay
+    }
+
+    /// Line 36 at height `height`: notifications that do not move for
+    /// H·T_lease + T_lease/2 (plus the fence delay) are a dead client's.
+    pub fn descendants_stall(&self, height: u32) -> Duration {
+        self.lease * height + self.lease / 2 + self.fence_delay
+    }
+
+    /// Line 11's extra wait with `ahead` tickets before ours, after the
+    /// first stall: (Δ − 1)·T_lease, plus the fence delay (a ticket ahead
+    /// that takes the bakery over meanwhile is a holder like any other, and
+    /// may be a stopped process that must be fenced first).
+    pub fn bakery_extra(&self, ahead: u32) -> Duration {
+        self.lease * ahead.saturating_sub(1) + self.fence_delay
     }
 }
 
@@ -523,5 +565,24 @@ mod tests {
         assert_eq!(l.node(NodeIndex::ROOT).offset, 4096 + 16);
         assert_eq!(l.node(NodeIndex(21)).offset, 4096 + 16 + 160);
         assert_eq!(CitronLayout::bytes(TreeShape::new(2)), 16 + 21 * 8);
+    }
+
+    #[test]
+    fn every_takeover_threshold_adds_the_fence_delay() {
+        let mut c = CitronConfig::from_rtt(Duration::from_micros(2));
+        c.lease = Duration::from_millis(300);
+        assert_eq!(c.fence_delay, Duration::ZERO, "below a file system: the paper's thresholds");
+        assert_eq!(c.takeover_stall(), Duration::from_millis(450));
+        assert_eq!(c.descendants_stall(3), Duration::from_millis(1050));
+        assert_eq!(c.bakery_extra(3), Duration::from_millis(600));
+        let f = c.with_fence_delay(Duration::from_secs(3));
+        assert_eq!(f.takeover_stall(), Duration::from_millis(3450));
+        assert_eq!(f.descendants_stall(3), Duration::from_millis(4050));
+        assert_eq!(f.bakery_extra(1), Duration::from_secs(3));
+        assert_eq!(f.bakery_extra(3), Duration::from_millis(3600));
+        assert_eq!(f.lease, c.lease, "the holder's bound does not move");
+        assert!(f.give_up >= c.give_up + f.takeover_stall(), "{f:?}");
+        // Setting it again replaces it.
+        assert_eq!(f.with_fence_delay(Duration::ZERO).give_up, c.give_up);
     }
 }

@@ -39,6 +39,29 @@
 //!   can tell that no recovery took it over, and says
 //!   [`LockError::Fenced`].
 //!
+//! # The fence delay: no takeover before the holder is fenced
+//!
+//! A holder acts under its lock only within T_lease of its acquisition (the
+//! holder bound H; the file system checks it before each batch of data
+//! verbs). But a *process* can stop right after such a check (SIGSTOP, a
+//! descheduled VM) and resume later with its verbs still to send. Its
+//! cluster fences it (the servers refuse its verbs) some time after its
+//! lease at the cluster manager lapsed: [`super::CitronConfig::fence_delay`]
+//! bounds how long after H that can take. So every takeover threshold here
+//! is the paper's plus the fence delay: Lines 11, 18 and 22 after 3/2
+//! T_lease + fence delay of stillness ([`CitronClient::stall`]), Line 36
+//! after H·T_lease + T_lease/2 + fence delay, and Line 11's extra wait per
+//! ticket ahead grows by it too. A stopped holder's verbs therefore reach
+//! the servers either before the takeover (it resumed before its fence) or
+//! not at all (refused). Ordering of the marks, the holder's on-time bound
+//! (9/8 T_lease) and the late-release guard are unchanged: the argument
+//! that "a holder within its on-time bound cannot have been recovered
+//! against" needs only stall ≥ on-time + tick, which a later takeover
+//! keeps; waiters' progress marks every tick keep moving the watched words
+//! however long the threshold. A holder thread that stalls while its
+//! process keeps renewing its lease is not fenced, and not covered: that
+//! is what T_lease itself bounds.
+//!
 //! [`HEARTBEAT`]: crate::citron::word::HEARTBEAT
 //! [`TICK_BELOW`]: crate::citron::word::TICK_BELOW
 
@@ -116,9 +139,10 @@ impl CitronClient {
     }
 
     /// How long a word must stand still before a waiter takes it for a dead
-    /// client's (Lines 11, 18, 22): 3/2 T_lease.
+    /// client's (Lines 11, 18, 22): 3/2 T_lease plus the fence delay
+    /// ([`super::CitronConfig::takeover_stall`]).
     pub(super) fn stall(&self) -> Duration {
-        self.config.lease * 3 / 2
+        self.config.takeover_stall()
     }
 
     /// How long after its acquisition a holder may still release a node as
@@ -238,7 +262,7 @@ impl CitronClient {
             };
             let ahead = ticket.0.wrapping_sub(Internal(w).tcnt()) & ((1 << COUNTER_BITS) - 1);
             if ahead > 1 {
-                let more = self.config.lease * (ahead as u32 - 1);
+                let more = self.config.bakery_extra(ahead as u32);
                 if let Watch::Done(_) = self.watch(ep, addr, served, key, more, &mut Progress::none())? {
                     return Ok(());
                 }

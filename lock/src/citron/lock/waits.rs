@@ -158,11 +158,12 @@ impl CitronClient {
         }
         self.yield_held(ep, others)?;
         // §3.10, Line 36: DCnt and DMax that do not move for H·T_lease (H:
-        // our height; plus the half lease of the recovery module's margin)
-        // belong to dead clients: a live notifier that waits keeps them
-        // moving. Level DCnt with DMax (less our own pending notifications).
+        // our height; plus the half lease of the recovery module's margin,
+        // plus the fence delay) belong to dead clients: a live notifier that
+        // waits keeps them moving. Level DCnt with DMax (less our own
+        // pending notifications).
         let height = shape.depth() - level;
-        let stall = self.config.lease * height + self.config.lease / 2;
+        let stall = self.config.descendants_stall(height);
         for (desc, _) in pending {
             let addr = tree.node(desc);
             let key = shape.key(desc);
