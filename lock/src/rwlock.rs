@@ -33,6 +33,13 @@ use crate::rdma::{Endpoint, RdmaError, TransportError};
 /// fence delay longer (see `citron::lock::recovery`, "The fence delay").
 pub const GIVE_UP_FENCES: u32 = 4;
 
+/// How long a waiter of a queue lock (ShiftLock, DQL) waits before it gives
+/// up, for a lock `lease` and a `fence_delay`: 60 leases, and
+/// [`GIVE_UP_FENCES`] fence delays more.
+pub fn give_up_after(lease: std::time::Duration, fence_delay: std::time::Duration) -> std::time::Duration {
+    lease * 60 + fence_delay * GIVE_UP_FENCES
+}
+
 /// How a lock is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Mode {

@@ -59,7 +59,7 @@ impl DqlConfig {
             drift: 1e-4,
             poll: rtt.max(Duration::from_nanos(100)),
             max_poll: (rtt * 64).max(Duration::from_micros(10)),
-            give_up: lease * 60,
+            give_up: crate::rwlock::give_up_after(lease, Duration::ZERO),
             fence_delay: Duration::ZERO,
         }
     }
@@ -67,7 +67,7 @@ impl DqlConfig {
     /// The same with lease `lease` (and a give-up time scaled with it).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
-        self.give_up = self.scaled_give_up();
+        self.give_up = crate::rwlock::give_up_after(self.lease, self.fence_delay);
         self
     }
 
@@ -76,12 +76,8 @@ impl DqlConfig {
     /// of them.
     pub fn with_fence_delay(mut self, fence_delay: Duration) -> Self {
         self.fence_delay = fence_delay;
-        self.give_up = self.scaled_give_up();
+        self.give_up = crate::rwlock::give_up_after(self.lease, self.fence_delay);
         self
-    }
-
-    fn scaled_give_up(&self) -> Duration {
-        self.lease * 60 + self.fence_delay * crate::rwlock::GIVE_UP_FENCES
     }
 
     pub fn with_variant(mut self, variant: DqlVariant) -> Self {

@@ -64,7 +64,7 @@ impl ShiftLockConfig {
             poll: rtt,
             max_poll: rtt * 64,
             writer_threshold: DEFAULT_WRITER_THRESHOLD,
-            give_up: lease * 60,
+            give_up: crate::rwlock::give_up_after(lease, Duration::ZERO),
             fence_delay: Duration::ZERO,
         }
     }
@@ -72,7 +72,7 @@ impl ShiftLockConfig {
     /// The same with lease `lease` (and a give-up time scaled with it).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
-        self.give_up = self.scaled_give_up();
+        self.give_up = crate::rwlock::give_up_after(self.lease, self.fence_delay);
         self
     }
 
@@ -81,12 +81,8 @@ impl ShiftLockConfig {
     /// of them, so it stays far beyond a recovery (3 × T_lease + fence delay).
     pub fn with_fence_delay(mut self, fence_delay: Duration) -> Self {
         self.fence_delay = fence_delay;
-        self.give_up = self.scaled_give_up();
+        self.give_up = crate::rwlock::give_up_after(self.lease, self.fence_delay);
         self
-    }
-
-    fn scaled_give_up(&self) -> Duration {
-        self.lease * 60 + self.fence_delay * crate::rwlock::GIVE_UP_FENCES
     }
 
     /// `d` stretched by the clock drift bound (§3.6, "assumptions for timing").
