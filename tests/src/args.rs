@@ -1,49 +1,6 @@
-//! `key=value` arguments of the worker binaries, and their `result` lines.
+//! The `result` lines of the worker binaries.
 
-use std::collections::HashMap;
-use std::str::FromStr;
-
-use anyhow::{anyhow, Context, Result};
-
-/// A worker's `key=value` arguments.
-pub struct Args(HashMap<String, String>);
-
-impl Args {
-    pub fn parse(items: &[String]) -> Result<Self> {
-        let mut map = HashMap::new();
-        for item in items {
-            let (k, v) = item.split_once('=').ok_or_else(|| anyhow!("argument {item:?} is not key=value"))?;
-            map.insert(k.to_string(), v.to_string());
-        }
-        Ok(Self(map))
-    }
-
-    pub fn has(&self, key: &str) -> bool {
-        self.0.contains_key(key)
-    }
-
-    pub fn str(&self, key: &str) -> Result<&str> {
-        self.0.get(key).map(String::as_str).ok_or_else(|| anyhow!("missing {key}="))
-    }
-
-    pub fn get<T: FromStr>(&self, key: &str) -> Result<T>
-    where
-        T::Err: std::fmt::Display,
-    {
-        self.str(key)?.parse().map_err(|e| anyhow!("{key}=: {e}"))
-    }
-
-    pub fn get_or<T: FromStr>(&self, key: &str, default: T) -> Result<T>
-    where
-        T::Err: std::fmt::Display,
-    {
-        if self.has(key) {
-            self.get(key)
-        } else {
-            Ok(default)
-        }
-    }
-}
+use anyhow::{Context, Result};
 
 /// Named totals that a worker prints as `result k=v ...` and a test adds up.
 #[derive(Default, Debug, Clone)]

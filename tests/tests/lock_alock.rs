@@ -100,14 +100,14 @@ fn spawn_workers(fabric: &TestFabric, mix: &Mix) -> Vec<Child> {
             Command::new(WORKER)
                 .args([
                     "stress".to_string(),
-                    format!("fabric={}", fabric.addr),
-                    format!("threads={}", mix.process_threads),
-                    format!("iterations={}", mix.process_iterations),
-                    format!("lock_at={LOCK_AT}"),
-                    format!("oracle_at={ORACLE_AT}"),
-                    format!("seed={}", p + 1),
-                    format!("local_budget={}", mix.local_budget),
-                    format!("remote_budget={}", mix.remote_budget),
+                    format!("--fabric={}", fabric.addr),
+                    format!("--threads={}", mix.process_threads),
+                    format!("--iterations={}", mix.process_iterations),
+                    format!("--lock-at={LOCK_AT}"),
+                    format!("--oracle-at={ORACLE_AT}"),
+                    format!("--seed={}", p + 1),
+                    format!("--local-budget={}", mix.local_budget),
+                    format!("--remote-budget={}", mix.remote_budget),
                 ])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())

@@ -58,13 +58,13 @@ impl Run {
             .map(|p| {
                 let mut args = vec![
                     "stress".to_string(),
-                    format!("fabric={}", fabric.addr),
-                    format!("variant={}", variant_arg(self.variant)),
-                    format!("threads={}", self.threads),
-                    format!("iterations={}", self.iterations),
-                    format!("seed={}", seed * 100 + p),
-                    format!("lock_at={LOCK_AT}"),
-                    format!("oracle_at={ORACLE_AT}"),
+                    format!("--fabric={}", fabric.addr),
+                    format!("--variant={}", variant_arg(self.variant)),
+                    format!("--threads={}", self.threads),
+                    format!("--iterations={}", self.iterations),
+                    format!("--seed={}", seed * 100 + p),
+                    format!("--lock-at={LOCK_AT}"),
+                    format!("--oracle-at={ORACLE_AT}"),
                 ];
                 args.extend(self.extra.iter().cloned());
                 Command::new(WORKER)
@@ -201,7 +201,7 @@ fn dql_handles_sharing_an_endpoint_keep_each_others_messages() {
                 processes: 2,
                 threads: 3,
                 iterations: iterations(backend) / 2,
-                extra: vec!["locks=2".into(), "nested=1".into()],
+                extra: vec!["--locks=2".into(), "--nested=1".into()],
             };
             let totals = stress_on(backend, &fabric, &run, 2);
             assert!(totals.get("done") >= run.total(), "{backend:?}");
@@ -324,10 +324,10 @@ fn tail_at(ep: &Endpoint, lock: RemoteAddr) -> TailWord {
 fn worker_args(command: &str, fabric: &TestFabric, variant: DqlVariant, lease: Duration) -> Vec<String> {
     vec![
         command.into(),
-        format!("fabric={}", fabric.addr),
-        format!("variant={}", variant_arg(variant)),
-        format!("lock_at={LOCK_AT}"),
-        format!("lease_ms={}", lease.as_millis()),
+        format!("--fabric={}", fabric.addr),
+        format!("--variant={}", variant_arg(variant)),
+        format!("--lock-at={LOCK_AT}"),
+        format!("--lease-ms={}", lease.as_millis()),
     ]
 }
 
@@ -342,7 +342,7 @@ fn survivors_run(backend: Backend, fabric: &TestFabric, variant: DqlVariant) {
         threads: 2,
         iterations: if backend == Backend::Shm { 100 } else { 25 },
         // The tickets before the failure were not all served in the oracle.
-        extra: vec![format!("lease_ms={}", lease.as_millis()), "fifo=0".into()],
+        extra: vec![format!("--lease-ms={}", lease.as_millis()), "--fifo=0".into()],
     };
     let totals = collect(run.spawn(fabric, 7));
     assert_eq!(totals.get("done"), run.total(), "{backend:?}");

@@ -56,14 +56,14 @@ impl Run<'_> {
             .map(|p| {
                 let mut args = vec![
                     "stress".to_string(),
-                    format!("algo={}", self.algo),
-                    format!("fabric={}", fabric.addr),
-                    format!("threads={}", self.threads),
-                    format!("iterations={}", self.iterations),
-                    format!("read={}", self.read),
-                    format!("seed={}", seed * 100 + p),
-                    format!("lock_at={LOCK_AT}"),
-                    format!("oracle_at={ORACLE_AT}"),
+                    format!("--algo={}", self.algo),
+                    format!("--fabric={}", fabric.addr),
+                    format!("--threads={}", self.threads),
+                    format!("--iterations={}", self.iterations),
+                    format!("--read={}", self.read),
+                    format!("--seed={}", seed * 100 + p),
+                    format!("--lock-at={LOCK_AT}"),
+                    format!("--oracle-at={ORACLE_AT}"),
                 ];
                 args.extend(self.extra.iter().cloned());
                 Command::new(WORKER)
@@ -143,7 +143,7 @@ fn dslr_mixed_load_excludes_and_serves_in_ticket_order() {
             threads: 3,
             iterations,
             read: 60,
-            extra: vec!["fifo=1".into()],
+            extra: vec!["--fifo=1".into()],
         };
         let (totals, ep, _fabric) = stress(backend, &run);
         assert!(get(&totals, "conflicts") > 0, "{backend:?}: the lock was never contended");
@@ -182,7 +182,7 @@ fn dslr_counters_reset_before_overflow_and_stay_exclusive() {
             threads: 3,
             iterations,
             read: 50,
-            extra: vec![format!("count_max={SMALL}")],
+            extra: vec![format!("--count-max={SMALL}")],
         };
         let (totals, ep, _fabric) = stress(backend, &run);
         // A generation serves fewer than 2 × count_max tickets before one
@@ -203,12 +203,12 @@ fn dslr_counters_reset_before_overflow_and_stay_exclusive() {
 fn hold_args(fabric: &TestFabric, mode: &str, lease: Duration, count_max: u16) -> Vec<String> {
     vec![
         "hold".into(),
-        "algo=dslr".into(),
-        format!("fabric={}", fabric.addr),
-        format!("mode={mode}"),
-        format!("lock_at={LOCK_AT}"),
-        format!("lease_ms={}", lease.as_millis()),
-        format!("count_max={count_max}"),
+        "--algo=dslr".into(),
+        format!("--fabric={}", fabric.addr),
+        format!("--mode={mode}"),
+        format!("--lock-at={LOCK_AT}"),
+        format!("--lease-ms={}", lease.as_millis()),
+        format!("--count-max={count_max}"),
     ]
 }
 
@@ -234,7 +234,7 @@ fn survivors_recover(backend: Backend, fabric: &TestFabric, lease: Duration, cou
         threads: 2,
         iterations: if backend == Backend::Shm { 200 } else { 40 },
         read: 50,
-        extra: vec![format!("lease_ms={}", lease.as_millis()), format!("count_max={count_max}")],
+        extra: vec![format!("--lease-ms={}", lease.as_millis()), format!("--count-max={count_max}")],
     };
     let (waited, lock) = survivor_acquires(fabric, lease, count_max);
     let workers = run.spawn(fabric, 7);

@@ -61,15 +61,15 @@ fn spawn_stress(
             Command::new(WORKER)
                 .args([
                     "stress".to_string(),
-                    format!("server={server}"),
-                    format!("fabric={}", fabric.addr),
-                    format!("threads={threads}"),
-                    format!("iterations={iterations}"),
-                    format!("read={read}"),
-                    format!("seed={}", 100 + p),
-                    format!("lock={LOCK}"),
-                    format!("oracle_at={ORACLE_AT}"),
-                    format!("fifo={}", u8::from(fifo)),
+                    format!("--server={server}"),
+                    format!("--fabric={}", fabric.addr),
+                    format!("--threads={threads}"),
+                    format!("--iterations={iterations}"),
+                    format!("--read={read}"),
+                    format!("--seed={}", 100 + p),
+                    format!("--lock={LOCK}"),
+                    format!("--oracle-at={ORACLE_AT}"),
+                    format!("--fifo={}", u8::from(fifo)),
                 ])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -151,9 +151,9 @@ fn rpc_lock_readers_overlap() {
 fn hold_args(server: &RpcLockServer, mode: &str) -> Vec<String> {
     vec![
         "hold".into(),
-        format!("server={}", server.local_addr()),
-        format!("lock={LOCK}"),
-        format!("mode={mode}"),
+        format!("--server={}", server.local_addr()),
+        format!("--lock={LOCK}"),
+        format!("--mode={mode}"),
     ]
 }
 

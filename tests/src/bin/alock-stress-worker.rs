@@ -1,10 +1,10 @@
 //! Worker process of the ALock tests (tests/tests/lock_alock.rs): remote
 //! clients of an ALock whose host's threads take it locally in the test
-//! process. Arguments are `key=value` after the command:
+//! process. Arguments are options after the command (see `--help`):
 //!
 //! ```text
-//! alock-stress-worker stress fabric=ADDR threads=N iterations=N lock_at=OFFSET
-//!                            oracle_at=OFFSET seed=N [local_budget=N] [remote_budget=N]
+//! alock-stress-worker stress --fabric=ADDR --threads=N --iterations=N --lock-at=OFFSET
+//!                            --oracle-at=OFFSET --seed=N [--local-budget=N] [--remote-budget=N]
 //! ```
 //!
 //! Each of `threads` threads (own endpoint, own [`AlockClient`]) runs
@@ -14,57 +14,58 @@
 //! cohort was waiting. A violation panics, so the process fails. At the end
 //! it prints `result key=value ...` with the handles' statistics added up.
 
-use std::collections::HashMap;
-
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use citron_lock::alock::{AlockClient, AlockConfig};
 use citron_lock::rdma::{FabricAddr, Node, RemoteAddr};
 use citronfs_tests::alock_oracle::{self, Access, Oracle};
 use citronfs_tests::TEST_REGION;
+use clap::Parser;
 use rand::{Rng, SeedableRng};
 
-struct Args(HashMap<String, String>);
+#[derive(Parser)]
+enum Command {
+    /// Runs critical sections as remote clients; prints `result key=value ...`.
+    Stress(Args),
+}
 
-impl Args {
-    fn parse(items: &[String]) -> Result<Self> {
-        let mut map = HashMap::new();
-        for item in items {
-            let (k, v) = item.split_once('=').ok_or_else(|| anyhow!("argument {item:?} is not key=value"))?;
-            map.insert(k.to_string(), v.to_string());
-        }
-        Ok(Self(map))
-    }
-
-    fn str(&self, key: &str) -> Result<&str> {
-        self.0.get(key).map(String::as_str).ok_or_else(|| anyhow!("missing {key}="))
-    }
-
-    fn num(&self, key: &str) -> Result<u64> {
-        self.str(key)?.parse().with_context(|| format!("{key}="))
-    }
-
-    fn num_or(&self, key: &str, default: u64) -> Result<u64> {
-        if self.0.contains_key(key) {
-            self.num(key)
-        } else {
-            Ok(default)
-        }
-    }
+#[derive(clap::Args)]
+struct Args {
+    /// The fabric to join.
+    #[arg(long)]
+    fabric: String,
+    /// Threads, each with its own endpoint and client.
+    #[arg(long)]
+    threads: u64,
+    /// Critical sections per thread.
+    #[arg(long)]
+    iterations: u64,
+    /// Byte offset of the ALock in the test region.
+    #[arg(long)]
+    lock_at: u64,
+    /// Byte offset of the oracle in the test region.
+    #[arg(long)]
+    oracle_at: u64,
+    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
+    #[arg(long)]
+    seed: u64,
+    /// The local cohort's budget.
+    #[arg(long, default_value_t = 5)]
+    local_budget: u32,
+    /// The remote cohort's budget.
+    #[arg(long, default_value_t = 20)]
+    remote_budget: u32,
 }
 
 fn main() -> Result<()> {
-    let argv: Vec<String> = std::env::args().collect();
-    let args = Args::parse(argv.get(2..).unwrap_or_default())?;
-    match argv.get(1).map(String::as_str) {
-        Some("stress") => stress(&args),
-        _ => bail!("usage: alock-stress-worker stress key=value... (see the source's doc comment)"),
+    match Command::parse() {
+        Command::Stress(args) => stress(&args),
     }
 }
 
 fn stress(args: &Args) -> Result<()> {
-    let fabric: FabricAddr = args.str("fabric")?.parse().map_err(anyhow::Error::msg)?;
+    let fabric: FabricAddr = args.fabric.parse().map_err(anyhow::Error::msg)?;
     let node = Node::join(&fabric)?;
-    let threads = args.num("threads")?;
+    let threads = args.threads;
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -93,17 +94,14 @@ fn stress(args: &Args) -> Result<()> {
 
 fn stress_thread(args: &Args, node: &Node, thread: u64) -> Result<Vec<(&'static str, u64)>> {
     let ep = node.endpoint()?;
-    let lock_at = args.num("lock_at")?;
+    let lock_at = args.lock_at;
     let lock = RemoteAddr::new(TEST_REGION, lock_at);
     let rtt = ep.measure_rtt(lock, 5)?;
-    let config = AlockConfig::from_rtt(rtt).with_budgets(
-        u32::try_from(args.num_or("local_budget", 5)?)?,
-        u32::try_from(args.num_or("remote_budget", 20)?)?,
-    );
+    let config = AlockConfig::from_rtt(rtt).with_budgets(args.local_budget, args.remote_budget);
     let mut alock = AlockClient::new(lock, config);
-    let oracle = Oracle { access: Access::Remote(&ep), base: args.num("oracle_at")? };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.num("seed")? * 1000 + thread);
-    for i in 0..args.num("iterations")? {
+    let oracle = Oracle { access: Access::Remote(&ep), base: args.oracle_at };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed * 1000 + thread);
+    for i in 0..args.iterations {
         alock.lock(&ep).with_context(|| format!("acquire #{i}"))?;
         let others = oracle.enter();
         assert_eq!(others, 0, "a remote client entered with {others} other holders inside");

@@ -1,28 +1,48 @@
-//! Worker process of the Citron stress tests:
+//! Worker process of the Citron stress tests (see `--help`):
 //! `citron-stress-worker FABRIC THREADS ITERATIONS SEED` on a fixed tree, or
 //! `citron-stress-worker FABRIC THREADS ITERATIONS SEED scale HOST INSTANCE`
 //! on a tree that is scaled up while in use (its configuration from the
 //! tree host at HOST, tcp).
 
-use anyhow::{bail, Context, Result};
+use std::net::SocketAddr;
+
+use anyhow::Result;
 use citron_lock::citron::host::InstanceId;
 use citron_lock::rdma::{FabricAddr, Node};
 use citronfs_tests::citron_stress;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Args {
+    /// The fabric to join.
+    fabric: String,
+    /// Threads, each with its own endpoint.
+    threads: u64,
+    /// Critical sections per thread.
+    iterations: u64,
+    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
+    seed: u64,
+    /// Use a tree that is scaled up while in use.
+    #[command(subcommand)]
+    scale: Option<Scale>,
+}
+
+#[derive(Subcommand)]
+enum Scale {
+    /// The tree is scaled up while in use; its configuration comes from its host.
+    Scale {
+        /// The tree host's address (tcp).
+        host: SocketAddr,
+        /// The Citron instance on that host.
+        instance: u64,
+    },
+}
 
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let scaling = match args.len() {
-        5 => None,
-        8 if args[5] == "scale" => {
-            let host: std::net::SocketAddr = args[6].parse().context("HOST")?;
-            Some((host, InstanceId(args[7].parse().context("INSTANCE")?)))
-        }
-        _ => bail!("usage: citron-stress-worker FABRIC THREADS ITERATIONS SEED [scale HOST INSTANCE]"),
-    };
-    let fabric: FabricAddr = args[1].parse().map_err(anyhow::Error::msg)?;
-    let threads: u64 = args[2].parse().context("THREADS")?;
-    let iterations: u64 = args[3].parse().context("ITERATIONS")?;
-    let seed: u64 = args[4].parse().context("SEED")?;
+    let args = Args::parse();
+    let scaling = args.scale.map(|Scale::Scale { host, instance }| (host, InstanceId(instance)));
+    let fabric: FabricAddr = args.fabric.parse().map_err(anyhow::Error::msg)?;
+    let (threads, iterations, seed) = (args.threads, args.iterations, args.seed);
     let node = Node::join(&fabric)?;
     std::thread::scope(|s| {
         for t in 0..threads {

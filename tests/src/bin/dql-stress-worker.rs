@@ -1,17 +1,17 @@
 //! Worker process of the DQL tests (tests/tests/lock_dql.rs). Arguments are
-//! `key=value` after a command:
+//! options after a command (see `--help`):
 //!
 //! ```text
-//! dql-stress-worker stress fabric=ADDR variant=sf|distributed threads=N iterations=N seed=N
-//!                          lock_at=OFFSET oracle_at=OFFSET [lease_ms=N] [locks=N] [nested=0|1]
-//!                          [fifo=0|1]
-//! dql-stress-worker hold   fabric=ADDR variant=... lock_at=OFFSET [lease_ms=N]
-//! dql-stress-worker queue  fabric=ADDR variant=... lock_at=OFFSET [lease_ms=N]
+//! dql-stress-worker stress --fabric=ADDR --variant=sf|distributed --threads=N --iterations=N
+//!                          --seed=N --lock-at=OFFSET --oracle-at=OFFSET [--lease-ms=N]
+//!                          [--locks=N] [--nested=0|1] [--fifo=0|1]
+//! dql-stress-worker hold   --fabric=ADDR --variant=... --lock-at=OFFSET [--lease-ms=N]
+//! dql-stress-worker queue  --fabric=ADDR --variant=... --lock-at=OFFSET [--lease-ms=N]
 //! ```
 //!
 //! `stress`: each of `threads` threads (own endpoint) runs `iterations`
 //! critical sections on `locks` DQL locks (16 bytes each, 64 apart from
-//! `lock_at` in region 1); its handles share one postbox. With `nested=1`
+//! `lock_at` in region 1); its handles share one postbox. With `--nested=1`
 //! half of the iterations take lock 0 and then, inside, lock 1 (always in
 //! that order), so alerts for lock 0 arrive while the thread waits on lock
 //! 1 and the postbox must keep them. Each lock `i` has an oracle of three
@@ -25,9 +25,9 @@
 //!
 //! On entry a client that was handed the lock checks that the last to enter
 //! was its predecessor (the handover followed the queue: nobody in between,
-//! none lost); with `variant=sf` every client checks that exactly as many
+//! none lost); with `--variant=sf` every client checks that exactly as many
 //! critical sections completed as tickets were taken before its own (the
-//! FIFO order of §4.4; valid from a zeroed lock only: `fifo=0` turns it
+//! FIFO order of §4.4; valid from a zeroed lock only: `--fifo=0` turns it
 //! off). A violation panics, so the process fails. The worker
 //! prints `result key=value ...` with its totals and the locks' statistics.
 //!
@@ -39,12 +39,13 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use citron_lock::dql::{DqlConfig, DqlLock, DqlPostbox, DqlStats, DqlVariant};
 use citron_lock::rdma::{Endpoint, FabricAddr, Node, RemoteAddr};
 use citron_lock::rwlock::{Mode, RwLockClient};
-use citronfs_tests::args::{Args, Totals};
+use citronfs_tests::args::Totals;
 use citronfs_tests::TEST_REGION;
+use clap::{Parser, ValueEnum};
 use rand::{Rng, SeedableRng};
 
 const INSIDE: u64 = 0;
@@ -53,15 +54,75 @@ const LAST: u64 = 16;
 /// Spacing of the locks and of their oracles.
 pub const STRIDE: u64 = 64;
 
+#[derive(Parser)]
+enum Command {
+    /// Runs critical sections under the oracle; prints `result key=value ...`.
+    Stress(StressArgs),
+    /// Acquires, prints `held`, never releases.
+    Hold(LockArgs),
+    /// Joins the queue, prints `queued` (or `held` if the lock was free),
+    /// waits for the lock, prints `held`, never releases.
+    Queue(LockArgs),
+}
+
+/// The lock every command takes.
+#[derive(clap::Args)]
+struct LockArgs {
+    /// The fabric to join.
+    #[arg(long)]
+    fabric: String,
+    /// The DQL variant.
+    #[arg(long, value_enum)]
+    variant: Variant,
+    /// Byte offset of the (first) lock in the test region.
+    #[arg(long)]
+    lock_at: u64,
+    /// The lock's lease in milliseconds (default: the configuration's).
+    #[arg(long)]
+    lease_ms: Option<u64>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Variant {
+    /// Starvation-free (§4.4).
+    #[value(name = "sf")]
+    StarvationFree,
+    /// Distributed.
+    Distributed,
+}
+
+#[derive(clap::Args)]
+struct StressArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// Threads, each with its own endpoint.
+    #[arg(long)]
+    threads: u64,
+    /// Critical sections per thread.
+    #[arg(long)]
+    iterations: u64,
+    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
+    #[arg(long)]
+    seed: u64,
+    /// Byte offset of the first lock's oracle in the test region.
+    #[arg(long)]
+    oracle_at: u64,
+    /// Locks, `STRIDE` bytes apart (and their oracles too).
+    #[arg(long, default_value_t = 1)]
+    locks: u64,
+    /// 1: half of the iterations take lock 0 and, inside, lock 1.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    nested: u8,
+    /// 0: do not check the FIFO order (with `--variant=sf`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    fifo: u8,
+}
+
 fn main() -> Result<()> {
-    let argv: Vec<String> = std::env::args().collect();
-    let command = argv.get(1).cloned().unwrap_or_default();
-    let args = Args::parse(argv.get(2..).unwrap_or_default())?;
-    match command.as_str() {
-        "stress" => stress(&args),
-        "hold" => hold(&args, false),
-        "queue" => hold(&args, true),
-        _ => bail!("usage: dql-stress-worker stress|hold|queue key=value... (see the source's doc comment)"),
+    match Command::parse() {
+        Command::Stress(args) => stress(&args),
+        Command::Hold(args) => hold(&args, false),
+        Command::Queue(args) => hold(&args, true),
     }
 }
 
@@ -70,22 +131,21 @@ fn say(what: &str) {
     let _ = std::io::stdout().flush();
 }
 
-fn config(args: &Args, ep: &Endpoint, probe: RemoteAddr) -> Result<DqlConfig> {
-    let variant = match args.str("variant")? {
-        "sf" => DqlVariant::StarvationFree,
-        "distributed" => DqlVariant::Distributed,
-        other => bail!("variant={other:?}: sf or distributed"),
+fn config(args: &LockArgs, ep: &Endpoint, probe: RemoteAddr) -> Result<DqlConfig> {
+    let variant = match args.variant {
+        Variant::StarvationFree => DqlVariant::StarvationFree,
+        Variant::Distributed => DqlVariant::Distributed,
     };
     let mut c = DqlConfig::from_rtt(ep.measure_rtt(probe, 5)?).with_variant(variant);
-    if args.has("lease_ms") {
-        c = c.with_lease(Duration::from_millis(args.get("lease_ms")?));
+    if let Some(lease_ms) = args.lease_ms {
+        c = c.with_lease(Duration::from_millis(lease_ms));
     }
     Ok(c)
 }
 
-fn stress(args: &Args) -> Result<()> {
-    let fabric: FabricAddr = args.str("fabric")?.parse().map_err(anyhow::Error::msg)?;
-    let threads: u64 = args.get("threads")?;
+fn stress(args: &StressArgs) -> Result<()> {
+    let fabric: FabricAddr = args.lock.fabric.parse().map_err(anyhow::Error::msg)?;
+    let threads = args.threads;
     let node = Node::join(&fabric)?;
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -107,20 +167,20 @@ fn stress(args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn stress_thread(args: &Args, node: &Node, thread: u64) -> Result<Totals> {
+fn stress_thread(args: &StressArgs, node: &Node, thread: u64) -> Result<Totals> {
     // The lock's endpoint, and another for the oracle, so the lock's verb
     // and message counts are its own.
     let ep = node.endpoint()?;
     let oracle_ep = node.endpoint()?;
-    let lock_at: u64 = args.get("lock_at")?;
-    let oracle_at: u64 = args.get("oracle_at")?;
-    let locks: u64 = args.get_or("locks", 1)?;
-    let nested = args.get_or("nested", 0u64)? == 1;
-    ensure!(!nested || locks >= 2, "nested=1 needs locks >= 2");
-    let iterations: u64 = args.get("iterations")?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.get::<u64>("seed")? * 1000 + thread);
-    let config = config(args, &ep, RemoteAddr::new(TEST_REGION, lock_at))?;
-    let fifo = config.variant == DqlVariant::StarvationFree && args.get_or("fifo", 1u64)? == 1;
+    let lock_at = args.lock.lock_at;
+    let oracle_at = args.oracle_at;
+    let locks = args.locks;
+    let nested = args.nested == 1;
+    ensure!(!nested || locks >= 2, "--nested=1 needs --locks >= 2");
+    let iterations = args.iterations;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed * 1000 + thread);
+    let config = config(&args.lock, &ep, RemoteAddr::new(TEST_REGION, lock_at))?;
+    let fifo = config.variant == DqlVariant::StarvationFree && args.fifo == 1;
     let postbox = Arc::new(DqlPostbox::new());
     let mut handles = (0..locks)
         .map(|i| {
@@ -216,11 +276,11 @@ fn report(s: &DqlStats, out: &mut Totals) {
     }
 }
 
-fn hold(args: &Args, announce_queued: bool) -> Result<()> {
-    let fabric: FabricAddr = args.str("fabric")?.parse().map_err(anyhow::Error::msg)?;
+fn hold(args: &LockArgs, announce_queued: bool) -> Result<()> {
+    let fabric: FabricAddr = args.fabric.parse().map_err(anyhow::Error::msg)?;
     let node = Node::join(&fabric)?;
     let ep = node.endpoint()?;
-    let addr = RemoteAddr::new(TEST_REGION, args.get("lock_at")?);
+    let addr = RemoteAddr::new(TEST_REGION, args.lock_at);
     let mut lock = DqlLock::new(addr, config(args, &ep, addr)?)?;
     if lock.begin(&ep)? {
         say("held");

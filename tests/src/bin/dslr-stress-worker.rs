@@ -1,12 +1,13 @@
 //! Worker process of the DSLR and CAS spin lock tests (tests/tests/lock_dslr.rs,
-//! tests/tests/lock_cas.rs). Arguments are `key=value` after a command:
+//! tests/tests/lock_cas.rs). Arguments are options after a command (see
+//! `--help`):
 //!
 //! ```text
-//! dslr-stress-worker stress algo=dslr|cas fabric=ADDR threads=N iterations=N read=PERCENT
-//!                           seed=N lock_at=OFFSET oracle_at=OFFSET
-//!                           [count_max=N] [lease_ms=N] [fifo=0|1]
-//! dslr-stress-worker hold   algo=dslr fabric=ADDR mode=shared|exclusive lock_at=OFFSET
-//!                           [count_max=N] [lease_ms=N]
+//! dslr-stress-worker stress --algo=dslr|cas --fabric=ADDR --threads=N --iterations=N
+//!                           --read=PERCENT --seed=N --lock-at=OFFSET --oracle-at=OFFSET
+//!                           [--count-max=N] [--lease-ms=N] [--fifo=0|1]
+//! dslr-stress-worker hold   --algo=dslr --fabric=ADDR --mode=shared|exclusive --lock-at=OFFSET
+//!                           [--count-max=N] [--lease-ms=N]
 //! ```
 //!
 //! `stress`: each of `threads` threads (own endpoint, own lock handle) runs
@@ -23,7 +24,7 @@
 //! A writer adds itself to the writers and then reads the readers; a reader
 //! adds itself to the readers and then reads the writers. Verbs are
 //! sequentially consistent, so of two holders that overlap the later one sees
-//! the earlier: a writer must see nobody, a reader no writer. With `fifo=1`
+//! the earlier: a writer must see nobody, a reader no writer. With `--fifo=1`
 //! (DSLR, no resets expected) a writer also checks the bakery's order
 //! (Appendix A.2): when the ticket at position p enters, exactly p critical
 //! sections have completed — everything before it, nothing after it.
@@ -34,49 +35,95 @@
 //! `hold`: acquires, prints `held`, and never releases; the failure tests
 //! SIGKILL it there, or while it still waits (queued).
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use citron_lock::cas_spin::{CasSpinConfig, CasSpinLock};
 use citron_lock::dslr::{DslrConfig, DslrLimits, DslrLock, COUNT_MAX};
 use citron_lock::rdma::{Endpoint, FabricAddr, Node, RemoteAddr};
 use citron_lock::rwlock::{Mode, RwLockClient};
 use citronfs_tests::TEST_REGION;
+use clap::{Parser, ValueEnum};
 use rand::{Rng, SeedableRng};
 
 const WRITERS: u64 = 0;
 const READERS: u64 = 8;
 const DONE: u64 = 16;
 
-struct Args(HashMap<String, String>);
+#[derive(Parser)]
+enum Command {
+    /// Runs critical sections under the oracle; prints `result key=value ...`.
+    Stress(StressArgs),
+    /// Acquires, prints `held`, and never releases.
+    Hold(HoldArgs),
+}
 
-impl Args {
-    fn parse(items: &[String]) -> Result<Self> {
-        let mut map = HashMap::new();
-        for item in items {
-            let (k, v) = item.split_once('=').ok_or_else(|| anyhow!("argument {item:?} is not key=value"))?;
-            map.insert(k.to_string(), v.to_string());
-        }
-        Ok(Self(map))
-    }
+/// The lock every command takes.
+#[derive(clap::Args)]
+struct LockArgs {
+    /// The lock algorithm.
+    #[arg(long, value_enum)]
+    algo: Algo,
+    /// The fabric to join.
+    #[arg(long)]
+    fabric: String,
+    /// Byte offset of the lock in the test region.
+    #[arg(long)]
+    lock_at: u64,
+    /// DSLR: the counters' maximum before an overflow reset.
+    #[arg(long, default_value_t = COUNT_MAX)]
+    count_max: u16,
+    /// DSLR: the lease in milliseconds (default: the configuration's).
+    #[arg(long)]
+    lease_ms: Option<u64>,
+}
 
-    fn str(&self, key: &str) -> Result<&str> {
-        self.0.get(key).map(String::as_str).ok_or_else(|| anyhow!("missing {key}="))
-    }
+#[derive(Clone, Copy, ValueEnum)]
+enum Algo {
+    /// DSLR.
+    Dslr,
+    /// The CAS spin lock.
+    Cas,
+}
 
-    fn num(&self, key: &str) -> Result<u64> {
-        self.str(key)?.parse().with_context(|| format!("{key}="))
-    }
+#[derive(clap::Args)]
+struct StressArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// Threads, each with its own endpoint and lock handle.
+    #[arg(long)]
+    threads: u64,
+    /// Critical sections per thread.
+    #[arg(long)]
+    iterations: u64,
+    /// Percent of the critical sections that are shared.
+    #[arg(long)]
+    read: u64,
+    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
+    #[arg(long)]
+    seed: u64,
+    /// Byte offset of the oracle in the test region.
+    #[arg(long)]
+    oracle_at: u64,
+    /// 1: writers also check the bakery's order (DSLR, no resets expected).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    fifo: u8,
+}
 
-    fn num_or(&self, key: &str, default: u64) -> Result<u64> {
-        if self.0.contains_key(key) {
-            self.num(key)
-        } else {
-            Ok(default)
-        }
-    }
+#[derive(clap::Args)]
+struct HoldArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// The mode to hold the lock in.
+    #[arg(long, value_enum)]
+    mode: HoldMode,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum HoldMode {
+    Shared,
+    Exclusive,
 }
 
 /// The lock under test, by name.
@@ -86,20 +133,18 @@ enum Lock {
 }
 
 impl Lock {
-    fn open(args: &Args, ep: &Endpoint, addr: RemoteAddr) -> Result<Lock> {
+    fn open(args: &LockArgs, ep: &Endpoint, addr: RemoteAddr) -> Result<Lock> {
         let rtt = ep.measure_rtt(addr, 5)?;
-        match args.str("algo")? {
-            "dslr" => {
+        match args.algo {
+            Algo::Dslr => {
                 let mut config = DslrConfig::from_rtt(rtt);
-                if args.0.contains_key("lease_ms") {
-                    config = config.with_lease(Duration::from_millis(args.num("lease_ms")?));
+                if let Some(lease_ms) = args.lease_ms {
+                    config = config.with_lease(Duration::from_millis(lease_ms));
                 }
-                let count_max = u16::try_from(args.num_or("count_max", u64::from(COUNT_MAX))?)?;
-                let limits = DslrLimits::new(count_max, 1)?;
+                let limits = DslrLimits::new(args.count_max, 1)?;
                 Ok(Lock::Dslr(DslrLock::with_limits(addr, config, limits)))
             }
-            "cas" => Ok(Lock::Cas(CasSpinLock::new(addr, CasSpinConfig::from_rtt(rtt)))),
-            other => bail!("unknown algo {other:?} (dslr or cas)"),
+            Algo::Cas => Ok(Lock::Cas(CasSpinLock::new(addr, CasSpinConfig::from_rtt(rtt)))),
         }
     }
 
@@ -163,19 +208,15 @@ impl Totals {
 }
 
 fn main() -> Result<()> {
-    let argv: Vec<String> = std::env::args().collect();
-    let command = argv.get(1).cloned().unwrap_or_default();
-    let args = Args::parse(argv.get(2..).unwrap_or_default())?;
-    match command.as_str() {
-        "stress" => stress(&args),
-        "hold" => hold(&args),
-        _ => bail!("usage: dslr-stress-worker stress|hold key=value... (see the source's doc comment)"),
+    match Command::parse() {
+        Command::Stress(args) => stress(&args),
+        Command::Hold(args) => hold(&args),
     }
 }
 
-fn stress(args: &Args) -> Result<()> {
-    let fabric: FabricAddr = args.str("fabric")?.parse().map_err(anyhow::Error::msg)?;
-    let threads = args.num("threads")?;
+fn stress(args: &StressArgs) -> Result<()> {
+    let fabric: FabricAddr = args.lock.fabric.parse().map_err(anyhow::Error::msg)?;
+    let threads = args.threads;
     let node = Node::join(&fabric)?;
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -204,16 +245,16 @@ fn stress(args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn stress_thread(args: &Args, node: &Node, thread: u64) -> Result<Totals> {
+fn stress_thread(args: &StressArgs, node: &Node, thread: u64) -> Result<Totals> {
     let ep = node.endpoint()?;
-    let lock_at = RemoteAddr::new(TEST_REGION, args.num("lock_at")?);
-    let oracle_at = args.num("oracle_at")?;
+    let lock_at = RemoteAddr::new(TEST_REGION, args.lock.lock_at);
+    let oracle_at = args.oracle_at;
     let word = |i: u64| RemoteAddr::new(TEST_REGION, oracle_at + i);
-    let iterations = args.num("iterations")?;
-    let read_percent = args.num("read")?;
-    let fifo = args.num_or("fifo", 0)? == 1;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.num("seed")? * 1000 + thread);
-    let mut lock = Lock::open(args, &ep, lock_at)?;
+    let iterations = args.iterations;
+    let read_percent = args.read;
+    let fifo = args.fifo == 1;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed * 1000 + thread);
+    let mut lock = Lock::open(&args.lock, &ep, lock_at)?;
     let mut out = Totals::default();
     for i in 0..iterations {
         let mode = if rng.gen_range(0..100) < read_percent { Mode::Shared } else { Mode::Exclusive };
@@ -225,7 +266,7 @@ fn stress_thread(args: &Args, node: &Node, thread: u64) -> Result<Totals> {
                 assert_eq!((w, r), (0, 0), "a writer entered with {w} writers and {r} readers inside");
                 if fifo {
                     let done = ep.read_u64(word(DONE))?;
-                    let position = lock.position().context("fifo=1 needs algo=dslr")?;
+                    let position = lock.position().context("--fifo=1 needs --algo=dslr")?;
                     assert_eq!(
                         done,
                         u64::from(position),
@@ -263,16 +304,15 @@ fn linger(rng: &mut impl Rng) {
     }
 }
 
-fn hold(args: &Args) -> Result<()> {
-    let fabric: FabricAddr = args.str("fabric")?.parse().map_err(anyhow::Error::msg)?;
-    let mode = match args.str("mode")? {
-        "shared" => Mode::Shared,
-        "exclusive" => Mode::Exclusive,
-        other => bail!("mode={other:?}: shared or exclusive"),
+fn hold(args: &HoldArgs) -> Result<()> {
+    let fabric: FabricAddr = args.lock.fabric.parse().map_err(anyhow::Error::msg)?;
+    let mode = match args.mode {
+        HoldMode::Shared => Mode::Shared,
+        HoldMode::Exclusive => Mode::Exclusive,
     };
     let node = Node::join(&fabric)?;
     let ep = node.endpoint()?;
-    let mut lock = Lock::open(args, &ep, RemoteAddr::new(TEST_REGION, args.num("lock_at")?))?;
+    let mut lock = Lock::open(&args.lock, &ep, RemoteAddr::new(TEST_REGION, args.lock.lock_at))?;
     lock.client().acquire(&ep, mode)?;
     println!("held");
     std::io::stdout().flush()?;

@@ -6,8 +6,8 @@
 //! trips, and the write that triggers it). One in-process cluster per
 //! transport (shm: clients map the servers' memory; tcp: the software NIC).
 //!
-//! `fs-scale-figures [WRITES [SCALE_UPS]]` (defaults 400 and 20) prints
-//! tables; nothing is asserted.
+//! `fs-scale-figures [WRITES [SCALE_UPS]]` (defaults 400 and 20; see
+//! `--help`) prints tables; nothing is asserted.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use citron_lock::rdma::VerbCounts;
 use citronfs_core::client::{ClientConfig, FsClient, Transport};
 use citronfs_core::types::{Caller, Ino};
 use citronfs_meta_server::{DataServer, MetaServer, MetaServerConfig};
+use clap::Parser;
 
 const ME: Caller = Caller { uid: 1000, gid: 1000, pid: 1 };
 const PAGE: u64 = 4096;
@@ -129,10 +130,18 @@ fn row(transport: &str, case: &str, c: &Cost) {
     println!("{transport:<5} {case:<44} {:>8.1} {:>8.1} {:>9.1}", c.verbs, c.round_trips, c.micros);
 }
 
+#[derive(Parser)]
+struct Args {
+    /// Writes measured per case.
+    #[arg(default_value_t = 400)]
+    writes: u64,
+    /// Scale-ups measured.
+    #[arg(default_value_t = 20)]
+    scale_ups: u64,
+}
+
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let writes: u64 = args.get(1).map(|s| s.parse()).transpose().context("WRITES")?.unwrap_or(400);
-    let scale_ups: u64 = args.get(2).map(|s| s.parse()).transpose().context("SCALE_UPS")?.unwrap_or(20);
+    let Args { writes, scale_ups } = Args::parse();
     // Inside the first tree (4 MiB), and between 64 MiB and 128 MiB: past a
     // fixed first tree, inside a grown one.
     let near: Vec<u64> = (0..writes).map(|i| (i * 7 % 1024) * PAGE).collect();

@@ -5,8 +5,9 @@
 //! range-stress-worker hold   SITE FABRIC L R|inf LEASE_MS
 //! ```
 //!
-//! SITE is `citron`, `segments:S` or `rpc:HOST:PORT` (see
-//! `citronfs_tests::range_stress::site`). `stress`: each of THREADS threads
+//! (`--help` describes the arguments.) SITE is `citron`, `segments:S` or
+//! `rpc:HOST:PORT` (see `citronfs_tests::range_stress::site`). `stress`:
+//! each of THREADS threads
 //! (own endpoint, own client) runs ITERATIONS random critical sections under
 //! the oracle of `range_stress`; a violation panics, so the process exits
 //! with failure. `hold`: acquires `[L, R)`, prints `held`, and never
@@ -15,29 +16,64 @@
 use std::io::Write;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use citron_lock::rdma::{FabricAddr, Node};
 use citronfs_tests::range_stress;
+use clap::Parser;
 
 fn say(what: &str) {
     println!("{what}");
     let _ = std::io::stdout().flush();
 }
 
-fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: range-stress-worker stress SITE FABRIC THREADS ITERATIONS SEED | hold SITE FABRIC L R|inf LEASE_MS";
-    if args.len() != 7 {
-        bail!(usage);
+#[derive(Parser)]
+enum Args {
+    /// Runs random critical sections under the oracle of `range_stress`.
+    Stress {
+        /// Where the range lock is (see `range_stress::site`).
+        site: String,
+        /// The fabric to join.
+        fabric: String,
+        /// Threads, each with its own endpoint and client.
+        threads: u64,
+        /// Critical sections per thread.
+        iterations: u64,
+        /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
+        seed: u64,
+    },
+    /// Acquires `[L, R)` and never releases it.
+    Hold {
+        /// Where the range lock is (see `range_stress::site`).
+        site: String,
+        /// The fabric to join.
+        fabric: String,
+        /// Left end of the range (inclusive).
+        l: u64,
+        /// Right end of the range (exclusive), or `inf`.
+        #[arg(value_parser = bound)]
+        r: u64,
+        /// The lock's lease, in milliseconds.
+        lease_ms: u64,
+    },
+}
+
+/// A right end: a number, or `inf` for `u64::MAX`.
+fn bound(s: &str) -> Result<u64, std::num::ParseIntError> {
+    if s == "inf" {
+        Ok(u64::MAX)
+    } else {
+        s.parse()
     }
-    let site = range_stress::site(&args[2]);
-    let fabric: FabricAddr = args[3].parse().map_err(anyhow::Error::msg)?;
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let (Args::Stress { site, fabric, .. } | Args::Hold { site, fabric, .. }) = &args;
+    let site = range_stress::site(site);
+    let fabric: FabricAddr = fabric.parse().map_err(anyhow::Error::msg)?;
     let node = Node::join(&fabric)?;
-    match args[1].as_str() {
-        "stress" => {
-            let threads: u64 = args[4].parse().context("THREADS")?;
-            let iterations: u64 = args[5].parse().context("ITERATIONS")?;
-            let seed: u64 = args[6].parse().context("SEED")?;
+    match args {
+        Args::Stress { threads, iterations, seed, .. } => {
             std::thread::scope(|s| {
                 for t in 0..threads {
                     let node = node.clone();
@@ -51,12 +87,9 @@ fn main() -> Result<()> {
                 }
             });
         }
-        "hold" => {
-            let l: u64 = args[4].parse().context("L")?;
-            let r: u64 = if args[5] == "inf" { u64::MAX } else { args[5].parse().context("R")? };
-            let lease: u64 = args[6].parse().context("LEASE_MS")?;
+        Args::Hold { l, r, lease_ms, .. } => {
             let ep = node.endpoint()?;
-            let ctx = range_stress::context(&ep, Some(lease));
+            let ctx = range_stress::context(&ep, Some(lease_ms));
             let mut lock = ctx.client(&site)?;
             say("acquiring");
             std::mem::forget(lock.acquire(&ep, l, r)?);
@@ -65,7 +98,6 @@ fn main() -> Result<()> {
                 std::thread::sleep(Duration::from_secs(3600));
             }
         }
-        _ => bail!(usage),
     }
     Ok(())
 }

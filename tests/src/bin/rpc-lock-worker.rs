@@ -1,10 +1,10 @@
 //! Worker process of the RPC lock server tests (tests/tests/lock_rpc.rs).
-//! Arguments are `key=value` after a command:
+//! Arguments are options after a command (see `--help`):
 //!
 //! ```text
-//! rpc-lock-worker stress server=ADDR fabric=ADDR threads=N iterations=N read=PERCENT seed=N
-//!                        lock=ID oracle_at=OFFSET [fifo=0|1]
-//! rpc-lock-worker hold   server=ADDR lock=ID mode=shared|exclusive
+//! rpc-lock-worker stress --server=ADDR --fabric=ADDR --threads=N --iterations=N --read=PERCENT
+//!                        --seed=N --lock=ID --oracle-at=OFFSET [--fifo=0|1]
+//! rpc-lock-worker hold   --server=ADDR --lock=ID --mode=shared|exclusive
 //! ```
 //!
 //! `stress`: the process opens one session with the lock server at
@@ -22,7 +22,7 @@
 //!
 //! A writer adds itself to the writers and then reads the readers; a reader
 //! adds itself to the readers and then reads the writers: a writer must see
-//! nobody, a reader no writer. With `fifo=1` a writer also checks the
+//! nobody, a reader no writer. With `--fifo=1` a writer also checks the
 //! server's arrival order: when the request that arrived `a`-th is granted
 //! to a writer, exactly `a` critical sections have completed (every earlier
 //! request, no later one). A violation panics. The worker prints
@@ -34,26 +34,84 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use citron_lock::rdma::{FabricAddr, Node, RemoteAddr};
 use citron_lock::rpc_lock::{measure_rtt, RpcLockClient, RpcLockConfig, RpcLockId, RpcLockSession};
 use citron_lock::rwlock::Mode;
-use citronfs_tests::args::{Args, Totals};
+use citronfs_tests::args::Totals;
 use citronfs_tests::TEST_REGION;
+use clap::{Parser, ValueEnum};
 use rand::{Rng, SeedableRng};
 
 const WRITERS: u64 = 0;
 const READERS: u64 = 8;
 const DONE: u64 = 16;
 
+#[derive(Parser)]
+enum Command {
+    /// Runs critical sections under the oracle; prints `result key=value ...`.
+    Stress(StressArgs),
+    /// Prints `acquiring`, acquires, prints `held`, never releases.
+    Hold(HoldArgs),
+}
+
+/// The lock every command takes.
+#[derive(clap::Args)]
+struct LockArgs {
+    /// The lock server's address.
+    #[arg(long)]
+    server: SocketAddr,
+    /// The lock's id on the server.
+    #[arg(long)]
+    lock: u64,
+}
+
+#[derive(clap::Args)]
+struct StressArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// The fabric of the oracle.
+    #[arg(long)]
+    fabric: String,
+    /// Threads, each with its own handle on the lock.
+    #[arg(long)]
+    threads: u64,
+    /// Critical sections per thread.
+    #[arg(long)]
+    iterations: u64,
+    /// Percent of the critical sections that are shared.
+    #[arg(long)]
+    read: u32,
+    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
+    #[arg(long)]
+    seed: u64,
+    /// Byte offset of the oracle in region 1.
+    #[arg(long)]
+    oracle_at: u64,
+    /// 1: writers also check the server's arrival order.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    fifo: u8,
+}
+
+#[derive(clap::Args)]
+struct HoldArgs {
+    #[command(flatten)]
+    lock: LockArgs,
+    /// The mode to hold the lock in.
+    #[arg(long, value_enum)]
+    mode: HoldMode,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum HoldMode {
+    Shared,
+    Exclusive,
+}
+
 fn main() -> Result<()> {
-    let argv: Vec<String> = std::env::args().collect();
-    let command = argv.get(1).cloned().unwrap_or_default();
-    let args = Args::parse(argv.get(2..).unwrap_or_default())?;
-    match command.as_str() {
-        "stress" => stress(&args),
-        "hold" => hold(&args),
-        _ => bail!("usage: rpc-lock-worker stress|hold key=value... (see the source's doc comment)"),
+    match Command::parse() {
+        Command::Stress(args) => stress(&args),
+        Command::Hold(args) => hold(&args),
     }
 }
 
@@ -62,17 +120,17 @@ fn say(what: &str) {
     let _ = std::io::stdout().flush();
 }
 
-fn session(args: &Args) -> Result<std::sync::Arc<RpcLockSession>> {
-    let server: SocketAddr = args.get("server")?;
+fn session(args: &LockArgs) -> Result<std::sync::Arc<RpcLockSession>> {
+    let server = args.server;
     let rtt = measure_rtt(server, 5, Duration::from_secs(10))?;
     Ok(RpcLockSession::connect(server, RpcLockConfig::from_rtt(rtt))?)
 }
 
-fn stress(args: &Args) -> Result<()> {
-    let fabric: FabricAddr = args.str("fabric")?.parse().map_err(anyhow::Error::msg)?;
+fn stress(args: &StressArgs) -> Result<()> {
+    let fabric: FabricAddr = args.fabric.parse().map_err(anyhow::Error::msg)?;
     let node = Node::join(&fabric)?;
-    let session = session(args)?;
-    let threads: u64 = args.get("threads")?;
+    let session = session(&args.lock)?;
+    let threads = args.threads;
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -95,19 +153,19 @@ fn stress(args: &Args) -> Result<()> {
 }
 
 fn stress_thread(
-    args: &Args,
+    args: &StressArgs,
     node: &Node,
     session: &std::sync::Arc<RpcLockSession>,
     thread: u64,
 ) -> Result<Totals> {
     let ep = node.endpoint()?;
-    let oracle_at: u64 = args.get("oracle_at")?;
+    let oracle_at = args.oracle_at;
     let word = |i: u64| RemoteAddr::new(TEST_REGION, oracle_at + i);
-    let iterations: u64 = args.get("iterations")?;
-    let read_percent: u32 = args.get("read")?;
-    let fifo = args.get_or("fifo", 0u64)? == 1;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.get::<u64>("seed")? * 1000 + thread);
-    let mut lock = RpcLockClient::with_session(session, RpcLockId(args.get("lock")?));
+    let iterations = args.iterations;
+    let read_percent = args.read;
+    let fifo = args.fifo == 1;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed * 1000 + thread);
+    let mut lock = RpcLockClient::with_session(session, RpcLockId(args.lock.lock));
     let mut out = Totals::default();
     for i in 0..iterations {
         let mode = if rng.gen_range(0..100) < read_percent { Mode::Shared } else { Mode::Exclusive };
@@ -164,14 +222,13 @@ fn linger(rng: &mut impl Rng) {
     }
 }
 
-fn hold(args: &Args) -> Result<()> {
-    let mode = match args.str("mode")? {
-        "shared" => Mode::Shared,
-        "exclusive" => Mode::Exclusive,
-        other => bail!("mode={other:?}: shared or exclusive"),
+fn hold(args: &HoldArgs) -> Result<()> {
+    let mode = match args.mode {
+        HoldMode::Shared => Mode::Shared,
+        HoldMode::Exclusive => Mode::Exclusive,
     };
-    let session = session(args)?;
-    let mut lock = RpcLockClient::with_session(&session, RpcLockId(args.get("lock")?));
+    let session = session(&args.lock)?;
+    let mut lock = RpcLockClient::with_session(&session, RpcLockId(args.lock.lock));
     say("acquiring");
     lock.lock(mode)?;
     say("held");

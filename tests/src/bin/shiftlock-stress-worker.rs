@@ -6,6 +6,8 @@
 //! shiftlock-stress-worker queue  FABRIC LOCK LEASE_MS
 //! ```
 //!
+//! (`--help` describes the arguments.)
+//!
 //! `LOCK` is `ENTRY:ERAS:ERA_COUNT:SERVICE_NODE:SERVICE_MAILBOX:ORACLE`, the
 //! byte offsets in the test region of the lock entry, the era table and the
 //! oracle, and the recovery service's mailbox.
@@ -36,6 +38,7 @@ use citron_lock::shiftlock::{
     EraTable, Postbox, RecoveryLocator, ShiftLockClient, ShiftLockConfig, ShiftLockRef, ShiftLockStats,
 };
 use citronfs_tests::TEST_REGION;
+use clap::{Parser, ValueEnum};
 use rand::{Rng, SeedableRng};
 
 const INSIDE: u64 = 0;
@@ -185,16 +188,9 @@ fn stress_thread(
     Ok(t)
 }
 
-fn stress(node: &Node, spec: &Spec, args: &[String]) -> Result<()> {
-    let [threads, iterations, read_percent, threshold, lease_ms, seed] = args else {
-        bail!("stress needs THREADS ITERATIONS READ_PERCENT THRESHOLD LEASE_MS SEED");
-    };
-    let threads: u64 = threads.parse()?;
-    let iterations: u64 = iterations.parse()?;
-    let read_percent: u32 = read_percent.parse()?;
-    let threshold: u32 = threshold.parse()?;
-    let lease = Duration::from_millis(lease_ms.parse()?);
-    let seed: u64 = seed.parse()?;
+fn stress(node: &Node, spec: &Spec, run: &Run) -> Result<()> {
+    let Run { threads, iterations, read_percent, threshold, lease_ms, seed } = *run;
+    let lease = Duration::from_millis(lease_ms);
     let results: Vec<Result<Totals>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -247,36 +243,91 @@ fn announce_and_sleep(what: &str) -> ! {
     }
 }
 
+#[derive(Parser)]
+enum Args {
+    /// Runs critical sections under the oracle; prints `RESULT key=value ...`.
+    Stress {
+        #[command(flatten)]
+        lock: LockArgs,
+        #[command(flatten)]
+        run: Run,
+    },
+    /// Acquires, prints `HOLDING` and sleeps until killed.
+    Hold {
+        #[command(flatten)]
+        lock: LockArgs,
+        /// The mode to hold the lock in.
+        mode: HoldMode,
+        /// The lock's lease, in milliseconds.
+        lease_ms: u64,
+    },
+    /// Enqueues as a writer behind the current holder, prints `QUEUED` and waits until killed.
+    Queue {
+        #[command(flatten)]
+        lock: LockArgs,
+        /// The lock's lease, in milliseconds.
+        lease_ms: u64,
+    },
+}
+
+/// The lock every command starts with.
+#[derive(clap::Args)]
+struct LockArgs {
+    /// The fabric to join.
+    fabric: String,
+    /// `ENTRY:ERAS:ERA_COUNT:SERVICE_NODE:SERVICE_MAILBOX:ORACLE` (see the module's doc comment).
+    lock: String,
+}
+
+/// What `stress` runs.
+#[derive(clap::Args, Clone, Copy)]
+struct Run {
+    /// Threads, each with its own endpoint and client.
+    threads: u64,
+    /// Critical sections per thread.
+    iterations: u64,
+    /// Percent of the critical sections that are shared.
+    read_percent: u32,
+    /// The consecutive-writer threshold N.
+    threshold: u32,
+    /// The lock's lease, in milliseconds.
+    lease_ms: u64,
+    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
+    seed: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum HoldMode {
+    Shared,
+    Exclusive,
+}
+
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    if args.len() < 4 {
-        bail!("usage: shiftlock-stress-worker stress|hold|queue FABRIC LOCK ...");
-    }
-    let fabric: FabricAddr = args[2].parse().map_err(anyhow::Error::msg)?;
-    let spec = Spec::parse(&args[3])?;
+    let args = Args::parse();
+    let (Args::Stress { lock, .. } | Args::Hold { lock, .. } | Args::Queue { lock, .. }) = &args;
+    let fabric: FabricAddr = lock.fabric.parse().map_err(anyhow::Error::msg)?;
+    let spec = Spec::parse(&lock.lock)?;
     let node = Node::join(&fabric)?;
-    match (args[1].as_str(), &args[4..]) {
-        ("stress", rest) => stress(&node, &spec, rest),
-        ("hold", [mode, lease_ms]) => {
-            let mode = match mode.as_str() {
-                "shared" => Mode::Shared,
-                "exclusive" => Mode::Exclusive,
-                other => bail!("mode {other:?}"),
+    match args {
+        Args::Stress { run, .. } => stress(&node, &spec, &run),
+        Args::Hold { mode, lease_ms, .. } => {
+            let mode = match mode {
+                HoldMode::Shared => Mode::Shared,
+                HoldMode::Exclusive => Mode::Exclusive,
             };
             let ep = node.endpoint()?;
-            let mut client = spec.client(&ep, Duration::from_millis(lease_ms.parse()?), 16)?;
+            let mut client = spec.client(&ep, Duration::from_millis(lease_ms), 16)?;
             client.acquire(&ep, mode)?;
             announce_and_sleep("HOLDING")
         }
-        ("queue", [lease_ms]) => {
+        Args::Queue { lease_ms, .. } => {
             let ep = node.endpoint()?;
-            let mut client = spec.client(&ep, Duration::from_millis(lease_ms.parse()?), 16)?;
+            let mut client = spec.client(&ep, Duration::from_millis(lease_ms), 16)?;
             ensure!(!client.begin(&ep, Mode::Exclusive)?, "the lock was free: nothing to queue behind");
             println!("QUEUED");
             std::io::stdout().flush().ok();
             client.complete(&ep)?;
             bail!("acquired the lock although its holder never released it")
         }
-        (cmd, _) => bail!("unknown command {cmd:?} or wrong arguments"),
     }
 }

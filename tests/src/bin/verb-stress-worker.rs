@@ -1,15 +1,17 @@
 //! Worker process of the verbs linearizability stress test.
 //!
-//! `verb-stress-worker FABRIC THREADS ITERATIONS` joins FABRIC, and each of
-//! THREADS threads performs ITERATIONS rounds of: a fetch-and-add, a masked
-//! fetch-and-add on two fields (+1 and −1), a CAS-loop increment and a 16-byte
-//! extended fetch-and-add, all on words of region 1 shared with every other
-//! worker. The test checks the totals; any lost or doubled update shows.
+//! `verb-stress-worker FABRIC THREADS ITERATIONS` (see `--help`) joins
+//! FABRIC, and each of THREADS threads performs ITERATIONS rounds of: a
+//! fetch-and-add, a masked fetch-and-add on two fields (+1 and −1), a
+//! CAS-loop increment and a 16-byte extended fetch-and-add, all on words of
+//! region 1 shared with every other worker. The test checks the totals; any
+//! lost or doubled update shows.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use citron_lock::rdma::arith::field_delta;
 use citron_lock::rdma::{FabricAddr, Node, RemoteAddr};
 use citronfs_tests::TEST_REGION;
+use clap::Parser;
 
 /// Word offsets in the test region; the test reads the same ones.
 pub const FAA_WORD: u64 = 0;
@@ -17,14 +19,19 @@ pub const MASKED_WORD: u64 = 8;
 pub const CAS_WORD: u64 = 16;
 pub const EXT_WORD: u64 = 32;
 
+#[derive(Parser)]
+struct Args {
+    /// The fabric to join.
+    fabric: String,
+    /// Threads, each with its own endpoint.
+    threads: usize,
+    /// Rounds of verbs per thread.
+    iterations: u64,
+}
+
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    if args.len() != 4 {
-        bail!("usage: verb-stress-worker FABRIC THREADS ITERATIONS");
-    }
-    let fabric: FabricAddr = args[1].parse().map_err(anyhow::Error::msg)?;
-    let threads: usize = args[2].parse().context("THREADS")?;
-    let iterations: u64 = args[3].parse().context("ITERATIONS")?;
+    let Args { fabric, threads, iterations } = Args::parse();
+    let fabric: FabricAddr = fabric.parse().map_err(anyhow::Error::msg)?;
     let node = Node::join(&fabric).context("join fabric")?;
     let addr = |off| RemoteAddr::new(TEST_REGION, off);
     // Two 32-bit fields: the low one counts up, the high one counts down
