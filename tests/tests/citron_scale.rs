@@ -266,8 +266,14 @@ fn fast_path_is_two_round_trips_after_scale_ups() {
                 let held = c.acquire(&ep, l, r).unwrap();
                 c.release(&ep, held).unwrap();
             }
-            let mut judged = 0;
-            for _ in 0..50 {
+            // An acquisition that missed its T_wait window (a preempted
+            // thread on a busy machine) is retried and not judged; try until
+            // 50 were made and some judged, for a minute at most.
+            let (mut judged, mut tried) = (0, 0);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while tried < 50 || judged == 0 {
+                assert!(std::time::Instant::now() < deadline, "every attempt was retried ({tried} tries)");
+                tried += 1;
                 let (before, stats) = (ep.counts(), c.stats());
                 let held = c.acquire(&ep, l, r).unwrap();
                 let acquire = ep.counts() - before;
@@ -291,7 +297,6 @@ fn fast_path_is_two_round_trips_after_scale_ups() {
                 assert_eq!(acquire.round_trips, 2, "{backend:?} [{l}, {r})");
                 judged += 1;
             }
-            assert!(judged > 0, "every attempt was retried");
         }
         let g = host.instance(id).configuration().unwrap();
         citron_stress::check_idle_geometry(&ep, &g, M, false);
