@@ -465,8 +465,9 @@ impl Filesystem for CitronFuse {
         let opened = self.client.create_or_open(who, parent, n, perm, exclusive);
         self.dir_changed(ticket, opened.as_ref().ok().map(|o| &o.granted));
         let opened = opened.and_then(|o| match o.created {
-            // The new file's entry and attributes, granted to this mount as
-            // its creator and only opener (meta-server `grants`).
+            // The new file's entry and attributes, if the answer granted
+            // them to this mount as its creator (meta-server `grants`,
+            // "Creators": it does not today).
             true => Ok((o.attr, self.created_ttl(ticket, before, &o.granted))),
             false => Ok((self.open_existing_for_create(req, o.attr, flags)?, self.options.attr_ttl)),
         });

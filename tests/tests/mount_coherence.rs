@@ -498,11 +498,12 @@ fn a_directory_changed_on_either_mount_is_seen_at_once_by_the_other(mode: Mode) 
 /// a grant on: the kernel's path walk asks `GETATTR` of the directory (it
 /// dropped the attributes after the previous create), which the mount
 /// answers from the previous create's answer; then a negative `LOOKUP` of
-/// the name, and the create itself, which grants the new file's entry and
-/// attributes to its creator; the close's release is the third call. A
-/// `stat` of the directory and of the new file then costs nothing.
+/// the name, the create itself, the kernel's `GETATTR` of the new file
+/// (not granted to its creator: meta-server `grants`, "Creators"), and the
+/// close's release: four calls. A `stat` of the directory then costs
+/// nothing, and one of the new file at most one call.
 #[test]
-fn a_cached_create_costs_three_calls_and_the_stats_after_it_none() {
+fn a_cached_create_costs_four_calls_and_the_stat_of_its_directory_none() {
     let (_c, a, _b) = cluster(Mode::Cached(LONG_TTL));
     fs::create_dir(a.path("d")).unwrap();
     fs::metadata(a.path("d")).unwrap();
@@ -517,7 +518,7 @@ fn a_cached_create_costs_three_calls_and_the_stats_after_it_none() {
         let released = close(&a, f);
         let spent = opened.operations() + released.operations();
         assert!(
-            spent <= 3,
+            spent <= 4,
             "round {round}: a create and close sent {spent} calls: {} then {}",
             opened.describe(),
             released.describe()
@@ -531,9 +532,8 @@ fn a_cached_create_costs_three_calls_and_the_stats_after_it_none() {
         );
         let (meta, calls, _) = stat_cost(&a, &name);
         assert_eq!(meta.len(), 0);
-        assert_eq!(
-            calls.operations(),
-            0,
+        assert!(
+            calls.operations() <= 1,
             "round {round}: the stat of {name} after its create sent {}",
             calls.describe()
         );

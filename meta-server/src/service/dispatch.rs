@@ -365,7 +365,10 @@ impl MetaService {
                     }
                     Err(e) => return Err(e),
                 };
-                let mut created = Grant::default();
+                // A new file's entry and attributes are not granted to its
+                // creator ([`crate::grants`], "Creators"): the answer's
+                // `created` stays empty.
+                let created = Grant::default();
                 if let A::Opened(attr, _) | A::OpenedExisting(attr, _) = &opened {
                     // Pushed before the answer leaves (a NIC holds a verb that
                     // outruns its grant).
@@ -373,17 +376,6 @@ impl MetaService {
                     // Its size and mtime may now change one-sidedly.
                     self.grants.writing(client, attr.ino);
                     changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
-                }
-                if let (A::Opened(attr, _), Some((caching_client, ttl))) = (&opened, caching) {
-                    // A new file's entry and attributes, granted to its
-                    // creator alone, its only opener: only its own writes
-                    // change them one-sidedly, and its kernel knows those
-                    // (a write drops the size and times it cached). Another
-                    // client's writing open, chmod or unlink revokes them
-                    // like any grant ([`crate::grants`], "Creators").
-                    self.grants.grant(caching_client, Entry { parent, name: name.clone() }, ttl);
-                    self.grants.grant(caching_client, AttrOf(attr.ino), ttl);
-                    created = Grant { entry: true, attr: true };
                 }
                 self.with_parent(&ns, caching, parent, opened, created)
             }
