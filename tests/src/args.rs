@@ -1,6 +1,41 @@
-//! The `result` lines of the worker binaries.
+//! What the worker binaries share: the arguments every lock stress worker
+//! takes, and the `result` lines they print.
 
 use anyhow::{Context, Result};
+use citron_lock::rwlock::Mode;
+
+/// The shape of a lock stress run, the same for every lock stress worker.
+#[derive(clap::Args, Debug)]
+pub struct StressShape {
+    /// Threads, each with its own endpoint and lock handle.
+    #[arg(long)]
+    pub threads: u64,
+    /// Critical sections per thread.
+    #[arg(long)]
+    pub iterations: u64,
+    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
+    #[arg(long)]
+    pub seed: u64,
+    /// Byte offset of the (first) oracle in the test region.
+    #[arg(long)]
+    pub oracle_at: u64,
+}
+
+/// The mode a holding worker holds its lock in.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum HoldMode {
+    Shared,
+    Exclusive,
+}
+
+impl From<HoldMode> for Mode {
+    fn from(m: HoldMode) -> Self {
+        match m {
+            HoldMode::Shared => Mode::Shared,
+            HoldMode::Exclusive => Mode::Exclusive,
+        }
+    }
+}
 
 /// Named totals that a worker prints as `result k=v ...` and a test adds up.
 #[derive(Default, Debug, Clone)]

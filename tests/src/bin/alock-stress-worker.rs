@@ -18,6 +18,7 @@ use anyhow::{anyhow, Context, Result};
 use citron_lock::alock::{AlockClient, AlockConfig};
 use citron_lock::rdma::{FabricAddr, Node, RemoteAddr};
 use citronfs_tests::alock_oracle::{self, Access, Oracle};
+use citronfs_tests::args::StressShape;
 use citronfs_tests::TEST_REGION;
 use clap::Parser;
 use rand::{Rng, SeedableRng};
@@ -33,21 +34,11 @@ struct Args {
     /// The fabric to join.
     #[arg(long)]
     fabric: String,
-    /// Threads, each with its own endpoint and client.
-    #[arg(long)]
-    threads: u64,
-    /// Critical sections per thread.
-    #[arg(long)]
-    iterations: u64,
+    #[command(flatten)]
+    shape: StressShape,
     /// Byte offset of the ALock in the test region.
     #[arg(long)]
     lock_at: u64,
-    /// Byte offset of the oracle in the test region.
-    #[arg(long)]
-    oracle_at: u64,
-    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
-    #[arg(long)]
-    seed: u64,
     /// The local cohort's budget.
     #[arg(long, default_value_t = 5)]
     local_budget: u32,
@@ -65,7 +56,7 @@ fn main() -> Result<()> {
 fn stress(args: &Args) -> Result<()> {
     let fabric: FabricAddr = args.fabric.parse().map_err(anyhow::Error::msg)?;
     let node = Node::join(&fabric)?;
-    let threads = args.threads;
+    let threads = args.shape.threads;
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -99,9 +90,9 @@ fn stress_thread(args: &Args, node: &Node, thread: u64) -> Result<Vec<(&'static 
     let rtt = ep.measure_rtt(lock, 5)?;
     let config = AlockConfig::from_rtt(rtt).with_budgets(args.local_budget, args.remote_budget);
     let mut alock = AlockClient::new(lock, config);
-    let oracle = Oracle { access: Access::Remote(&ep), base: args.oracle_at };
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed * 1000 + thread);
-    for i in 0..args.iterations {
+    let oracle = Oracle { access: Access::Remote(&ep), base: args.shape.oracle_at };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.shape.seed * 1000 + thread);
+    for i in 0..args.shape.iterations {
         alock.lock(&ep).with_context(|| format!("acquire #{i}"))?;
         let others = oracle.enter();
         assert_eq!(others, 0, "a remote client entered with {others} other holders inside");

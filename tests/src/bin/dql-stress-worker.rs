@@ -43,6 +43,7 @@ use anyhow::{ensure, Context, Result};
 use citron_lock::dql::{DqlConfig, DqlLock, DqlPostbox, DqlStats, DqlVariant};
 use citron_lock::rdma::{Endpoint, FabricAddr, Node, RemoteAddr};
 use citron_lock::rwlock::{Mode, RwLockClient};
+use citronfs_tests::args::StressShape;
 use citronfs_tests::args::Totals;
 use citronfs_tests::TEST_REGION;
 use clap::{Parser, ValueEnum};
@@ -95,18 +96,8 @@ enum Variant {
 struct StressArgs {
     #[command(flatten)]
     lock: LockArgs,
-    /// Threads, each with its own endpoint.
-    #[arg(long)]
-    threads: u64,
-    /// Critical sections per thread.
-    #[arg(long)]
-    iterations: u64,
-    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
-    #[arg(long)]
-    seed: u64,
-    /// Byte offset of the first lock's oracle in the test region.
-    #[arg(long)]
-    oracle_at: u64,
+    #[command(flatten)]
+    shape: StressShape,
     /// Locks, `STRIDE` bytes apart (and their oracles too).
     #[arg(long, default_value_t = 1)]
     locks: u64,
@@ -145,7 +136,7 @@ fn config(args: &LockArgs, ep: &Endpoint, probe: RemoteAddr) -> Result<DqlConfig
 
 fn stress(args: &StressArgs) -> Result<()> {
     let fabric: FabricAddr = args.lock.fabric.parse().map_err(anyhow::Error::msg)?;
-    let threads = args.threads;
+    let threads = args.shape.threads;
     let node = Node::join(&fabric)?;
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -173,12 +164,12 @@ fn stress_thread(args: &StressArgs, node: &Node, thread: u64) -> Result<Totals> 
     let ep = node.endpoint()?;
     let oracle_ep = node.endpoint()?;
     let lock_at = args.lock.lock_at;
-    let oracle_at = args.oracle_at;
+    let oracle_at = args.shape.oracle_at;
     let locks = args.locks;
     let nested = args.nested == 1;
     ensure!(!nested || locks >= 2, "--nested=1 needs --locks >= 2");
-    let iterations = args.iterations;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed * 1000 + thread);
+    let iterations = args.shape.iterations;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.shape.seed * 1000 + thread);
     let config = config(&args.lock, &ep, RemoteAddr::new(TEST_REGION, lock_at))?;
     let fifo = config.variant == DqlVariant::StarvationFree && args.fifo == 1;
     let postbox = Arc::new(DqlPostbox::new());

@@ -43,6 +43,7 @@ use citron_lock::cas_spin::{CasSpinConfig, CasSpinLock};
 use citron_lock::dslr::{DslrConfig, DslrLimits, DslrLock, COUNT_MAX};
 use citron_lock::rdma::{Endpoint, FabricAddr, Node, RemoteAddr};
 use citron_lock::rwlock::{Mode, RwLockClient};
+use citronfs_tests::args::{HoldMode, StressShape};
 use citronfs_tests::TEST_REGION;
 use clap::{Parser, ValueEnum};
 use rand::{Rng, SeedableRng};
@@ -91,21 +92,11 @@ enum Algo {
 struct StressArgs {
     #[command(flatten)]
     lock: LockArgs,
-    /// Threads, each with its own endpoint and lock handle.
-    #[arg(long)]
-    threads: u64,
-    /// Critical sections per thread.
-    #[arg(long)]
-    iterations: u64,
+    #[command(flatten)]
+    shape: StressShape,
     /// Percent of the critical sections that are shared.
     #[arg(long)]
     read: u64,
-    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
-    #[arg(long)]
-    seed: u64,
-    /// Byte offset of the oracle in the test region.
-    #[arg(long)]
-    oracle_at: u64,
     /// 1: writers also check the bakery's order (DSLR, no resets expected).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     fifo: u8,
@@ -118,12 +109,6 @@ struct HoldArgs {
     /// The mode to hold the lock in.
     #[arg(long, value_enum)]
     mode: HoldMode,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum HoldMode {
-    Shared,
-    Exclusive,
 }
 
 /// The lock under test, by name.
@@ -216,7 +201,7 @@ fn main() -> Result<()> {
 
 fn stress(args: &StressArgs) -> Result<()> {
     let fabric: FabricAddr = args.lock.fabric.parse().map_err(anyhow::Error::msg)?;
-    let threads = args.threads;
+    let threads = args.shape.threads;
     let node = Node::join(&fabric)?;
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
@@ -248,12 +233,12 @@ fn stress(args: &StressArgs) -> Result<()> {
 fn stress_thread(args: &StressArgs, node: &Node, thread: u64) -> Result<Totals> {
     let ep = node.endpoint()?;
     let lock_at = RemoteAddr::new(TEST_REGION, args.lock.lock_at);
-    let oracle_at = args.oracle_at;
+    let oracle_at = args.shape.oracle_at;
     let word = |i: u64| RemoteAddr::new(TEST_REGION, oracle_at + i);
-    let iterations = args.iterations;
+    let iterations = args.shape.iterations;
     let read_percent = args.read;
     let fifo = args.fifo == 1;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed * 1000 + thread);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.shape.seed * 1000 + thread);
     let mut lock = Lock::open(&args.lock, &ep, lock_at)?;
     let mut out = Totals::default();
     for i in 0..iterations {
@@ -306,10 +291,7 @@ fn linger(rng: &mut impl Rng) {
 
 fn hold(args: &HoldArgs) -> Result<()> {
     let fabric: FabricAddr = args.lock.fabric.parse().map_err(anyhow::Error::msg)?;
-    let mode = match args.mode {
-        HoldMode::Shared => Mode::Shared,
-        HoldMode::Exclusive => Mode::Exclusive,
-    };
+    let mode = Mode::from(args.mode);
     let node = Node::join(&fabric)?;
     let ep = node.endpoint()?;
     let mut lock = Lock::open(&args.lock, &ep, RemoteAddr::new(TEST_REGION, args.lock.lock_at))?;

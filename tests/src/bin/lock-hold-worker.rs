@@ -22,8 +22,9 @@ use citron_lock::citron::lock::{CitronClient, CitronConfig};
 use citron_lock::dslr::{DslrConfig, DslrLock};
 use citron_lock::rdma::{FabricAddr, Node, RemoteAddr};
 use citron_lock::rwlock::{Mode, RwLockClient};
+use citronfs_tests::args::HoldMode;
 use citronfs_tests::{citron_stress, lock_stress, TEST_REGION};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
 fn say(what: &str) {
     println!("{what}");
@@ -74,12 +75,6 @@ enum Args {
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum HoldMode {
-    Shared,
-    Exclusive,
-}
-
 fn main() -> Result<()> {
     let args = Args::parse();
     let (Args::Dslr { fabric, .. }
@@ -91,10 +86,7 @@ fn main() -> Result<()> {
     let ep = node.endpoint()?;
     match args {
         Args::Dslr { mode, lease_ms, .. } => {
-            let mode = match mode {
-                HoldMode::Shared => Mode::Shared,
-                HoldMode::Exclusive => Mode::Exclusive,
-            };
+            let mode = Mode::from(mode);
             let lease = Duration::from_millis(lease_ms);
             let config = DslrConfig { omega: Duration::from_micros(5), lease, fence_delay: Duration::ZERO };
             let mut lock = DslrLock::new(RemoteAddr::new(TEST_REGION, lock_stress::LOCK_AT), config);

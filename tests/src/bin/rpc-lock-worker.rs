@@ -39,8 +39,9 @@ use citron_lock::rdma::{FabricAddr, Node, RemoteAddr};
 use citron_lock::rpc_lock::{measure_rtt, RpcLockClient, RpcLockConfig, RpcLockId, RpcLockSession};
 use citron_lock::rwlock::Mode;
 use citronfs_tests::args::Totals;
+use citronfs_tests::args::{HoldMode, StressShape};
 use citronfs_tests::TEST_REGION;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use rand::{Rng, SeedableRng};
 
 const WRITERS: u64 = 0;
@@ -73,21 +74,11 @@ struct StressArgs {
     /// The fabric of the oracle.
     #[arg(long)]
     fabric: String,
-    /// Threads, each with its own handle on the lock.
-    #[arg(long)]
-    threads: u64,
-    /// Critical sections per thread.
-    #[arg(long)]
-    iterations: u64,
+    #[command(flatten)]
+    shape: StressShape,
     /// Percent of the critical sections that are shared.
     #[arg(long)]
     read: u32,
-    /// Seed of the threads' random choices (thread t uses SEED * 1000 + t).
-    #[arg(long)]
-    seed: u64,
-    /// Byte offset of the oracle in region 1.
-    #[arg(long)]
-    oracle_at: u64,
     /// 1: writers also check the server's arrival order.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     fifo: u8,
@@ -100,12 +91,6 @@ struct HoldArgs {
     /// The mode to hold the lock in.
     #[arg(long, value_enum)]
     mode: HoldMode,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum HoldMode {
-    Shared,
-    Exclusive,
 }
 
 fn main() -> Result<()> {
@@ -130,7 +115,7 @@ fn stress(args: &StressArgs) -> Result<()> {
     let fabric: FabricAddr = args.fabric.parse().map_err(anyhow::Error::msg)?;
     let node = Node::join(&fabric)?;
     let session = session(&args.lock)?;
-    let threads = args.threads;
+    let threads = args.shape.threads;
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -159,12 +144,12 @@ fn stress_thread(
     thread: u64,
 ) -> Result<Totals> {
     let ep = node.endpoint()?;
-    let oracle_at = args.oracle_at;
+    let oracle_at = args.shape.oracle_at;
     let word = |i: u64| RemoteAddr::new(TEST_REGION, oracle_at + i);
-    let iterations = args.iterations;
+    let iterations = args.shape.iterations;
     let read_percent = args.read;
     let fifo = args.fifo == 1;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed * 1000 + thread);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.shape.seed * 1000 + thread);
     let mut lock = RpcLockClient::with_session(session, RpcLockId(args.lock.lock));
     let mut out = Totals::default();
     for i in 0..iterations {
@@ -223,10 +208,7 @@ fn linger(rng: &mut impl Rng) {
 }
 
 fn hold(args: &HoldArgs) -> Result<()> {
-    let mode = match args.mode {
-        HoldMode::Shared => Mode::Shared,
-        HoldMode::Exclusive => Mode::Exclusive,
-    };
+    let mode = Mode::from(args.mode);
     let session = session(&args.lock)?;
     let mut lock = RpcLockClient::with_session(&session, RpcLockId(args.lock.lock));
     say("acquiring");
