@@ -158,10 +158,12 @@ impl FsClient {
                     // identity that is gone.
                     self.retire(&old);
                 }
-                Endpoints::new(self.meta_node.endpoint()?, identity)
+                let fresh = Endpoints::new(self.meta_node.endpoint()?, identity);
+                // Its connection was opened after `identity` was read.
+                self.same_identity(identity)?;
+                fresh
             }
         };
-        self.same_identity(eps.identity)?;
         let result = f(&mut eps);
         // Expected errors (a refused lock, a missing file) leave the
         // endpoints as they were: keep them, so refusals open no connection
