@@ -461,12 +461,10 @@ pub enum MetaResponse {
     /// [`MetaRequest::Caching`]: `answer` as without caching, and the
     /// directory's attributes after the change, granted to the changer
     /// (its kernel dropped them; the mount answers the next `GETATTR` from
-    /// these). `created`: what of a created inode's entry and attributes
-    /// is granted to its creator.
+    /// these).
     ParentGranted {
         answer: Box<MetaResponse>,
         parent: Attr,
-        created: Grant,
     },
     Chunks(Vec<(ChunkIndex, ChunkLoc)>),
     Stats(FsStats),

@@ -58,15 +58,14 @@
 //! A regular file a caching client creates with `CreateOpen` is open for
 //! writing by that client alone, so its entry and attributes could be
 //! granted to the creator (its size and times change one-sidedly only by
-//! its own writes, which its kernel sees), and the answer has room for it
-//! (`ChangeGrant::created`, which the mount honours). They are not: tried,
+//! its own writes, which its kernel sees). They are not: tried,
 //! it saved the create's `GETATTR` of the new file (create 3,516 → 4,803
 //! per s, one process, `bench meta --coherent-ttl 1`) but made every other
 //! mount's unlink of a file created within the TTL wait for the creator's
 //! acknowledgement (unlink 8,592 → 5,558 per s; 11,200 → 6,025 with four
 //! processes in private directories), in the same run. mdtest's pattern
 //! and most shared work (files made on one node, consumed and removed on
-//! another) pay that, so `created` stays empty.
+//! another) pay that, so creators are granted nothing.
 //!
 //! # Delivery
 //!

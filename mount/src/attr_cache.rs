@@ -93,13 +93,6 @@ pub struct Ticket {
     sent: Instant,
 }
 
-impl Ticket {
-    /// When the request was sent (grants count from the answer, later).
-    pub fn sent(&self) -> Instant {
-        self.sent
-    }
-}
-
 /// The mount's granted directory attributes (see the module header).
 pub struct AttrCache {
     state: Mutex<State>,
@@ -237,24 +230,6 @@ impl CitronFuse {
                 None
             }
             None => Some(reply),
-        }
-    }
-
-    /// The TTL of a created inode's entry and attributes in the create's
-    /// answer: its grant less the time since the request was sent, zero if
-    /// an invalidation reached the kernel meanwhile (see `invalidation`);
-    /// `attr_ttl` if not granted.
-    pub(crate) fn created_ttl(
-        &self,
-        ticket: Option<Ticket>,
-        before: crate::invalidation::Sample,
-        grant: &ChangeGrant,
-    ) -> std::time::Duration {
-        match ticket {
-            Some(t) if grant.created.entry && grant.created.attr => {
-                self.granted_ttl(t.sent(), before, self.invalidations.epochs().all())
-            }
-            _ => self.options.attr_ttl,
         }
     }
 }

@@ -458,24 +458,27 @@ impl Filesystem for CitronFuse {
         self.requests.count(FuseOp::Create);
         let perm = (mode & !umask & 0o7777) as u16;
         let (who, parent, n) = (caller(req), Ino(parent.0), name(n));
-        let (ticket, before) = (self.dir_changing(parent), self.invalidations.epochs().all());
+        let ticket = self.dir_changing(parent);
         // Without O_EXCL, a name another mount created since our kernel
         // looked it up is opened, not refused.
         let exclusive = flags & libc::O_EXCL != 0;
         let opened = self.client.create_or_open(who, parent, n, perm, exclusive);
         self.dir_changed(ticket, opened.as_ref().ok().map(|o| &o.granted));
+        // A new file is not granted to its creator (meta-server `grants`,
+        // "Creators"): its attributes get the ungranted TTL.
         let opened = opened.and_then(|o| match o.created {
-            // The new file's entry and attributes, if the answer granted
-            // them to this mount as its creator (meta-server `grants`,
-            // "Creators": it does not today).
-            true => Ok((o.attr, self.created_ttl(ticket, before, &o.granted))),
-            false => Ok((self.open_existing_for_create(req, o.attr, flags)?, self.options.attr_ttl)),
+            true => Ok(o.attr),
+            false => self.open_existing_for_create(req, o.attr, flags),
         });
-        let r = opened.map(|(a, ttl)| (self.track_open(a.ino, flags), a, ttl));
+        let r = opened.map(|a| (self.track_open(a.ino, flags), a));
         match r {
-            Ok((fh, a, ttl)) => {
-                reply.created(&ttl, &fuse_attr(&a), Generation(0), fh, FopenFlags::FOPEN_DIRECT_IO)
-            }
+            Ok((fh, a)) => reply.created(
+                &self.options.attr_ttl,
+                &fuse_attr(&a),
+                Generation(0),
+                fh,
+                FopenFlags::FOPEN_DIRECT_IO,
+            ),
             Err(e) => reply.error(errno(&e)),
         }
     }

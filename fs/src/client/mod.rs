@@ -79,8 +79,6 @@ pub struct ChangeGrant {
     /// The directory's attributes after the change, granted for the
     /// client's TTL from about when the request was sent.
     pub parent: Option<Attr>,
-    /// What of a created inode's entry and attributes is granted.
-    pub created: Grant,
 }
 
 /// How long a last release waits for the calls that use the file's lock
@@ -227,9 +225,7 @@ fn granted(r: MetaResponse) -> Result<(Attr, Grant), FsError> {
 /// and what it granted.
 fn change_answer(r: MetaResponse) -> (MetaResponse, ChangeGrant) {
     match r {
-        MetaResponse::ParentGranted { answer, parent, created } => {
-            (*answer, ChangeGrant { parent: Some(parent), created })
-        }
+        MetaResponse::ParentGranted { answer, parent } => (*answer, ChangeGrant { parent: Some(parent) }),
         other => (other, ChangeGrant::default()),
     }
 }

@@ -93,12 +93,11 @@ impl MetaService {
         caching: Option<(ClientId, Duration)>,
         dir: Ino,
         answer: MetaResponse,
-        created: Grant,
     ) -> MetaResponse {
         let Some((client, ttl)) = caching else { return answer };
         let Ok(parent) = ns.attr(dir) else { return answer };
         self.grants.grant(client, Invalidation::Attr(dir), ttl);
-        MetaResponse::ParentGranted { answer: Box::new(answer), parent, created }
+        MetaResponse::ParentGranted { answer: Box::new(answer), parent }
     }
 
     /// What a `ReadDirPlus` answers: entries of `dir` after cookie `after`,
@@ -274,7 +273,7 @@ impl MetaService {
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 changed.keys.push(AttrOf(parent));
-                self.with_parent(&ns, caching, parent, A::Attr(attr), Grant::default())
+                self.with_parent(&ns, caching, parent, A::Attr(attr))
             }
             R::Symlink { caller, parent, name, target } => {
                 let new =
@@ -283,7 +282,7 @@ impl MetaService {
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 changed.keys.push(AttrOf(parent));
-                self.with_parent(&ns, caching, parent, A::Attr(attr), Grant::default())
+                self.with_parent(&ns, caching, parent, A::Attr(attr))
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
             R::Link { caller, ino, new_parent, new_name } => {
@@ -301,7 +300,7 @@ impl MetaService {
                 ns.unlink(parent, &name)?;
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
-                self.with_parent(&ns, caching, parent, A::Done, Grant::default())
+                self.with_parent(&ns, caching, parent, A::Done)
             }
             R::Rmdir { caller, parent, name } => {
                 let mut ns = self.ns.lock();
@@ -312,7 +311,7 @@ impl MetaService {
                 ns.rmdir(parent, &name)?;
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
-                self.with_parent(&ns, caching, parent, A::Done, Grant::default())
+                self.with_parent(&ns, caching, parent, A::Done)
             }
             R::Rename { caller, parent, name, new_parent, new_name, flags } => {
                 let mut ns = self.ns.lock();
@@ -366,9 +365,7 @@ impl MetaService {
                     Err(e) => return Err(e),
                 };
                 // A new file's entry and attributes are not granted to its
-                // creator ([`crate::grants`], "Creators"): the answer's
-                // `created` stays empty.
-                let created = Grant::default();
+                // creator ([`crate::grants`], "Creators").
                 if let A::Opened(attr, _) | A::OpenedExisting(attr, _) = &opened {
                     // Pushed before the answer leaves (a NIC holds a verb that
                     // outruns its grant).
@@ -377,7 +374,7 @@ impl MetaService {
                     self.grants.writing(client, attr.ino);
                     changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
                 }
-                self.with_parent(&ns, caching, parent, opened, created)
+                self.with_parent(&ns, caching, parent, opened)
             }
             R::KillSuidGid { ino, groups } => {
                 // Sent by a writer in the middle of its write: its kernel
