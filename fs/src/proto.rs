@@ -97,6 +97,23 @@ pub struct FileLayout {
     pub locks: Option<LockArea>,
 }
 
+/// The extents an allocation answered (`AllocChunks`, `GrowExtents`), and
+/// where its commit left the file's layout: a client whose cached layout
+/// was exactly the one of `epoch` at generation `allocs_before` holds the
+/// one at `allocs_after` once it adds `chunks`, so a writer that allocates
+/// alone never refetches the whole layout after its own allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocated {
+    /// Every chunk asked for, as it now is, sorted by index.
+    pub chunks: Vec<(ChunkIndex, ChunkLoc)>,
+    /// The layout epoch after the commit.
+    pub epoch: u64,
+    /// The slot's allocation generation just before the commit ...
+    pub allocs_before: u64,
+    /// ... and just after it (equal when nothing new was allocated).
+    pub allocs_after: u64,
+}
+
 /// What a client learns when it registers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterInfo {
@@ -466,7 +483,7 @@ pub enum MetaResponse {
         answer: Box<MetaResponse>,
         parent: Attr,
     },
-    Chunks(Vec<(ChunkIndex, ChunkLoc)>),
+    Chunks(Allocated),
     Stats(FsStats),
     Status(Box<crate::status::ClusterStatus>),
     LockTable(RemoteAddr),

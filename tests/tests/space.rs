@@ -360,3 +360,42 @@ fn the_most_files_is_a_flag_and_a_deleted_files_slot_is_reused_at_once() {
     let again = a.create(ME, Ino::ROOT, b"one-more", citronfs_core::types::FileKind::File, 0o644, 0).unwrap();
     assert!(!made.contains(&again.ino));
 }
+
+/// A writer that extends a file alone makes one call per new chunk: its
+/// own allocation does not make its next write fetch the whole chunk list
+/// again (which grew with the file, so a sequential write of N chunks
+/// fetched O(N²) entries). Another client's allocation still does, and
+/// everything written reads back on either.
+#[test]
+fn a_writer_extending_a_file_alone_makes_one_call_per_new_chunk() {
+    use citronfs_core::rpc_counts::MetaKind;
+    let c = cluster(64 * MIB, 1 << 10);
+    let (a, b) = (client(&c), client(&c));
+    let ino = a.create_open(ME, Ino::ROOT, b"seq", 0o644).unwrap().ino;
+    let block = |k: u64| vec![k as u8 + 1; MIB as usize];
+    a.write(ino, 0, &block(0), false).unwrap();
+    let before = a.rpc_counts();
+    for k in 1..9u64 {
+        a.write(ino, k * MIB, &block(k), false).unwrap();
+    }
+    let spent = a.rpc_counts() - before;
+    assert_eq!(spent.get(MetaKind::AllocChunks), 8, "8 new chunks: {}", spent.describe());
+    assert_eq!(spent.total(), 8, "8 writes past the end, alone: {}", spent.describe());
+
+    // Another client allocates: the writer's next I/O sees the generation
+    // move past its cache and refetches, and both read every chunk.
+    b.open(ino).unwrap();
+    b.write(ino, 9 * MIB, &block(9), false).unwrap();
+    let before = a.rpc_counts();
+    a.write(ino, 10 * MIB, &block(10), false).unwrap();
+    let spent = a.rpc_counts() - before;
+    assert_eq!(spent.get(MetaKind::Layout), 1, "another client allocated: {}", spent.describe());
+    for reader in [&a, &b] {
+        for k in 0..11u64 {
+            let got = reader.read(ino, k * MIB, MIB as u32).unwrap();
+            assert!(got == block(k), "chunk {k} read back wrong");
+        }
+    }
+    a.release(ino).unwrap();
+    b.release(ino).unwrap();
+}

@@ -13,7 +13,7 @@ use parking_lot::RwLock;
 use super::endpoints::Endpoints;
 use super::{unexpected, FsClient};
 use crate::error::FsError;
-use crate::proto::{AttrSlot, FileLayout, MetaRequest, MetaResponse};
+use crate::proto::{Allocated, AttrSlot, FileLayout, MetaRequest, MetaResponse};
 use crate::types::{ChunkIndex, ChunkLoc, Ino};
 
 pub(super) struct CachedLayout {
@@ -21,6 +21,23 @@ pub(super) struct CachedLayout {
     pub(super) epoch: u64,
     pub(super) allocs: u64,
     pub(super) chunks: HashMap<ChunkIndex, ChunkLoc>,
+}
+
+impl CachedLayout {
+    /// Adds the extents an allocation of this client answered. When the
+    /// cache was exactly the layout the allocation committed on (same
+    /// epoch, the generation just before it), it is now exactly the one
+    /// after it, and the next I/O does not refetch the layout because of
+    /// this client's own allocation: a writer that extends a file alone
+    /// makes one RPC per new chunk instead of two, and never fetches its
+    /// whole (growing) chunk list. Otherwise the generation stays, and the
+    /// next I/O refetches as before.
+    pub(super) fn add_allocated(&mut self, allocated: &Allocated) {
+        self.chunks.extend(allocated.chunks.iter().copied());
+        if self.epoch == allocated.epoch && self.allocs == allocated.allocs_before {
+            self.allocs = allocated.allocs_after;
+        }
+    }
 }
 
 /// A regular file's attribute slot as one read saw it (see [`AttrSlot`]).
@@ -232,9 +249,9 @@ impl FsClient {
                 MetaRequest::AllocChunks { ino, chunks: asks }
             };
             match self.call(&request)? {
-                MetaResponse::Chunks(locs) => {
-                    layout.write().chunks.extend(locs.iter().copied());
-                    given.extend(locs);
+                MetaResponse::Chunks(allocated) => {
+                    layout.write().add_allocated(&allocated);
+                    given.extend(allocated.chunks);
                 }
                 other => return Err(unexpected(other)),
             }

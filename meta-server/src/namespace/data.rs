@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::SeqCst;
 
-use citronfs_core::proto::FileLayout;
+use citronfs_core::proto::{Allocated, FileLayout};
 use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId, FsStats, Ino, Timestamp, MAX_FILE_SIZE};
 use citronfs_core::FsError;
 
@@ -161,7 +161,7 @@ impl Namespace {
     /// extent replaces the one it planned to, if that is still the chunk's;
     /// a moved chunk's old extent goes back and the layout epoch moves.
     /// Answers every chunk of the plan as it now is.
-    pub fn commit_extents(&mut self, plan: ExtentPlan) -> Result<Vec<(ChunkIndex, ChunkLoc)>, FsError> {
+    pub fn commit_extents(&mut self, plan: ExtentPlan) -> Result<Allocated, FsError> {
         let ExtentPlan { ino, steps, ready } = plan;
         if self.file(ino).is_err() {
             for s in steps {
@@ -195,15 +195,21 @@ impl Namespace {
         let slot = f.slot;
         if moved {
             f.epoch += 1;
-            let epoch = f.epoch;
+        }
+        let epoch = f.epoch;
+        if moved {
             // Clients with an older layout refetch it (see `AttrSlot`).
             self.slots.word(slot.epoch()).store(epoch, SeqCst);
         }
-        if grew {
-            self.slots.word(slot.allocs()).fetch_add(1, SeqCst);
-        }
+        let allocs = self.slots.word(slot.allocs());
+        // Under the namespace mutex, like every other change of the
+        // generation, so no commit falls between the two values.
+        let allocs_before = match grew {
+            true => allocs.fetch_add(1, SeqCst),
+            false => allocs.load(SeqCst),
+        };
         out.sort_by_key(|(c, _)| *c);
-        Ok(out)
+        Ok(Allocated { chunks: out, epoch, allocs_before, allocs_after: allocs_before + u64::from(grew) })
     }
 
     /// Sets the size (truncate). Shrinking frees the extents of chunks past

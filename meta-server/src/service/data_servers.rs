@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use citron_lock::rdma::RegionId;
-use citronfs_core::proto::{DataServerInfo, MetaResponse};
-use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId, Ino};
+use citronfs_core::proto::{Allocated, DataServerInfo, MetaResponse};
+use citronfs_core::types::{DataServerId, Ino};
 use citronfs_core::FsError;
 
 use crate::access::Placed;
@@ -97,7 +97,7 @@ impl MetaService {
         &self,
         ino: Ino,
         plan: impl Fn(&mut Namespace) -> Result<ExtentPlan, FsError>,
-    ) -> Result<Vec<(ChunkIndex, ChunkLoc)>, FsError> {
+    ) -> Result<Allocated, FsError> {
         let plan = {
             let mut ns = self.ns.lock();
             ns.sweep_orphans();
@@ -112,14 +112,14 @@ impl MetaService {
             return Err(e);
         }
         let mut ns = self.ns.lock();
-        let chunks = ns.commit_extents(plan)?;
+        let allocated = ns.commit_extents(plan)?;
         if self.access.enforcing() {
             // Openers gain the new extents and lose a moved chunk's old one.
             let memory = ns.file_memory(ino);
             drop(ns);
             self.access.file_changed(ino, memory);
         }
-        Ok(chunks)
+        Ok(allocated)
     }
 
     /// Makes a plan's new extents ready for clients: a moving chunk's bytes
