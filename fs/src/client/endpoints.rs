@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use citron_lock::range_lock::RangeLockSite;
-use citron_lock::rdma::{Endpoint, IbDevice, IbFabric, Node, TcpOptions, Verb, VerbCounts, VerbReply};
+use citron_lock::rdma::{
+    Endpoint, IbDevice, IbFabric, Node, TcpOptions, Verb, VerbCounts, VerbError, VerbReply,
+};
 
 use super::{reachable, unexpected, FsClient, Transport};
 use crate::error::FsError;
@@ -238,7 +240,7 @@ impl FsClient {
             self.same_identity(identity)?;
             let replies = ep.execute(&verbs)?;
             for (r, tag) in replies.into_iter().zip(tags) {
-                out.push((tag, r.map_err(|e| FsError::Io(format!("data server {}: {e}", server.0)))?));
+                out.push((tag, r.map_err(|e| data_verb_error(server, e))?));
             }
         }
         Ok(Some(out))
@@ -271,5 +273,17 @@ impl FsClient {
             }
         }
         c
+    }
+}
+
+/// A data verb a data server refused: `ENOSPC` when its memory ran out
+/// (its shm file system filled up under it), EIO otherwise.
+fn data_verb_error(server: DataServerId, e: VerbError) -> FsError {
+    match e {
+        VerbError::NoMemory { .. } => {
+            log::warn!("data server {}: {e}", server.0);
+            FsError::NoSpace
+        }
+        e => FsError::Io(format!("data server {}: {e}", server.0)),
     }
 }

@@ -21,6 +21,14 @@ pub enum VerbError {
     /// No grant of this client covers the bytes (see `rdma::tcp::access`).
     #[error("{addr} + {len} bytes is not granted to this client")]
     NotGranted { addr: RemoteAddr, len: u64 },
+    /// The host could not back the bytes with memory: the file system that
+    /// holds its shm region is full (`ENOSPC`, `ENOMEM`, `EDQUOT`). A write
+    /// through the mapping would have killed the writer with `SIGBUS`.
+    #[error("the host has no memory left for {len} bytes at {addr}: {reason}")]
+    NoMemory { addr: RemoteAddr, len: u64, reason: String },
+    /// Writing the host's region file failed otherwise.
+    #[error("writing {len} bytes at {addr} into the host's region failed: {reason}")]
+    HostIo { addr: RemoteAddr, len: u64, reason: String },
 }
 
 /// Why a round trip (a verb, a batch or a message) could not be completed at

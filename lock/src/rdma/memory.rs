@@ -43,6 +43,25 @@ use super::verb::{Verb, VerbReply, MAX_TRANSFER};
 /// Transfers up to this many bytes (8-aligned, multiple of 8) are word-atomic.
 pub const WORD_ACCESS_LIMIT: usize = 4096;
 
+/// Bulk writes of at least this many bytes into a region that maps a file
+/// (the shm backend's) go through `pwrite(2)` on the file instead of a copy
+/// into the mapping.
+///
+/// Why: a data server's region is sparse until written (capacity like
+/// tmpfs), so a copy into fresh pages takes one page fault per 4 KiB, each
+/// of which allocates the page, zeroes it and maps it; `pwrite` allocates
+/// the pages in one call without faults and without zeroing pages it fills
+/// whole — the path a tmpfs write takes. A sequential write of fresh space
+/// ran 1.5× faster (`citronfs bench io`, 1 MiB blocks). Below this size the
+/// call's fixed cost is not worth it on pages that are already mapped.
+/// And a full shm file system answers `ENOSPC` ([`VerbError::NoMemory`])
+/// instead of killing the writer with `SIGBUS`.
+///
+/// Ordering: the kernel's stores are done when the call returns, before any
+/// later verb of this thread (such as the store that releases the range
+/// lock), so readers that take the lock after it see them, as with a copy.
+pub const BULK_WRITE_BY_SYSCALL: usize = 64 << 10;
+
 /// One region of registered memory, mapped into this process.
 pub struct RegionMemory {
     id: RegionId,
@@ -50,6 +69,9 @@ pub struct RegionMemory {
     len: u64,
     /// `Some` in the test mode [`RemoteAtomicity::NicOnly`].
     nic_only: Option<Box<NicOnlyRmw>>,
+    /// The file a shared region maps, for bulk writes
+    /// ([`BULK_WRITE_BY_SYSCALL`]).
+    backing: Option<File>,
 }
 
 impl std::fmt::Debug for RegionMemory {
@@ -67,7 +89,7 @@ impl RegionMemory {
     pub fn anonymous(id: RegionId, len: u64) -> std::io::Result<Self> {
         check_region_len(len)?;
         let map = MmapOptions::new().len(len as usize).map_anon()?;
-        Ok(Self { id, map: MmapRaw::from(map), len, nic_only: None })
+        Ok(Self { id, map: MmapRaw::from(map), len, nic_only: None, backing: None })
     }
 
     /// Maps `file` shared: the shm backend's regions, visible to every process
@@ -76,7 +98,7 @@ impl RegionMemory {
         let len = file.metadata()?.len();
         check_region_len(len)?;
         let map = MmapOptions::new().len(len as usize).map_raw(file)?;
-        Ok(Self { id, map, len, nic_only: None })
+        Ok(Self { id, map, len, nic_only: None, backing: Some(file.try_clone()?) })
     }
 
     /// Sets how remote RMW verbs on this region relate to the host's own
@@ -195,6 +217,17 @@ impl RegionMemory {
                 let w = unsafe { &*(self.map.as_mut_ptr().add(off + 8 * i) as *const AtomicU64) };
                 w.store(u64::from_le_bytes(chunk.try_into().expect("8-byte chunk")), SeqCst);
             }
+        } else if let Some(file) = self.backing.as_ref().filter(|_| data.len() >= BULK_WRITE_BY_SYSCALL) {
+            use std::os::unix::fs::FileExt;
+            file.write_all_at(data, off as u64).map_err(|e| {
+                let reason = e.to_string();
+                match e.raw_os_error() {
+                    Some(libc::ENOSPC | libc::ENOMEM | libc::EDQUOT) => {
+                        VerbError::NoMemory { addr, len, reason }
+                    }
+                    _ => VerbError::HostIo { addr, len, reason },
+                }
+            })?;
         } else {
             // SAFETY: destination in bounds (checked), source a distinct Rust
             // slice; concurrent access by others is the caller's lock's job.
@@ -396,5 +429,86 @@ impl RegionTable {
         let mut v: Vec<_> = self.regions.read().values().map(|r| (r.id, r.len)).collect();
         v.sort();
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::*;
+
+    const REGION: RegionId = RegionId(7);
+
+    fn sized_file_in(dir: &std::path::Path, len: u64) -> File {
+        let f = tempfile::tempfile_in(dir).expect("a file in the directory");
+        f.set_len(len).expect("sized");
+        f
+    }
+
+    /// A bulk write goes through the file and a small one through the
+    /// mapping; either is seen through every other mapping of the file (the
+    /// other processes of a shm fabric), and nothing around it changes.
+    #[test]
+    fn bulk_and_small_writes_are_seen_through_every_mapping() {
+        let file = sized_file_in(std::path::Path::new("/dev/shm"), 1 << 20);
+        let (writer, reader) = (
+            RegionMemory::from_file(REGION, &file).unwrap(),
+            RegionMemory::from_file(REGION, &file).unwrap(),
+        );
+        let bulk: Vec<u8> = (0..BULK_WRITE_BY_SYSCALL * 2).map(|i| (i % 251) as u8 + 1).collect();
+        let small = vec![9u8; 4000];
+        writer.write_from(RemoteAddr::new(REGION, 4096), &bulk).unwrap();
+        writer.write_from(RemoteAddr::new(REGION, 600_000), &small).unwrap();
+        let mut got = vec![0u8; 1 << 20];
+        reader.read_into(RemoteAddr::new(REGION, 0), &mut got).unwrap();
+        assert!(got[..4096].iter().all(|b| *b == 0), "bytes before the bulk write changed");
+        assert!(got[4096..4096 + bulk.len()] == bulk[..], "the bulk write reads back wrong");
+        assert!(got[4096 + bulk.len()..600_000].iter().all(|b| *b == 0), "bytes after it changed");
+        assert_eq!(&got[600_000..604_000], &small[..], "the small write reads back wrong");
+        let past = writer.write_from(RemoteAddr::new(REGION, (1 << 20) - 4096), &bulk);
+        assert!(matches!(past, Err(VerbError::OutOfBounds { .. })), "a bulk write past the end: {past:?}");
+    }
+
+    /// A tmpfs mounted for one test, unmounted when dropped.
+    struct SmallTmpfs(tempfile::TempDir);
+
+    impl SmallTmpfs {
+        fn mount(size: &str) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let ok = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(dir.path())
+                .status()
+                .map(|s| s.success());
+            assert!(matches!(ok, Ok(true)), "mounting a tmpfs needs root (as the FUSE tests do): {ok:?}");
+            Self(dir)
+        }
+    }
+
+    impl Drop for SmallTmpfs {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0.path()).status();
+        }
+    }
+
+    /// A region whose file system fills up: a bulk write is refused with
+    /// `NoMemory`, where a copy into the mapping would have killed this
+    /// process with SIGBUS; what fits is written.
+    #[test]
+    fn a_full_shm_file_system_refuses_a_bulk_write_without_a_signal() {
+        let fs = SmallTmpfs::mount("256k");
+        let file = sized_file_in(fs.0.path(), 4 << 20);
+        let region = RegionMemory::from_file(REGION, &file).unwrap();
+        let fits = vec![5u8; 128 << 10];
+        region.write_from(RemoteAddr::new(REGION, 0), &fits).unwrap();
+        let too_much = vec![6u8; 1 << 20];
+        match region.write_from(RemoteAddr::new(REGION, 1 << 20), &too_much) {
+            Err(VerbError::NoMemory { len, .. }) => assert_eq!(len, 1 << 20),
+            other => panic!("a write into a full tmpfs answered {other:?}"),
+        }
+        let mut back = vec![0u8; fits.len()];
+        region.read_into(RemoteAddr::new(REGION, 0), &mut back).unwrap();
+        assert_eq!(back, fits);
     }
 }
