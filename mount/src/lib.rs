@@ -22,6 +22,7 @@ mod requests;
 mod session;
 mod setid;
 
+pub use filesystem::MAX_WRITE;
 pub use invalidation::InvalidationControl;
 pub use requests::{FuseCounters, FuseCounts, FuseOp};
 pub use session::{new_session, session_config, spawn_mount, spawn_mount_with, BackgroundSession};

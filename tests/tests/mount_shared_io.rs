@@ -312,3 +312,61 @@ fn sqlite_on_a_near_and_a_far_mount_keeps_every_row() {
         sqlite_writers_keep_every_row(&near, &far, if ms < 5.0 { 8 } else { 4 });
     }
 }
+
+/// A direct write of several MiB into new space through a mount reaches
+/// the daemon in max_write pieces, each new chunk costs one call, the
+/// writer alone never refetches its layout (nothing but the 8
+/// allocations), and every byte reads back on the other mount.
+#[test]
+fn a_big_direct_write_costs_one_call_per_new_chunk() {
+    use citronfs_core::rpc_counts::MetaKind;
+    use std::os::unix::fs::OpenOptionsExt;
+    const MIB: usize = 1 << 20;
+    let (_c, a, b) = two_mounts(LockChoice::default());
+    let data: Vec<u8> = (0..8 * MIB).map(|i| (i / 4096 % 251) as u8 + 1).collect();
+    let mut buf = Aligned::new(data.len());
+    buf.as_mut().copy_from_slice(&data);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(a.path("big"))
+        .unwrap();
+    // The first chunk's extent grows with the file from 4 KiB (a small
+    // file takes little space); the later ones are whole from the start.
+    let mut first = Aligned::new(MIB);
+    f.write_all_at(first.as_mut(), 0).unwrap();
+    let (calls, writes) = (a.client.rpc_counts(), a.requests.snapshot().get(citronfs_mount::FuseOp::Write));
+    f.write_all_at(buf.as_mut(), MIB as u64).unwrap();
+    let spent = a.client.rpc_counts() - calls;
+    let pieces = a.requests.snapshot().get(citronfs_mount::FuseOp::Write) - writes;
+    assert_eq!(
+        pieces,
+        (8 * MIB as u64).div_ceil(citronfs_mount::MAX_WRITE.into()),
+        "the kernel cut the write into max_write pieces"
+    );
+    assert_eq!(spent.get(MetaKind::AllocChunks), 8, "one call per new chunk: {}", spent.describe());
+    assert_eq!(spent.total(), 8, "8 new chunks, written alone: {}", spent.describe());
+    drop(f);
+    let back = std::fs::read(b.path("big")).unwrap();
+    assert!(
+        back[..MIB].iter().all(|b| *b == 0) && back[MIB..] == data[..],
+        "the other mount reads it back wrong"
+    );
+}
+
+/// A page-aligned buffer, as O_DIRECT needs.
+struct Aligned(Vec<u8>, usize);
+
+impl Aligned {
+    fn new(len: usize) -> Self {
+        let v = vec![0u8; len + 4096];
+        let skip = v.as_ptr().align_offset(4096);
+        Self(v, skip)
+    }
+
+    fn as_mut(&mut self) -> &mut [u8] {
+        let len = self.0.len() - 4096;
+        &mut self.0[self.1..self.1 + len]
+    }
+}

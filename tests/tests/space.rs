@@ -399,3 +399,41 @@ fn a_writer_extending_a_file_alone_makes_one_call_per_new_chunk() {
     a.release(ino).unwrap();
     b.release(ino).unwrap();
 }
+
+/// Threads of one client writing into the same new chunk at once (ranks of
+/// a job writing a shared file through one mount) ask the meta-server for
+/// it once: the others find the first one's extent once it is in.
+#[test]
+fn concurrent_writes_into_one_new_chunk_ask_for_it_once() {
+    use citronfs_core::rpc_counts::MetaKind;
+    const THREADS: u64 = 4;
+    let c = cluster(64 * MIB, 1 << 10);
+    let a = client(&c);
+    let ino = a.create_open(ME, Ino::ROOT, b"shared", 0o644).unwrap().ino;
+    a.write(ino, 0, &vec![1u8; MIB as usize], false).unwrap();
+    for round in 1..6u64 {
+        let before = a.rpc_counts();
+        let start = std::sync::Barrier::new(THREADS as usize);
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (a, start) = (&a, &start);
+                s.spawn(move || {
+                    start.wait();
+                    let piece = MIB / THREADS;
+                    a.write(ino, round * MIB + t * piece, &vec![t as u8 + 2; piece as usize], false).unwrap();
+                });
+            }
+        });
+        let spent = a.rpc_counts() - before;
+        assert_eq!(spent.get(MetaKind::AllocChunks), 1, "round {round}: {}", spent.describe());
+        let back = a.read(ino, round * MIB, MIB as u32).unwrap();
+        for t in 0..THREADS as usize {
+            let piece = (MIB / THREADS) as usize;
+            assert!(
+                back[t * piece..(t + 1) * piece].iter().all(|b| *b == t as u8 + 2),
+                "round {round} piece {t}"
+            );
+        }
+    }
+    a.release(ino).unwrap();
+}

@@ -226,7 +226,7 @@ impl FsClient {
         let pieces: Vec<_> = self.geometry.split(offset, data.len() as u64).collect();
         let needs: Vec<(ChunkIndex, u64)> =
             pieces.iter().map(|p| (p.chunk, p.offset_in_chunk + p.len)).collect();
-        let asks: Vec<(ChunkIndex, u64)> = {
+        let asks_of = |layout: &Arc<RwLock<CachedLayout>>| -> Vec<(ChunkIndex, u64)> {
             let l = layout.read();
             needs
                 .iter()
@@ -242,20 +242,29 @@ impl FsClient {
         // saw the allocation generation move), so they are not looked up
         // in the cache alone.
         let mut given: HashMap<ChunkIndex, ChunkLoc> = HashMap::new();
-        if !asks.is_empty() {
-            let request = if may_grow {
-                MetaRequest::GrowExtents { ino, chunks: asks }
-            } else {
-                MetaRequest::AllocChunks { ino, chunks: asks }
-            };
-            match self.call(&request)? {
-                MetaResponse::Chunks(allocated) => {
-                    layout.write().add_allocated(&allocated);
-                    given.extend(allocated.chunks);
-                }
-                other => return Err(unexpected(other)),
-            }
+        if !asks_of(&layout).is_empty() {
+            // One allocation of this client at a time: the kernel sends the
+            // pieces of one direct write (`max_write` each) at once, and
+            // those in one new chunk would each ask for it. The first asks;
+            // the others find its extent in the cache once they get here.
+            let _allocating = self.allocating.lock();
             layout = self.layout(ino)?;
+            let asks = asks_of(&layout);
+            if !asks.is_empty() {
+                let request = if may_grow {
+                    MetaRequest::GrowExtents { ino, chunks: asks }
+                } else {
+                    MetaRequest::AllocChunks { ino, chunks: asks }
+                };
+                match self.call(&request)? {
+                    MetaResponse::Chunks(allocated) => {
+                        layout.write().add_allocated(&allocated);
+                        given.extend(allocated.chunks);
+                    }
+                    other => return Err(unexpected(other)),
+                }
+                layout = self.layout(ino)?;
+            }
         }
         let mut verbs = Vec::with_capacity(pieces.len());
         let mut too_small = Vec::new();

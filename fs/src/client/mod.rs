@@ -189,6 +189,9 @@ pub struct FsClient {
     data_nodes: RwLock<HashMap<DataServerId, (DataServerInfo, Node)>>,
     pool: Mutex<Vec<Endpoints>>,
     layouts: RwLock<HashMap<Ino, Arc<RwLock<CachedLayout>>>>,
+    /// Held around an allocation's RPC, so that concurrent writes into the
+    /// same new chunk ask for it once ([`FsClient::write_data`]).
+    allocating: Mutex<()>,
     /// Verbs of endpoints returned to the pool and dropped, for statistics.
     retired_counts: Mutex<VerbCounts>,
     heartbeat: Option<std::thread::JoinHandle<()>>,
@@ -320,6 +323,7 @@ impl FsClient {
             data_nodes: RwLock::new(HashMap::new()),
             pool: Mutex::new(Vec::new()),
             layouts: RwLock::new(HashMap::new()),
+            allocating: Mutex::new(()),
             retired_counts: Mutex::new(VerbCounts::default()),
             heartbeat: None,
             tuning: None,
