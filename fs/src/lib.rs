@@ -3,6 +3,8 @@
 //!
 //! * [`types`]: inode numbers, attributes, chunk locations — the vocabulary.
 //! * [`proto`]: requests to the meta-server and its answers (serde + bincode).
+//! * [`counts`]: events counted by kind, the mechanism behind [`rpc_counts`]
+//!   and the mount's FUSE request counts.
 //! * [`rpc_counts`]: metadata round trips counted by request kind.
 //! * [`status`]: the cluster as `citronfs status` shows it.
 //! * [`layout`]: the arithmetic of splitting byte ranges over chunks.
@@ -12,6 +14,7 @@
 //!   verbs straight to data-server memory (Octopus's client-active I/O).
 
 pub mod client;
+pub mod counts;
 pub mod error;
 pub mod layout;
 pub mod locks;

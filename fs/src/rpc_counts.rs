@@ -3,28 +3,19 @@
 //! every call it sends ([`crate::client::FsClient::rpc_counts`]); benchmarks
 //! and tests read the counters before and after an operation.
 
-use std::ops::Sub;
-use std::sync::atomic::{AtomicU64, Ordering};
-
+use crate::counts::{Counters, Counts};
 use crate::proto::MetaRequest;
 
+/// [`counted_kinds!`](crate::counted_kinds) for [`MetaKind`], and
+/// [`MetaRequest::kind`] from the same list.
 macro_rules! meta_kinds {
-    ($($kind:ident),* $(,)?) => {
-        /// The kind of a [`MetaRequest`], without its arguments.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-        pub enum MetaKind {
-            $($kind),*
-        }
-
-        impl MetaKind {
-            /// Every kind, in declaration order.
-            pub const ALL: &'static [MetaKind] = &[$(MetaKind::$kind),*];
-
-            pub fn name(self) -> &'static str {
-                match self {
-                    $(MetaKind::$kind => stringify!($kind)),*
-                }
+    ($($kind:ident),* $(,)? ; background: [$($background:ident),* $(,)?]) => {
+        crate::counted_kinds! {
+            /// The kind of a [`MetaRequest`], without its arguments.
+            pub enum MetaKind {
+                $($kind),*
             }
+            background: [$($background),*]
         }
 
         impl MetaRequest {
@@ -77,90 +68,18 @@ meta_kinds!(
     RemoveXattr,
     ReportLockTiming,
     Caching,
-    AwaitInvalidations,
+    AwaitInvalidations;
+    // Kinds sent by a client's background threads (lease, lock timing), not
+    // by file-system operations: left out of `RpcCounts::operations` and
+    // `RpcCounts::describe`.
+    background: [Heartbeat, ReportLockTiming, AwaitInvalidations]
 );
 
-/// Kinds sent by a client's background threads (lease, lock timing), not
-/// by file-system operations: left out of [`RpcCounts::operations`].
-const BACKGROUND: [MetaKind; 3] =
-    [MetaKind::Heartbeat, MetaKind::ReportLockTiming, MetaKind::AwaitInvalidations];
-
-/// Live counters, one per kind.
-#[derive(Debug)]
-pub struct RpcCounters([AtomicU64; MetaKind::ALL.len()]);
-
-impl Default for RpcCounters {
-    fn default() -> Self {
-        Self(std::array::from_fn(|_| AtomicU64::new(0)))
-    }
-}
-
-impl RpcCounters {
-    pub fn count(&self, kind: MetaKind) {
-        self.0[kind as usize].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub fn snapshot(&self) -> RpcCounts {
-        RpcCounts(std::array::from_fn(|i| self.0[i].load(Ordering::Relaxed)))
-    }
-}
+/// Live counters of a client's calls, one per kind.
+pub type RpcCounters = Counters<MetaKind>;
 
 /// Calls by kind at one moment (or between two, by subtraction).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RpcCounts([u64; MetaKind::ALL.len()]);
-
-impl Default for RpcCounts {
-    fn default() -> Self {
-        Self([0; MetaKind::ALL.len()])
-    }
-}
-
-impl RpcCounts {
-    pub fn get(&self, kind: MetaKind) -> u64 {
-        self.0[kind as usize]
-    }
-
-    /// Every call, background ones included.
-    pub fn total(&self) -> u64 {
-        self.0.iter().sum()
-    }
-
-    /// Calls made by file-system operations (not the lease and lock-timing
-    /// threads).
-    pub fn operations(&self) -> u64 {
-        self.total() - BACKGROUND.iter().map(|k| self.get(*k)).sum::<u64>()
-    }
-
-    /// The kinds with calls, by name, e.g. `Lookup=1 CreateOpen=1`
-    /// (background kinds left out).
-    pub fn describe(&self) -> String {
-        let parts: Vec<String> = MetaKind::ALL
-            .iter()
-            .filter(|k| !BACKGROUND.contains(k) && self.get(**k) > 0)
-            .map(|k| format!("{}={}", k.name(), self.get(*k)))
-            .collect();
-        if parts.is_empty() {
-            "none".into()
-        } else {
-            parts.join(" ")
-        }
-    }
-}
-
-impl std::ops::AddAssign for RpcCounts {
-    fn add_assign(&mut self, other: Self) {
-        for (a, b) in self.0.iter_mut().zip(other.0) {
-            *a += b;
-        }
-    }
-}
-
-impl Sub for RpcCounts {
-    type Output = RpcCounts;
-    fn sub(self, earlier: Self) -> RpcCounts {
-        RpcCounts(std::array::from_fn(|i| self.0[i].saturating_sub(earlier.0[i])))
-    }
-}
+pub type RpcCounts = Counts<MetaKind>;
 
 #[cfg(test)]
 mod tests {
