@@ -98,15 +98,19 @@ pub struct FileLayout {
 }
 
 /// The extents an allocation answered (`AllocChunks`, `GrowExtents`), and
-/// where its commit left the file's layout: a client whose cached layout
-/// was exactly the one of `epoch` at generation `allocs_before` holds the
-/// one at `allocs_after` once it adds `chunks`, so a writer that allocates
-/// alone never refetches the whole layout after its own allocation.
+/// where its commit took the file's layout: a client whose cached layout
+/// was exactly the one of `epoch_before` at generation `allocs_before`
+/// holds the one of `epoch` at `allocs_after` once it puts in `chunks`
+/// (a moved chunk's new extent replaces its old one, and nothing else
+/// moved in that commit), so a writer that allocates or grows alone never
+/// refetches the whole layout after its own allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocated {
     /// Every chunk asked for, as it now is, sorted by index.
     pub chunks: Vec<(ChunkIndex, ChunkLoc)>,
-    /// The layout epoch after the commit.
+    /// The layout epoch before the commit ...
+    pub epoch_before: u64,
+    /// ... and after it (one more when it moved a chunk).
     pub epoch: u64,
     /// The slot's allocation generation just before the commit ...
     pub allocs_before: u64,

@@ -437,3 +437,27 @@ fn concurrent_writes_into_one_new_chunk_ask_for_it_once() {
     }
     a.release(ino).unwrap();
 }
+
+/// A small file written alone in 4 KiB steps (a journal, say) grows its
+/// first chunk's extent 4 → 8 → 16 → 32 → 64 KiB: each growth is one call,
+/// and the writer never refetches its layout after its own move.
+#[test]
+fn a_first_chunk_growing_alone_costs_one_call_per_growth() {
+    use citronfs_core::rpc_counts::MetaKind;
+    let c = cluster(64 * MIB, 1 << 10);
+    let a = client(&c);
+    let ino = a.create_open(ME, Ino::ROOT, b"journal", 0o644).unwrap().ino;
+    let before = a.rpc_counts();
+    for k in 0..16u64 {
+        a.write(ino, k * 4096, &vec![k as u8 + 1; 4096], false).unwrap();
+    }
+    let spent = a.rpc_counts() - before;
+    assert_eq!(spent.get(MetaKind::AllocChunks), 1, "{}", spent.describe());
+    assert_eq!(spent.get(MetaKind::GrowExtents), 4, "4 → 64 KiB: {}", spent.describe());
+    assert_eq!(spent.total(), 5, "nothing but the allocation and the growths: {}", spent.describe());
+    let back = a.read(ino, 0, 16 * 4096).unwrap();
+    for k in 0..16usize {
+        assert!(back[k * 4096..(k + 1) * 4096].iter().all(|b| *b == k as u8 + 1), "page {k}");
+    }
+    a.release(ino).unwrap();
+}

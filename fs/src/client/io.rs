@@ -231,7 +231,11 @@ impl FsClient {
     pub fn write_as(&self, ino: Ino, offset: u64, data: &[u8], how: WriteMode) -> Result<u64, FsError> {
         let pin = self.pin(ino)?;
         let area = pin.area;
-        let mode = if how.append { Mode::Exclusive } else { Mode::Shared };
+        // A write the cached layout already shows must grow an extent goes
+        // straight to the exclusive mutex it will need, without a shared
+        // attempt that could only find that out.
+        let exclusive = how.append || self.must_grow(ino, offset, data.len() as u64);
+        let mode = if exclusive { Mode::Exclusive } else { Mode::Shared };
         let write_under =
             |mode| retrying_late_holds(ino, "write", || self.write_under(ino, area, mode, offset, data, how));
         match write_under(mode)? {

@@ -24,18 +24,24 @@ pub(super) struct CachedLayout {
 }
 
 impl CachedLayout {
-    /// Adds the extents an allocation of this client answered. When the
-    /// cache was exactly the layout the allocation committed on (same
-    /// epoch, the generation just before it), it is now exactly the one
+    /// Puts in the extents an allocation of this client answered. When the
+    /// cache was exactly the layout the allocation committed on (its epoch
+    /// and generation just before the commit), it is now exactly the one
     /// after it, and the next I/O does not refetch the layout because of
     /// this client's own allocation: a writer that extends a file alone
-    /// makes one RPC per new chunk instead of two, and never fetches its
-    /// whole (growing) chunk list. Otherwise the generation stays, and the
-    /// next I/O refetches as before.
+    /// makes one RPC per new chunk instead of two, never fetches its whole
+    /// (growing) chunk list, and a growth of the first chunk's extent costs
+    /// one RPC instead of two. Otherwise the cache keeps its date, gains
+    /// the new extents only if the commit moved nothing, and the next I/O
+    /// refetches as before (the writer itself uses what it was given).
     pub(super) fn add_allocated(&mut self, allocated: &Allocated) {
-        self.chunks.extend(allocated.chunks.iter().copied());
-        if self.epoch == allocated.epoch && self.allocs == allocated.allocs_before {
+        let exact = self.epoch == allocated.epoch_before && self.allocs == allocated.allocs_before;
+        if exact {
+            self.chunks.extend(allocated.chunks.iter().copied());
+            self.epoch = allocated.epoch;
             self.allocs = allocated.allocs_after;
+        } else if self.epoch == allocated.epoch {
+            self.chunks.extend(allocated.chunks.iter().copied());
         }
     }
 }
@@ -117,6 +123,17 @@ impl FsClient {
             return Ok(l.clone());
         }
         self.refresh_layout(ino)
+    }
+
+    /// Whether the cached layout of `ino` shows that writing `len` bytes at
+    /// `offset` must move a chunk to a bigger extent (a hint: the layout
+    /// may be stale either way, and [`FsClient::write_data`] decides).
+    pub(super) fn must_grow(&self, ino: Ino, offset: u64, len: u64) -> bool {
+        let Some(layout) = self.layouts.read().get(&ino).cloned() else { return false };
+        let l = layout.read();
+        self.geometry
+            .split(offset, len)
+            .any(|p| l.chunks.get(&p.chunk).is_some_and(|loc| loc.capacity < p.offset_in_chunk + p.len))
     }
 
     /// Reads the slot. One verb.

@@ -193,6 +193,7 @@ impl Namespace {
         }
         let f = self.file_mut(ino).expect("checked above");
         let slot = f.slot;
+        let epoch_before = f.epoch;
         if moved {
             f.epoch += 1;
         }
@@ -209,7 +210,13 @@ impl Namespace {
             false => allocs.load(SeqCst),
         };
         out.sort_by_key(|(c, _)| *c);
-        Ok(Allocated { chunks: out, epoch, allocs_before, allocs_after: allocs_before + u64::from(grew) })
+        Ok(Allocated {
+            chunks: out,
+            epoch_before,
+            epoch,
+            allocs_before,
+            allocs_after: allocs_before + u64::from(grew),
+        })
     }
 
     /// Sets the size (truncate). Shrinking frees the extents of chunks past
