@@ -1,5 +1,7 @@
-//! Directory attributes a caching mount answers `GETATTR` with itself,
-//! without a round trip to the meta-server (issue 13).
+//! Attributes a caching mount answers `GETATTR` with itself, without a
+//! round trip to the meta-server (issue 13): directories' after its own
+//! changes of them, and those of regular files it created and still has
+//! open ("New files" below).
 //!
 //! # Why
 //!
@@ -49,6 +51,37 @@
 //!   too, a removed one's link count, and their numbers are not in the
 //!   request).
 //!
+//! # New files
+//!
+//! The attributes of a regular file this mount created are kept too, from
+//! the create's answer, while the meta-server grants them to it as their
+//! creator (meta-server `grants`, "Creators"): the kernel asks `GETATTR`
+//! of every new file (its permission check in the open that follows the
+//! create, the attributes' TTL being zero), and is answered from here,
+//! with TTL zero still — the kernel never caches them, so dropping them
+//! here is all it takes to stop answering them. Each case:
+//!
+//! * **the creator's release**: the grant ends at this client's last
+//!   release of the file, without a callback; the mount drops the
+//!   attributes at *every* release of the file here
+//!   ([`AttrCache::forget_file`]), before the release reaches the
+//!   meta-server;
+//! * **another mount's change**: called back, as a directory's;
+//! * **a change the meta-server does not see or does not call this mount
+//!   back for** — its own write, fallocate, setattr, open, link (the size,
+//!   times or link count change) — drops them before or after it, before
+//!   its reply; its own unlink, rename or rmdir drops every file's
+//!   ([`AttrCache::forget_files`]: the removed inode is not in the
+//!   request);
+//! * **a create's answer overtaken by an invalidation**: the new inode's
+//!   number is not known before the answer, so there is no ticket: the
+//!   answer is installed only if no invalidation at all reached the mount
+//!   since the request was sent (the invalidation thread counts
+//!   (`invalidation::Epochs`) before it drops, and the count is compared
+//!   under the lock it drops under);
+//! * **the TTL**: counted from when the request was sent, as a
+//!   directory's.
+//!
 //! Strict mounts (TTL zero) never install anything here: they ask the
 //! meta-server every time.
 
@@ -61,6 +94,7 @@ use citronfs_core::FsError;
 use fuser::ReplyAttr;
 use parking_lot::Mutex;
 
+use crate::invalidation::Sample;
 use crate::{fuse_attr, CitronFuse};
 
 /// Generations per stripe of inodes: a collision only drops an answer.
@@ -75,6 +109,8 @@ struct Cached {
 
 struct State {
     attrs: HashMap<Ino, Cached>,
+    /// New regular files' attributes (see "New files" above).
+    files: HashMap<Ino, Cached>,
     generations: Box<[u64; STRIPES]>,
 }
 
@@ -100,7 +136,13 @@ pub struct AttrCache {
 
 impl Default for AttrCache {
     fn default() -> Self {
-        Self { state: Mutex::new(State { attrs: HashMap::new(), generations: Box::new([0; STRIPES]) }) }
+        Self {
+            state: Mutex::new(State {
+                attrs: HashMap::new(),
+                files: HashMap::new(),
+                generations: Box::new([0; STRIPES]),
+            }),
+        }
     }
 }
 
@@ -130,6 +172,35 @@ impl AttrCache {
         s.attrs.insert(ticket.ino, Cached { attr, expires });
     }
 
+    /// Installs `attr`, a regular file this mount created, granted to it
+    /// until `expires` or its release here, if `unchanged` holds (no
+    /// invalidation reached the mount since the create was sent) under the
+    /// lock invalidations drop under.
+    pub fn install_created(&self, attr: Attr, expires: Instant, unchanged: impl FnOnce() -> bool) {
+        if attr.kind != FileKind::File {
+            return;
+        }
+        let mut s = self.state.lock();
+        if unchanged() {
+            s.files.insert(attr.ino, Cached { attr, expires });
+        }
+    }
+
+    /// Drops what is kept of new file `ino` (its release, or an own change
+    /// of its size, times or mode).
+    pub fn forget_file(&self, ino: Ino) {
+        let mut s = self.state.lock();
+        if !s.files.is_empty() {
+            s.files.remove(&ino);
+        }
+    }
+
+    /// Drops what is kept of every new file (an own unlink: the removed
+    /// inode is not in the request).
+    pub fn forget_files(&self) {
+        self.state.lock().files.clear();
+    }
+
     /// Drops `ino`'s attributes, and every answer in flight that would
     /// install them (a callback from the meta-server, or an own change
     /// whose answer does not carry them).
@@ -137,6 +208,7 @@ impl AttrCache {
         let mut s = self.state.lock();
         *s.generation(ino) += 1;
         s.attrs.remove(&ino);
+        s.files.remove(&ino);
     }
 
     /// Drops everything, and every answer in flight.
@@ -146,26 +218,34 @@ impl AttrCache {
             *g += 1;
         }
         s.attrs.clear();
+        s.files.clear();
     }
 
-    /// `ino`'s attributes and how long they stay valid, if held and not
-    /// expired.
-    pub fn get(&self, ino: Ino) -> Option<(Attr, Duration)> {
+    /// `ino`'s attributes and how long they stay valid (`None`: a new
+    /// file's, valid for this one answer only), if held and not expired.
+    pub fn get(&self, ino: Ino) -> Option<(Attr, Option<Duration>)> {
         let now = Instant::now();
         let mut s = self.state.lock();
-        match s.attrs.get(&ino) {
-            Some(c) if c.expires > now => Some((c.attr.clone(), c.expires - now)),
-            Some(_) => {
-                s.attrs.remove(&ino);
-                None
+        if let Some(c) = s.attrs.get(&ino) {
+            if c.expires > now {
+                return Some((c.attr.clone(), Some(c.expires - now)));
             }
-            None => None,
+            s.attrs.remove(&ino);
         }
+        if let Some(c) = s.files.get(&ino) {
+            if c.expires > now {
+                return Some((c.attr.clone(), None));
+            }
+            s.files.remove(&ino);
+        }
+        None
     }
 
-    /// Directories held now, expired ones included (tests, diagnostics).
+    /// Directories and new files held now, expired ones included (tests,
+    /// diagnostics).
     pub fn len(&self) -> usize {
-        self.state.lock().attrs.len()
+        let s = self.state.lock();
+        s.attrs.len() + s.files.len()
     }
 }
 
@@ -226,10 +306,40 @@ impl CitronFuse {
     pub(crate) fn getattr_kept(&self, ino: Ino, reply: ReplyAttr) -> Option<ReplyAttr> {
         match self.caching().then(|| self.invalidations.attrs().get(ino)).flatten() {
             Some((attr, ttl)) => {
-                reply.attr(&ttl, &fuse_attr(&attr));
+                reply.attr(&ttl.unwrap_or(self.options.attr_ttl), &fuse_attr(&attr));
                 None
             }
             None => Some(reply),
+        }
+    }
+
+    /// A create of this mount answered a new regular file, its attributes
+    /// granted to it until its release (`grant.created`): kept, unless an
+    /// invalidation reached the mount since `before` was sampled, when the
+    /// request was sent at `sent`.
+    pub(crate) fn created(&self, attr: &Attr, grant: &ChangeGrant, sent: Instant, before: Sample) {
+        if !self.caching() || !grant.created {
+            return;
+        }
+        let expires = sent + self.options.cache_ttl;
+        let epochs = self.invalidations.epochs();
+        self.invalidations.attrs().install_created(attr.clone(), expires, || epochs.all() == before);
+    }
+
+    /// An own change of regular file `ino` the meta-server does not call
+    /// this mount back for (a write, a fallocate, an open, a release): what
+    /// is kept of it as a new file goes.
+    pub(crate) fn file_changing(&self, ino: Ino) {
+        if self.caching() {
+            self.invalidations.attrs().forget_file(ino);
+        }
+    }
+
+    /// An own unlink answered: what is kept of every new file goes (the
+    /// removed inode may be one; the request does not say).
+    pub(crate) fn forget_files(&self) {
+        if self.caching() {
+            self.invalidations.attrs().forget_files();
         }
     }
 }
@@ -295,5 +405,27 @@ mod tests {
         assert!(c.get(Ino(8)).is_none());
         c.install(c.changing(Ino(9)), dir(9, 2), Duration::ZERO);
         assert!(c.get(Ino(9)).is_none());
+    }
+
+    #[test]
+    fn a_new_file_is_served_until_forgotten_invalidated_or_overtaken() {
+        let c = AttrCache::default();
+        let later = Instant::now() + TTL;
+        c.install_created(attr(8, FileKind::File, 1), later, || true);
+        assert_eq!(c.get(Ino(8)).map(|(a, ttl)| (a.ino, ttl)), Some((Ino(8), None)));
+        c.forget_file(Ino(8));
+        assert!(c.get(Ino(8)).is_none());
+        c.install_created(attr(8, FileKind::File, 1), later, || true);
+        c.invalidate(Ino(8));
+        assert!(c.get(Ino(8)).is_none(), "served past a callback");
+        c.install_created(attr(8, FileKind::File, 1), later, || false);
+        assert!(c.get(Ino(8)).is_none(), "installed past an invalidation");
+        c.install_created(attr(8, FileKind::File, 1), Instant::now(), || true);
+        assert!(c.get(Ino(8)).is_none(), "served expired");
+        c.install_created(attr(8, FileKind::File, 1), later, || true);
+        c.install(c.changing(Ino(7)), dir(7, 2), TTL);
+        c.forget_files();
+        assert!(c.get(Ino(8)).is_none());
+        assert!(c.get(Ino(7)).is_some(), "an own unlink dropped a directory's attributes");
     }
 }
