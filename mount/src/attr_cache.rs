@@ -74,18 +74,19 @@
 //!   ([`AttrCache::forget_files`]: the removed inode is not in the
 //!   request);
 //! * **a create's answer overtaken by an invalidation**: the new inode's
-//!   number is not known before the answer, so there is no ticket: the
-//!   answer is installed only if no invalidation at all reached the mount
-//!   since the request was sent (the invalidation thread counts
-//!   (`invalidation::Epochs`) before it drops, and the count is compared
-//!   under the lock it drops under);
+//!   number is not known before the answer, so a create's ticket
+//!   ([`AttrCache::creating`]) is the count of drops so far, and the
+//!   answer is installed only if none of the drops since named the new
+//!   inode — the last [`RECENT`] are remembered, and more than that since
+//!   the ticket install nothing — checked and inserted under the lock
+//!   drops take;
 //! * **the TTL**: counted from when the request was sent, as a
 //!   directory's.
 //!
 //! Strict mounts (TTL zero) never install anything here: they ask the
 //! meta-server every time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use citronfs_core::client::ChangeGrant;
@@ -94,11 +95,14 @@ use citronfs_core::FsError;
 use fuser::ReplyAttr;
 use parking_lot::Mutex;
 
-use crate::invalidation::Sample;
 use crate::{fuse_attr, CitronFuse};
 
 /// Generations per stripe of inodes: a collision only drops an answer.
 const STRIPES: usize = 1024;
+
+/// Drops remembered for the creates in flight (see "New files" above): a
+/// create that more drops overtook installs nothing.
+const RECENT: usize = 256;
 
 /// A directory's attributes, valid until `expires`.
 #[derive(Clone, Debug)]
@@ -112,6 +116,10 @@ struct State {
     /// New regular files' attributes (see "New files" above).
     files: HashMap<Ino, Cached>,
     generations: Box<[u64; STRIPES]>,
+    /// Drops ([`AttrCache::invalidate`]) so far, and the inodes of the last
+    /// [`RECENT`] of them.
+    dropped: u64,
+    recent: VecDeque<Ino>,
 }
 
 impl State {
@@ -129,6 +137,14 @@ pub struct Ticket {
     sent: Instant,
 }
 
+/// What a create took before it was sent: the drops so far (the new
+/// inode's number is not known yet).
+#[derive(Clone, Copy, Debug)]
+pub struct CreateTicket {
+    dropped: u64,
+    sent: Instant,
+}
+
 /// The mount's granted directory attributes (see the module header).
 pub struct AttrCache {
     state: Mutex<State>,
@@ -141,6 +157,8 @@ impl Default for AttrCache {
                 attrs: HashMap::new(),
                 files: HashMap::new(),
                 generations: Box::new([0; STRIPES]),
+                dropped: 0,
+                recent: VecDeque::with_capacity(RECENT),
             }),
         }
     }
@@ -172,18 +190,25 @@ impl AttrCache {
         s.attrs.insert(ticket.ino, Cached { attr, expires });
     }
 
-    /// Installs `attr`, a regular file this mount created, granted to it
-    /// until `expires` or its release here, if `unchanged` holds (no
-    /// invalidation reached the mount since the create was sent) under the
-    /// lock invalidations drop under.
-    pub fn install_created(&self, attr: Attr, expires: Instant, unchanged: impl FnOnce() -> bool) {
-        if attr.kind != FileKind::File {
+    /// Before a create whose answer may bring a new file's attributes.
+    pub fn creating(&self) -> CreateTicket {
+        CreateTicket { dropped: self.state.lock().dropped, sent: Instant::now() }
+    }
+
+    /// Installs `attr`, a regular file this mount created with `ticket`,
+    /// granted to it for `ttl` from when the request was sent or until its
+    /// release here, unless a drop since the ticket named it (or too many
+    /// to tell came).
+    pub fn install_created(&self, ticket: CreateTicket, attr: Attr, ttl: Duration) {
+        if attr.kind != FileKind::File || ttl.is_zero() {
             return;
         }
         let mut s = self.state.lock();
-        if unchanged() {
-            s.files.insert(attr.ino, Cached { attr, expires });
+        let since = (s.dropped - ticket.dropped) as usize;
+        if since > s.recent.len() || s.recent.iter().rev().take(since).any(|i| *i == attr.ino) {
+            return;
         }
+        s.files.insert(attr.ino, Cached { attr, expires: ticket.sent + ttl });
     }
 
     /// Drops what is kept of new file `ino` (its release, or an own change
@@ -209,6 +234,11 @@ impl AttrCache {
         *s.generation(ino) += 1;
         s.attrs.remove(&ino);
         s.files.remove(&ino);
+        s.dropped += 1;
+        if s.recent.len() == RECENT {
+            s.recent.pop_front();
+        }
+        s.recent.push_back(ino);
     }
 
     /// Drops everything, and every answer in flight.
@@ -219,6 +249,9 @@ impl AttrCache {
         }
         s.attrs.clear();
         s.files.clear();
+        // No create in flight installs (more drops than remembered).
+        s.dropped += RECENT as u64 + 1;
+        s.recent.clear();
     }
 
     /// `ino`'s attributes and how long they stay valid (`None`: a new
@@ -313,17 +346,18 @@ impl CitronFuse {
         }
     }
 
-    /// A create of this mount answered a new regular file, its attributes
-    /// granted to it until its release (`grant.created`): kept, unless an
-    /// invalidation reached the mount since `before` was sampled, when the
-    /// request was sent at `sent`.
-    pub(crate) fn created(&self, attr: &Attr, grant: &ChangeGrant, sent: Instant, before: Sample) {
-        if !self.caching() || !grant.created {
-            return;
+    /// Before a create of a regular file.
+    pub(crate) fn creating(&self) -> Option<CreateTicket> {
+        self.caching().then(|| self.invalidations.attrs().creating())
+    }
+
+    /// The create of `ticket` answered a new regular file, its attributes
+    /// granted to this mount until its release (`grant.created`): kept,
+    /// unless an invalidation of it overtook the answer.
+    pub(crate) fn created(&self, ticket: Option<CreateTicket>, attr: &Attr, grant: &ChangeGrant) {
+        if let Some(t) = ticket.filter(|_| grant.created) {
+            self.invalidations.attrs().install_created(t, attr.clone(), self.options.cache_ttl);
         }
-        let expires = sent + self.options.cache_ttl;
-        let epochs = self.invalidations.epochs();
-        self.invalidations.attrs().install_created(attr.clone(), expires, || epochs.all() == before);
     }
 
     /// An own change of regular file `ino` the meta-server does not call
@@ -410,19 +444,42 @@ mod tests {
     #[test]
     fn a_new_file_is_served_until_forgotten_invalidated_or_overtaken() {
         let c = AttrCache::default();
-        let later = Instant::now() + TTL;
-        c.install_created(attr(8, FileKind::File, 1), later, || true);
+        let file = || attr(8, FileKind::File, 1);
+        c.install_created(c.creating(), file(), TTL);
         assert_eq!(c.get(Ino(8)).map(|(a, ttl)| (a.ino, ttl)), Some((Ino(8), None)));
         c.forget_file(Ino(8));
         assert!(c.get(Ino(8)).is_none());
-        c.install_created(attr(8, FileKind::File, 1), later, || true);
+        c.install_created(c.creating(), file(), TTL);
         c.invalidate(Ino(8));
         assert!(c.get(Ino(8)).is_none(), "served past a callback");
-        c.install_created(attr(8, FileKind::File, 1), later, || false);
-        assert!(c.get(Ino(8)).is_none(), "installed past an invalidation");
-        c.install_created(attr(8, FileKind::File, 1), Instant::now(), || true);
+
+        let t = c.creating();
+        c.invalidate(Ino(9));
+        c.invalidate(Ino(8));
+        c.invalidate(Ino(10));
+        c.install_created(t, file(), TTL);
+        assert!(c.get(Ino(8)).is_none(), "installed past an invalidation of it");
+        let t = c.creating();
+        for i in 0..RECENT as u64 {
+            c.invalidate(Ino(100 + i));
+        }
+        c.install_created(t, file(), TTL);
+        assert!(c.get(Ino(8)).is_some(), "others' invalidations refused it");
+        let t = c.creating();
+        for i in 0..=RECENT as u64 {
+            c.invalidate(Ino(100 + i));
+        }
+        c.install_created(t, attr(11, FileKind::File, 1), TTL);
+        assert!(c.get(Ino(11)).is_none(), "installed past more invalidations than remembered");
+        let t = c.creating();
+        c.invalidate_all();
+        c.install_created(t, attr(12, FileKind::File, 1), TTL);
+        assert!(c.get(Ino(12)).is_none(), "installed past a drop of everything");
+
+        c.install_created(c.creating(), file(), Duration::from_nanos(1));
+        std::thread::sleep(Duration::from_millis(1));
         assert!(c.get(Ino(8)).is_none(), "served expired");
-        c.install_created(attr(8, FileKind::File, 1), later, || true);
+        c.install_created(c.creating(), file(), TTL);
         c.install(c.changing(Ino(7)), dir(7, 2), TTL);
         c.forget_files();
         assert!(c.get(Ino(8)).is_none());

@@ -466,8 +466,7 @@ impl Filesystem for CitronFuse {
         self.requests.count(FuseOp::Create);
         let perm = (mode & !umask & 0o7777) as u16;
         let (who, parent, n) = (caller(req), Ino(parent.0), name(n));
-        let ticket = self.dir_changing(parent);
-        let (sent, before) = (Instant::now(), self.invalidations.epochs().all());
+        let (ticket, new) = (self.dir_changing(parent), self.creating());
         // Without O_EXCL, a name another mount created since our kernel
         // looked it up is opened, not refused.
         let exclusive = flags & libc::O_EXCL != 0;
@@ -480,7 +479,7 @@ impl Filesystem for CitronFuse {
         // release).
         let opened = opened.and_then(|o| match o.created {
             true => {
-                self.created(&o.attr, &o.granted, sent, before);
+                self.created(new, &o.attr, &o.granted);
                 Ok(o.attr)
             }
             false => self.open_existing_for_create(req, o.attr, flags),
