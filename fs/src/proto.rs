@@ -482,10 +482,13 @@ pub enum MetaResponse {
     /// [`MetaRequest::Caching`]: `answer` as without caching, and the
     /// directory's attributes after the change, granted to the changer
     /// (its kernel dropped them; the mount answers the next `GETATTR` from
-    /// these).
+    /// these). `created`: a `CreateOpen` made a new regular file, whose
+    /// attributes in `answer` are granted to the changer until its last
+    /// release of the file (meta-server `grants`, "Creators").
     ParentGranted {
         answer: Box<MetaResponse>,
         parent: Attr,
+        created: bool,
     },
     Chunks(Allocated),
     Stats(FsStats),

@@ -56,16 +56,50 @@
 //! # Creators
 //!
 //! A regular file a caching client creates with `CreateOpen` is open for
-//! writing by that client alone, so its entry and attributes could be
-//! granted to the creator (its size and times change one-sidedly only by
-//! its own writes, which its kernel sees). They are not: tried,
-//! it saved the create's `GETATTR` of the new file (create 3,516 → 4,803
-//! per s, one process, `bench meta --coherent-ttl 1`) but made every other
-//! mount's unlink of a file created within the TTL wait for the creator's
-//! acknowledgement (unlink 8,592 → 5,558 per s; 11,200 → 6,025 with four
-//! processes in private directories), in the same run. mdtest's pattern
-//! and most shared work (files made on one node, consumed and removed on
-//! another) pay that, so creators are granted nothing.
+//! writing by that client alone. Its attributes (not its entry) are
+//! granted to the creator for as long as it keeps the file open
+//! ([`Grants::grant_until_closed`], `ParentGranted::created`): the
+//! creator's mount answers its kernel's `GETATTR` of the new file — the
+//! permission check of the open that follows every create — from the
+//! create's answer instead of a round trip. The grant ends three ways:
+//!
+//! * the creator's last release of the file ([`Grants::closed`], under the
+//!   namespace mutex with the release): dropped without an invalidation.
+//!   Its mount stopped answering from it before it sent the release (it
+//!   drops the answer at *every* release of the file, mount `attr_cache`),
+//!   and its kernel never cached it (the mount hands it the ungranted TTL,
+//!   zero on a coherent mount: the mount is the cache, and the mount can
+//!   be told "until the close", a kernel cannot). So a later change by
+//!   another client — mdtest's unlink of a file made on another node —
+//!   finds no grant and waits for no one;
+//! * another client's change of the inode before that (chmod, setattr,
+//!   open for writing, link, unlink, rename over it): revoked as any
+//!   grant, and the change waits for the creator's acknowledgement, its
+//!   expiry, or its release, whichever comes first. The release ends the
+//!   wait for the same reason it ends the grant without a message (the
+//!   creator's kernel sends `RELEASE` asynchronously after `close(2)`, so
+//!   another mount's unlink can arrive before it; it then waits at most
+//!   until the release is processed);
+//! * the TTL, counted as any grant's: a creator that keeps a file open
+//!   longer answers from the meta-server after it (the mount counts the
+//!   same TTL from when it sent the request). A fenced creator's grant
+//!   stays until then (its process may still answer from it, as for every
+//!   grant of a fenced client).
+//!
+//! Changes the meta-server does not see are the creator's own — writes
+//! (verbs to the attribute slot), truncates, fallocate — and its mount
+//! drops the answer before each, and at its own setattr, link, unlink and
+//! rename (the last three change the link count without naming the inode
+//! in every case). Every other client changes the size or times only
+//! through a writing open, which revokes. The entry is not granted: the
+//! kernel caches entries itself, for a TTL it counts, so it could not be
+//! dropped at the release without a message; the create needs none (the
+//! kernel installs the new dentry from the create's answer).
+//!
+//! Granting entry and attributes for the whole TTL instead (tried before)
+//! saved the same `GETATTR` but made every other mount's unlink of a file
+//! created within the TTL wait for the creator's acknowledgement (unlink
+//! 8,592 → 5,558 per s, `bench meta --coherent-ttl 1`).
 //!
 //! # Delivery
 //!
@@ -120,6 +154,9 @@ struct Grant {
     expires: Instant,
     /// The newest invalidation queued for it and not yet acknowledged.
     revoking: Option<u64>,
+    /// A creator's grant of a new file's attributes: it ends at the
+    /// client's last release of the file (see the module header).
+    until_closed: bool,
 }
 
 /// A caching client's invalidation queue.
@@ -134,6 +171,10 @@ struct Queue {
     /// The grants revoked by each invalidation not yet acknowledged: gone
     /// from the table once it is.
     revoked: Vec<(u64, Key)>,
+    /// Invalidations not yet acknowledged whose grant ended with the
+    /// client's release of the file ([`Grants::closed`]): nobody waits
+    /// for them any more.
+    released: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -166,9 +207,22 @@ impl Grants {
     /// Records that `client`'s kernel may cache `key` for `ttl`. Called
     /// with the namespace mutex held, before the answer leaves.
     pub fn grant(&self, client: ClientId, key: Key, ttl: Duration) {
+        self.insert(client, key, ttl, false);
+    }
+
+    /// Records that the mount of `client`, which just created regular file
+    /// `ino` and has it open, may answer its attributes for `ttl` or until
+    /// the client's last release of it, whichever comes first (see
+    /// "Creators" in the module header). Called with the namespace mutex
+    /// held, before the answer leaves.
+    pub fn grant_until_closed(&self, client: ClientId, ino: Ino, ttl: Duration) {
+        self.insert(client, Invalidation::Attr(ino), ttl, true);
+    }
+
+    fn insert(&self, client: ClientId, key: Key, ttl: Duration, until_closed: bool) {
         let expires = Instant::now() + ttl + GRANT_MARGIN;
         let mut s = self.state.lock();
-        s.grants.entry(key).or_default().insert(client, Grant { expires, revoking: None });
+        s.grants.entry(key).or_default().insert(client, Grant { expires, revoking: None, until_closed });
     }
 
     /// Revokes every live grant of `keys` held by clients other than
@@ -206,8 +260,13 @@ impl Grants {
         loop {
             let now = Instant::now();
             // A client without a queue was fenced: only its grant's
-            // expiry ends the wait.
-            awaited.retain(|a| a.expires > now && s.queues.get(&a.client).is_none_or(|q| q.acked < a.number));
+            // expiry ends the wait. A creator's grant ends at its release.
+            awaited.retain(|a| {
+                a.expires > now
+                    && s.queues
+                        .get(&a.client)
+                        .is_none_or(|q| q.acked < a.number && !q.released.contains(&a.number))
+            });
             let Some(until) = awaited.iter().map(|a| a.expires).max() else { break };
             self.changed.wait_until(&mut s, until);
         }
@@ -227,6 +286,7 @@ impl Grants {
         if acked > queue.acked {
             queue.acked = acked;
             queue.pending.retain(|(n, _)| *n > acked);
+            queue.released.retain(|n| *n > acked);
             // Grants whose revocation the client has acted on are gone from
             // its kernel (unless it was granted the thing again since).
             let (done, kept): (Vec<_>, Vec<_>) = queue.revoked.drain(..).partition(|(n, _)| *n <= acked);
@@ -264,14 +324,32 @@ impl Grants {
         self.state.lock().writers.entry(ino).or_default().insert(client);
     }
 
-    /// `client` closed `ino` for the last time. Called under the namespace
-    /// mutex, with the release.
+    /// `client` closed `ino` for the last time: a creator's grant of its
+    /// attributes ends, without an invalidation, and a change waiting for
+    /// the client's acknowledgement of its revocation waits no more (see
+    /// "Creators" in the module header). Called under the namespace mutex,
+    /// with the release.
     pub fn closed(&self, client: ClientId, ino: Ino) {
         let mut s = self.state.lock();
-        if let Some(w) = s.writers.get_mut(&ino) {
+        let State { grants, queues, writers } = &mut *s;
+        if let Some(w) = writers.get_mut(&ino) {
             w.remove(&client);
             if w.is_empty() {
-                s.writers.remove(&ino);
+                writers.remove(&ino);
+            }
+        }
+        let key = Invalidation::Attr(ino);
+        let Some(holders) = grants.get_mut(&key) else { return };
+        let Some(grant) = holders.get(&client).filter(|g| g.until_closed).copied() else { return };
+        holders.remove(&client);
+        if holders.is_empty() {
+            grants.remove(&key);
+        }
+        if let (Some(n), Some(queue)) = (grant.revoking, queues.get_mut(&client)) {
+            if n > queue.acked {
+                queue.released.push(n);
+                drop(s);
+                self.changed.notify_all();
             }
         }
     }
@@ -359,5 +437,46 @@ mod tests {
         // Fenced: nothing more is queued for it.
         g.drop_client(B);
         assert_eq!(g.revoke(None, &[key]), 0);
+    }
+
+    #[test]
+    fn a_creators_grant_ends_at_its_release_without_a_message() {
+        let g = Grants::default();
+        g.writing(A, Ino(9));
+        g.grant_until_closed(A, Ino(9), Duration::from_secs(60));
+        g.grant(A, Invalidation::Attr(Ino(10)), Duration::from_secs(60));
+        g.closed(A, Ino(9));
+        g.closed(A, Ino(10));
+        assert!(!g.written(Ino(9)));
+        assert_eq!(g.len(), 1, "the creator's grant outlived its release, or a lookup's did not");
+        assert_eq!(
+            g.revoke(Some(B), &[Invalidation::Attr(Ino(9))]),
+            0,
+            "the released creator is called back"
+        );
+    }
+
+    #[test]
+    fn a_change_waiting_for_a_creator_ends_at_its_release() {
+        let g = Arc::new(Grants::default());
+        g.grant_until_closed(A, Ino(9), Duration::from_secs(60));
+        let changer = {
+            let g = g.clone();
+            std::thread::spawn(move || g.revoke(Some(B), &[Invalidation::Attr(Ino(9))]))
+        };
+        while g.state.lock().queues.get(&A).is_none_or(|q| q.pending.is_empty()) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(!changer.is_finished(), "answered before A acknowledged or released");
+        // A never acknowledges; its release (the close raced the change)
+        // ends the wait.
+        g.closed(A, Ino(9));
+        assert_eq!(changer.join().unwrap(), 1);
+        assert!(g.is_empty());
+        // The invalidation still reaches A, which acknowledges it.
+        let (through, items) = g.poll(A, 0, Duration::from_millis(1));
+        assert_eq!(items, vec![Invalidation::Attr(Ino(9))]);
+        g.poll(A, through, Duration::from_millis(1));
+        assert!(g.state.lock().queues[&A].released.is_empty());
     }
 }

@@ -1,5 +1,7 @@
-//! Directory attributes a caching mount answers `GETATTR` with itself,
-//! without a round trip to the meta-server (issue 13).
+//! Attributes a caching mount answers `GETATTR` with itself, without a
+//! round trip to the meta-server (issue 13): directories' after its own
+//! changes of them, and those of regular files it created and still has
+//! open ("New files" below).
 //!
 //! # Why
 //!
@@ -49,10 +51,42 @@
 //!   too, a removed one's link count, and their numbers are not in the
 //!   request).
 //!
+//! # New files
+//!
+//! The attributes of a regular file this mount created are kept too, from
+//! the create's answer, while the meta-server grants them to it as their
+//! creator (meta-server `grants`, "Creators"): the kernel asks `GETATTR`
+//! of every new file (its permission check in the open that follows the
+//! create, the attributes' TTL being zero), and is answered from here,
+//! with TTL zero still — the kernel never caches them, so dropping them
+//! here is all it takes to stop answering them. Each case:
+//!
+//! * **the creator's release**: the grant ends at this client's last
+//!   release of the file, without a callback; the mount drops the
+//!   attributes at *every* release of the file here
+//!   ([`AttrCache::forget_file`]), before the release reaches the
+//!   meta-server;
+//! * **another mount's change**: called back, as a directory's;
+//! * **a change the meta-server does not see or does not call this mount
+//!   back for** — its own write, fallocate, setattr, open, link (the size,
+//!   times or link count change) — drops them before or after it, before
+//!   its reply; its own unlink, rename or rmdir drops every file's
+//!   ([`AttrCache::forget_files`]: the removed inode is not in the
+//!   request);
+//! * **a create's answer overtaken by an invalidation**: the new inode's
+//!   number is not known before the answer, so a create's ticket
+//!   ([`AttrCache::creating`]) is the count of drops so far, and the
+//!   answer is installed only if none of the drops since named the new
+//!   inode — the last [`RECENT`] are remembered, and more than that since
+//!   the ticket install nothing — checked and inserted under the lock
+//!   drops take;
+//! * **the TTL**: counted from when the request was sent, as a
+//!   directory's.
+//!
 //! Strict mounts (TTL zero) never install anything here: they ask the
 //! meta-server every time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use citronfs_core::client::ChangeGrant;
@@ -66,6 +100,10 @@ use crate::{fuse_attr, CitronFuse};
 /// Generations per stripe of inodes: a collision only drops an answer.
 const STRIPES: usize = 1024;
 
+/// Drops remembered for the creates in flight (see "New files" above): a
+/// create that more drops overtook installs nothing.
+const RECENT: usize = 256;
+
 /// A directory's attributes, valid until `expires`.
 #[derive(Clone, Debug)]
 struct Cached {
@@ -75,7 +113,13 @@ struct Cached {
 
 struct State {
     attrs: HashMap<Ino, Cached>,
+    /// New regular files' attributes (see "New files" above).
+    files: HashMap<Ino, Cached>,
     generations: Box<[u64; STRIPES]>,
+    /// Drops ([`AttrCache::invalidate`]) so far, and the inodes of the last
+    /// [`RECENT`] of them.
+    dropped: u64,
+    recent: VecDeque<Ino>,
 }
 
 impl State {
@@ -93,6 +137,14 @@ pub struct Ticket {
     sent: Instant,
 }
 
+/// What a create took before it was sent: the drops so far (the new
+/// inode's number is not known yet).
+#[derive(Clone, Copy, Debug)]
+pub struct CreateTicket {
+    dropped: u64,
+    sent: Instant,
+}
+
 /// The mount's granted directory attributes (see the module header).
 pub struct AttrCache {
     state: Mutex<State>,
@@ -100,7 +152,15 @@ pub struct AttrCache {
 
 impl Default for AttrCache {
     fn default() -> Self {
-        Self { state: Mutex::new(State { attrs: HashMap::new(), generations: Box::new([0; STRIPES]) }) }
+        Self {
+            state: Mutex::new(State {
+                attrs: HashMap::new(),
+                files: HashMap::new(),
+                generations: Box::new([0; STRIPES]),
+                dropped: 0,
+                recent: VecDeque::with_capacity(RECENT),
+            }),
+        }
     }
 }
 
@@ -130,6 +190,42 @@ impl AttrCache {
         s.attrs.insert(ticket.ino, Cached { attr, expires });
     }
 
+    /// Before a create whose answer may bring a new file's attributes.
+    pub fn creating(&self) -> CreateTicket {
+        CreateTicket { dropped: self.state.lock().dropped, sent: Instant::now() }
+    }
+
+    /// Installs `attr`, a regular file this mount created with `ticket`,
+    /// granted to it for `ttl` from when the request was sent or until its
+    /// release here, unless a drop since the ticket named it (or too many
+    /// to tell came).
+    pub fn install_created(&self, ticket: CreateTicket, attr: Attr, ttl: Duration) {
+        if attr.kind != FileKind::File || ttl.is_zero() {
+            return;
+        }
+        let mut s = self.state.lock();
+        let since = (s.dropped - ticket.dropped) as usize;
+        if since > s.recent.len() || s.recent.iter().rev().take(since).any(|i| *i == attr.ino) {
+            return;
+        }
+        s.files.insert(attr.ino, Cached { attr, expires: ticket.sent + ttl });
+    }
+
+    /// Drops what is kept of new file `ino` (its release, or an own change
+    /// of its size, times or mode).
+    pub fn forget_file(&self, ino: Ino) {
+        let mut s = self.state.lock();
+        if !s.files.is_empty() {
+            s.files.remove(&ino);
+        }
+    }
+
+    /// Drops what is kept of every new file (an own unlink: the removed
+    /// inode is not in the request).
+    pub fn forget_files(&self) {
+        self.state.lock().files.clear();
+    }
+
     /// Drops `ino`'s attributes, and every answer in flight that would
     /// install them (a callback from the meta-server, or an own change
     /// whose answer does not carry them).
@@ -137,6 +233,12 @@ impl AttrCache {
         let mut s = self.state.lock();
         *s.generation(ino) += 1;
         s.attrs.remove(&ino);
+        s.files.remove(&ino);
+        s.dropped += 1;
+        if s.recent.len() == RECENT {
+            s.recent.pop_front();
+        }
+        s.recent.push_back(ino);
     }
 
     /// Drops everything, and every answer in flight.
@@ -146,26 +248,37 @@ impl AttrCache {
             *g += 1;
         }
         s.attrs.clear();
+        s.files.clear();
+        // No create in flight installs (more drops than remembered).
+        s.dropped += RECENT as u64 + 1;
+        s.recent.clear();
     }
 
-    /// `ino`'s attributes and how long they stay valid, if held and not
-    /// expired.
-    pub fn get(&self, ino: Ino) -> Option<(Attr, Duration)> {
+    /// `ino`'s attributes and how long they stay valid (`None`: a new
+    /// file's, valid for this one answer only), if held and not expired.
+    pub fn get(&self, ino: Ino) -> Option<(Attr, Option<Duration>)> {
         let now = Instant::now();
         let mut s = self.state.lock();
-        match s.attrs.get(&ino) {
-            Some(c) if c.expires > now => Some((c.attr.clone(), c.expires - now)),
-            Some(_) => {
-                s.attrs.remove(&ino);
-                None
+        if let Some(c) = s.attrs.get(&ino) {
+            if c.expires > now {
+                return Some((c.attr.clone(), Some(c.expires - now)));
             }
-            None => None,
+            s.attrs.remove(&ino);
         }
+        if let Some(c) = s.files.get(&ino) {
+            if c.expires > now {
+                return Some((c.attr.clone(), None));
+            }
+            s.files.remove(&ino);
+        }
+        None
     }
 
-    /// Directories held now, expired ones included (tests, diagnostics).
+    /// Directories and new files held now, expired ones included (tests,
+    /// diagnostics).
     pub fn len(&self) -> usize {
-        self.state.lock().attrs.len()
+        let s = self.state.lock();
+        s.attrs.len() + s.files.len()
     }
 }
 
@@ -226,10 +339,41 @@ impl CitronFuse {
     pub(crate) fn getattr_kept(&self, ino: Ino, reply: ReplyAttr) -> Option<ReplyAttr> {
         match self.caching().then(|| self.invalidations.attrs().get(ino)).flatten() {
             Some((attr, ttl)) => {
-                reply.attr(&ttl, &fuse_attr(&attr));
+                reply.attr(&ttl.unwrap_or(self.options.attr_ttl), &fuse_attr(&attr));
                 None
             }
             None => Some(reply),
+        }
+    }
+
+    /// Before a create of a regular file.
+    pub(crate) fn creating(&self) -> Option<CreateTicket> {
+        self.caching().then(|| self.invalidations.attrs().creating())
+    }
+
+    /// The create of `ticket` answered a new regular file, its attributes
+    /// granted to this mount until its release (`grant.created`): kept,
+    /// unless an invalidation of it overtook the answer.
+    pub(crate) fn created(&self, ticket: Option<CreateTicket>, attr: &Attr, grant: &ChangeGrant) {
+        if let Some(t) = ticket.filter(|_| grant.created) {
+            self.invalidations.attrs().install_created(t, attr.clone(), self.options.cache_ttl);
+        }
+    }
+
+    /// An own change of regular file `ino` the meta-server does not call
+    /// this mount back for (a write, a fallocate, an open, a release): what
+    /// is kept of it as a new file goes.
+    pub(crate) fn file_changing(&self, ino: Ino) {
+        if self.caching() {
+            self.invalidations.attrs().forget_file(ino);
+        }
+    }
+
+    /// An own unlink answered: what is kept of every new file goes (the
+    /// removed inode may be one; the request does not say).
+    pub(crate) fn forget_files(&self) {
+        if self.caching() {
+            self.invalidations.attrs().forget_files();
         }
     }
 }
@@ -295,5 +439,50 @@ mod tests {
         assert!(c.get(Ino(8)).is_none());
         c.install(c.changing(Ino(9)), dir(9, 2), Duration::ZERO);
         assert!(c.get(Ino(9)).is_none());
+    }
+
+    #[test]
+    fn a_new_file_is_served_until_forgotten_invalidated_or_overtaken() {
+        let c = AttrCache::default();
+        let file = || attr(8, FileKind::File, 1);
+        c.install_created(c.creating(), file(), TTL);
+        assert_eq!(c.get(Ino(8)).map(|(a, ttl)| (a.ino, ttl)), Some((Ino(8), None)));
+        c.forget_file(Ino(8));
+        assert!(c.get(Ino(8)).is_none());
+        c.install_created(c.creating(), file(), TTL);
+        c.invalidate(Ino(8));
+        assert!(c.get(Ino(8)).is_none(), "served past a callback");
+
+        let t = c.creating();
+        c.invalidate(Ino(9));
+        c.invalidate(Ino(8));
+        c.invalidate(Ino(10));
+        c.install_created(t, file(), TTL);
+        assert!(c.get(Ino(8)).is_none(), "installed past an invalidation of it");
+        let t = c.creating();
+        for i in 0..RECENT as u64 {
+            c.invalidate(Ino(100 + i));
+        }
+        c.install_created(t, file(), TTL);
+        assert!(c.get(Ino(8)).is_some(), "others' invalidations refused it");
+        let t = c.creating();
+        for i in 0..=RECENT as u64 {
+            c.invalidate(Ino(100 + i));
+        }
+        c.install_created(t, attr(11, FileKind::File, 1), TTL);
+        assert!(c.get(Ino(11)).is_none(), "installed past more invalidations than remembered");
+        let t = c.creating();
+        c.invalidate_all();
+        c.install_created(t, attr(12, FileKind::File, 1), TTL);
+        assert!(c.get(Ino(12)).is_none(), "installed past a drop of everything");
+
+        c.install_created(c.creating(), file(), Duration::from_nanos(1));
+        std::thread::sleep(Duration::from_millis(1));
+        assert!(c.get(Ino(8)).is_none(), "served expired");
+        c.install_created(c.creating(), file(), TTL);
+        c.install(c.changing(Ino(7)), dir(7, 2), TTL);
+        c.forget_files();
+        assert!(c.get(Ino(8)).is_none());
+        assert!(c.get(Ino(7)).is_some(), "an own unlink dropped a directory's attributes");
     }
 }

@@ -189,6 +189,8 @@ impl Filesystem for CitronFuse {
         let ticket = self.dir_changing(Ino(parent.0));
         let r = self.client.unlink_granted(caller(req), Ino(parent.0), name(n));
         self.dir_changed(ticket, r.as_ref().ok());
+        // The removed file's link count changed: not kept as a new file.
+        self.forget_files();
         done(reply, r.map(drop))
     }
 
@@ -244,6 +246,7 @@ impl Filesystem for CitronFuse {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         self.requests.count(FuseOp::Open);
+        self.file_changing(Ino(ino.0));
         // One round trip: the meta-server's Open refuses directories (EISDIR)
         // itself, and the kernel opens devices, fifos and sockets without us.
         match self.open_fh(caller(req), Ino(ino.0), flags.0) {
@@ -295,6 +298,8 @@ impl Filesystem for CitronFuse {
         if write_flags.contains(WriteFlags::FUSE_WRITE_CACHE) {
             self.coherence.cached(Ino(ino.0)); // written back from a mapping
         }
+        // Its size and times change one-sidedly.
+        self.file_changing(Ino(ino.0));
         // The kernel sets this on every direct write by a process without
         // CAP_FSETID and clears nothing itself (see `setid`).
         let groups = || setid::groups_of(req.pid(), req.uid(), req.gid());
@@ -317,7 +322,7 @@ impl Filesystem for CitronFuse {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
@@ -327,6 +332,9 @@ impl Filesystem for CitronFuse {
         // Counted once done (the others as they arrive): the kernel sends a
         // release after close(2) returns, and whoever counts waits for it.
         let _counted = self.requests.on_drop(FuseOp::Release);
+        // A new file's attributes are granted until the release reaches the
+        // meta-server: no longer answered from here from now on.
+        self.file_changing(Ino(ino.0));
         let open = self.open_files.lock().remove(&fh.0);
         self.posix_owners.lock().remove(&fh.0);
         match open {
@@ -469,16 +477,22 @@ impl Filesystem for CitronFuse {
         self.requests.count(FuseOp::Create);
         let perm = (mode & !umask & 0o7777) as u16;
         let (who, parent, n) = (caller(req), Ino(parent.0), name(n));
-        let ticket = self.dir_changing(parent);
+        let (ticket, new) = (self.dir_changing(parent), self.creating());
         // Without O_EXCL, a name another mount created since our kernel
         // looked it up is opened, not refused.
         let exclusive = flags & libc::O_EXCL != 0;
         let opened = self.client.create_or_open(who, parent, n, perm, exclusive);
         self.dir_changed(ticket, opened.as_ref().ok().map(|o| &o.granted));
-        // A new file is not granted to its creator (meta-server `grants`,
-        // "Creators"): its attributes get the ungranted TTL.
+        // A new file's attributes are granted to this mount, its creator,
+        // until its release (meta-server `grants`, "Creators"): kept here to
+        // answer the kernel's GETATTR that follows (`attr_cache`), while
+        // the kernel gets the ungranted TTL (it could not be told of the
+        // release).
         let opened = opened.and_then(|o| match o.created {
-            true => Ok(o.attr),
+            true => {
+                self.created(new, &o.attr, &o.granted);
+                Ok(o.attr)
+            }
             false => self.open_existing_for_create(req, o.attr, flags),
         });
         let r = opened.map(|a| (self.track_open(a.ino, flags), a));
@@ -564,6 +578,7 @@ impl Filesystem for CitronFuse {
         reply: ReplyEmpty,
     ) {
         self.requests.count(FuseOp::Fallocate);
+        self.file_changing(Ino(ino.0));
         let keep_size = match mode {
             0 => false,
             libc::FALLOC_FL_KEEP_SIZE => true,

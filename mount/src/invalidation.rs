@@ -131,7 +131,8 @@ impl Epochs {
 #[derive(Default)]
 struct Shared {
     epochs: Epochs,
-    /// Directory attributes the mount answers `GETATTR` with itself.
+    /// Directory and new files' attributes the mount answers `GETATTR`
+    /// with itself.
     attrs: AttrCache,
     /// Test hook: the thread polls and notifies nothing while set, as if
     /// the mount's process were stopped.
@@ -166,8 +167,9 @@ impl InvalidationControl {
         &self.0.attrs
     }
 
-    /// Directories whose attributes the mount answers `GETATTR` with
-    /// itself now, expired ones included (tests, diagnostics).
+    /// Directories and new files whose attributes the mount answers
+    /// `GETATTR` with itself now, expired ones included (tests,
+    /// diagnostics).
     pub fn local_attrs(&self) -> usize {
         self.0.attrs.len()
     }

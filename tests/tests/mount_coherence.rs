@@ -16,7 +16,7 @@
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
 use citronfs_core::rpc_counts::{MetaKind, RpcCounts};
@@ -499,11 +499,12 @@ fn a_directory_changed_on_either_mount_is_seen_at_once_by_the_other(mode: Mode) 
 /// dropped the attributes after the previous create), which the mount
 /// answers from the previous create's answer; then a negative `LOOKUP` of
 /// the name, the create itself, the kernel's `GETATTR` of the new file
-/// (not granted to its creator: meta-server `grants`, "Creators"), and the
-/// close's release: four calls. A `stat` of the directory then costs
-/// nothing, and one of the new file at most one call.
+/// (answered by the mount: the file's attributes are granted to its
+/// creator until its release, meta-server `grants`, "Creators"), and the
+/// close's release: three calls. A `stat` of the directory then costs
+/// nothing, and one of the new file (no longer granted) at most one call.
 #[test]
-fn a_cached_create_costs_four_calls_and_the_stat_of_its_directory_none() {
+fn a_cached_create_costs_three_calls_and_the_stat_of_its_directory_none() {
     let (_c, a, _b) = cluster(Mode::Cached(LONG_TTL));
     fs::create_dir(a.path("d")).unwrap();
     fs::metadata(a.path("d")).unwrap();
@@ -518,7 +519,7 @@ fn a_cached_create_costs_four_calls_and_the_stat_of_its_directory_none() {
         let released = close(&a, f);
         let spent = opened.operations() + released.operations();
         assert!(
-            spent <= 4,
+            spent <= 3,
             "round {round}: a create and close sent {spent} calls: {} then {}",
             opened.describe(),
             released.describe()
@@ -538,4 +539,72 @@ fn a_cached_create_costs_four_calls_and_the_stat_of_its_directory_none() {
             calls.describe()
         );
     }
+}
+
+/// A created file's attributes are granted to its creator only while it
+/// has the file open (meta-server `grants`, "Creators"): the kernel's
+/// `GETATTR` of a new file (its permission check in the open that follows
+/// the create, an `fstat`) is answered by the creating mount alone; a
+/// change on another mount while the file is open is seen by the
+/// creator's very next `fstat`; and once the creator closed the file, the
+/// other mount's unlink of it calls the creator back for nothing — nor
+/// does one that comes while the file is still open wait past the
+/// creator's close, even if the creator never acknowledges.
+#[test]
+fn a_creator_answers_the_attributes_of_its_new_file_until_its_close_and_no_longer() {
+    let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    fs::create_dir(a.path("d")).unwrap();
+    fs::metadata(a.path("d")).unwrap();
+    close(&a, fs::File::create(a.path("d/warm")).unwrap());
+
+    // Created and open on A: A answers its GETATTRs, until B's chmod.
+    let calls = a.client.rpc_counts();
+    let f = fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(a.path("d/f")).unwrap();
+    let opened = a.client.rpc_counts() - calls;
+    assert!(opened.operations() <= 2, "the create of d/f sent {}", opened.describe());
+    let (getattrs, calls) = (a.requests.snapshot().get(FuseOp::GetAttr), a.client.rpc_counts());
+    assert_eq!(f.metadata().unwrap().permissions().mode() & 0o7777, 0o644);
+    let spent = a.client.rpc_counts() - calls;
+    assert!(a.requests.snapshot().get(FuseOp::GetAttr) > getattrs, "the kernel asked no GETATTR of d/f");
+    assert_eq!(spent.operations(), 0, "the fstat of an open new file sent {}", spent.describe());
+    fs::set_permissions(b.path("d/f"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(f.metadata().unwrap().permissions().mode() & 0o7777, 0o600, "A's fstat after B's chmod");
+    close(&a, f);
+
+    // Created, checked and closed on A: three calls in all.
+    let calls = a.client.rpc_counts();
+    let g = fs::OpenOptions::new().write(true).create_new(true).open(a.path("d/g")).unwrap();
+    assert_eq!(g.metadata().unwrap().len(), 0);
+    let spent = (a.client.rpc_counts() - calls).operations() + close(&a, g).operations();
+    assert!(spent <= 3, "a create, fstat and close sent {spent} calls");
+
+    // B's change of d calls A's grant of d's attributes back (A's
+    // creates were granted them); after that A holds nothing of d's names.
+    close(&b, fs::File::create(b.path("d/x")).unwrap());
+    let delivered = a.invalidations.delivered();
+    fs::remove_file(b.path("d/g")).unwrap();
+    fs::remove_file(b.path("d/f")).unwrap();
+    assert_eq!(
+        a.invalidations.delivered(),
+        delivered,
+        "B's unlinks of files A created and closed called A back"
+    );
+
+    // Open on A, whose invalidation thread is stalled: B's unlink waits
+    // for A (it may not answer while A answers the old attributes), and
+    // A's close ends the wait, long before the grant's minute.
+    let h = fs::File::create(a.path("d/h")).unwrap();
+    close(&b, fs::File::create(b.path("d/y")).unwrap());
+    a.invalidations.stall(true);
+    let _hang = b.watchdog(LONG_TTL / 2);
+    std::thread::scope(|s| {
+        let unlink = s.spawn(|| fs::remove_file(b.path("d/h")).unwrap());
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!unlink.is_finished(), "B's unlink did not wait for the creator, which has d/h open");
+        close(&a, h);
+        unlink.join().unwrap();
+    });
+    a.invalidations.stall(false);
+    assert!(missing(&a, "d/h") && missing(&b, "d/h"));
+    all_closed(&c);
 }

@@ -79,6 +79,10 @@ pub struct ChangeGrant {
     /// The directory's attributes after the change, granted for the
     /// client's TTL from about when the request was sent.
     pub parent: Option<Attr>,
+    /// A created regular file's attributes (in the answer) are granted
+    /// until this client's last release of the file, or a callback of
+    /// them, and for the TTL at most (meta-server `grants`, "Creators").
+    pub created: bool,
 }
 
 /// How long a last release waits for the calls that use the file's lock
@@ -228,7 +232,9 @@ fn granted(r: MetaResponse) -> Result<(Attr, Grant), FsError> {
 /// and what it granted.
 fn change_answer(r: MetaResponse) -> (MetaResponse, ChangeGrant) {
     match r {
-        MetaResponse::ParentGranted { answer, parent } => (*answer, ChangeGrant { parent: Some(parent) }),
+        MetaResponse::ParentGranted { answer, parent, created } => {
+            (*answer, ChangeGrant { parent: Some(parent), created })
+        }
         other => (other, ChangeGrant::default()),
     }
 }

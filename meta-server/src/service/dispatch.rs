@@ -81,7 +81,8 @@ impl MetaService {
     /// What a change of `dir`'s entries answers a caching changer: the
     /// directory's attributes after it, granted to the changer (whose
     /// grant a change never revokes, [`Grants::revoke`]), with `answer`;
-    /// `created`: what of a created inode the changer was granted. Called
+    /// `created`: the created file's attributes in `answer` were granted to
+    /// the changer until its release ([`crate::grants`], "Creators"). Called
     /// with the namespace mutex held, as [`Self::granted`], so a change of
     /// `dir` by another client either came before (and is in the answer)
     /// or comes after and revokes this grant.
@@ -93,11 +94,12 @@ impl MetaService {
         caching: Option<(ClientId, Duration)>,
         dir: Ino,
         answer: MetaResponse,
+        created: bool,
     ) -> MetaResponse {
         let Some((client, ttl)) = caching else { return answer };
         let Ok(parent) = ns.attr(dir) else { return answer };
         self.grants.grant(client, Invalidation::Attr(dir), ttl);
-        MetaResponse::ParentGranted { answer: Box::new(answer), parent }
+        MetaResponse::ParentGranted { answer: Box::new(answer), parent, created }
     }
 
     /// What a `ReadDirPlus` answers: entries of `dir` after cookie `after`,
@@ -273,7 +275,7 @@ impl MetaService {
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 changed.keys.push(AttrOf(parent));
-                self.with_parent(&ns, caching, parent, A::Attr(attr))
+                self.with_parent(&ns, caching, parent, A::Attr(attr), false)
             }
             R::Symlink { caller, parent, name, target } => {
                 let new =
@@ -282,7 +284,7 @@ impl MetaService {
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 changed.keys.push(AttrOf(parent));
-                self.with_parent(&ns, caching, parent, A::Attr(attr))
+                self.with_parent(&ns, caching, parent, A::Attr(attr), false)
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
             R::Link { caller, ino, new_parent, new_name } => {
@@ -300,7 +302,7 @@ impl MetaService {
                 ns.unlink(parent, &name)?;
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
-                self.with_parent(&ns, caching, parent, A::Done)
+                self.with_parent(&ns, caching, parent, A::Done, false)
             }
             R::Rmdir { caller, parent, name } => {
                 let mut ns = self.ns.lock();
@@ -311,7 +313,7 @@ impl MetaService {
                 ns.rmdir(parent, &name)?;
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
-                self.with_parent(&ns, caching, parent, A::Done)
+                self.with_parent(&ns, caching, parent, A::Done, false)
             }
             R::Rename { caller, parent, name, new_parent, new_name, flags } => {
                 let mut ns = self.ns.lock();
@@ -364,8 +366,6 @@ impl MetaService {
                     }
                     Err(e) => return Err(e),
                 };
-                // A new file's entry and attributes are not granted to its
-                // creator ([`crate::grants`], "Creators").
                 if let A::Opened(attr, _) | A::OpenedExisting(attr, _) = &opened {
                     // Pushed before the answer leaves (a NIC holds a verb that
                     // outruns its grant).
@@ -374,7 +374,15 @@ impl MetaService {
                     self.grants.writing(client, attr.ino);
                     changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
                 }
-                self.with_parent(&ns, caching, parent, opened)
+                let mut created = false;
+                if let (A::Opened(attr, _), Some((creator, ttl))) = (&opened, caching) {
+                    // The new file's attributes, granted to its creator, its
+                    // only opener, until its release ([`crate::grants`],
+                    // "Creators"; after `writing`, which grants nothing).
+                    self.grants.grant_until_closed(creator, attr.ino, ttl);
+                    created = true;
+                }
+                self.with_parent(&ns, caching, parent, opened, created)
             }
             R::KillSuidGid { ino, groups } => {
                 // Sent by a writer in the middle of its write: its kernel
