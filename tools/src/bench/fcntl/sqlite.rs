@@ -126,6 +126,17 @@ pub fn run(
     journal: JournalMode,
 ) -> Result<SqliteRun> {
     let db = |w: usize| dirs[w % dirs.len()].join(name);
+    // A database left by an earlier run (a peer's mount outlives the bench)
+    // would fail the CREATE: start from nothing.
+    for suffix in ["", "-journal", "-wal", "-shm"] {
+        let stale = dirs[0].join(format!("{name}{suffix}"));
+        match std::fs::remove_file(&stale) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", stale.display()))
+            }
+            _ => {}
+        }
+    }
     query(
         &db(0),
         "CREATE TABLE rows(worker INTEGER NOT NULL, seq INTEGER NOT NULL, pad TEXT NOT NULL, \
