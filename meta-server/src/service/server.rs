@@ -59,7 +59,10 @@ pub struct CitronTreeState {
 /// A running meta-server. Dropping it stops it.
 pub struct MetaServer {
     rpc: RpcServer<Arc<MetaService>>,
-    _lock_host: LockHost,
+    /// Stopped before the NIC in [`MetaServer::shutdown`]: its ShiftLock
+    /// recovery thread has a mailbox on the NIC, through which it is told
+    /// to stop.
+    lock_host: Option<LockHost>,
     /// The Citron tree host and its RPC service (with `grow_trees`), and the
     /// bytes of its arena.
     trees: Option<(Arc<LockMemoryHost>, TreeHostServer, u64)>,
@@ -379,7 +382,7 @@ impl MetaServer {
             reaper: Some(reaper),
             prober: Some(prober),
             tuner: Some(tuner),
-            _lock_host: lock_host,
+            lock_host: Some(lock_host),
             _range_server: range_server,
             trees,
         })
@@ -493,6 +496,7 @@ impl MetaServer {
         if let Some((_, server, _)) = self.trees.as_mut() {
             server.shutdown();
         }
+        drop(self.lock_host.take());
         self.nic.shutdown();
         if let Some(r) = self.reaper.take() {
             let _ = r.join();
