@@ -164,6 +164,12 @@ pub struct FcntlArgs {
     /// DRAM of each cluster's data server (as `citronfs mount`'s default).
     #[arg(long, default_value = "1GiB")]
     capacity: ByteSize,
+    /// Seconds the citronfs mounts' kernels may cache entries and
+    /// attributes, granted by the meta-server and called back on change
+    /// (the mounts' `--cache-ttl`: coherent); 0, the default, caches
+    /// nothing.
+    #[arg(long, default_value_t = 0.0)]
+    cache_ttl: f64,
     /// Directory for fcntl*.csv and fcntl.png.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
@@ -753,8 +759,13 @@ pub fn run(args: FcntlArgs) -> Result<()> {
     for &backend in &args.backends {
         for &range in &args.range_locks {
             let label = format!("{range}/{}", backend_name(backend));
-            let cluster = Cluster::start(range, backend, args.threads, MOUNTS, args.capacity.0, None)
-                .with_context(|| format!("starting the {label} cluster"))?;
+            let caching = Caching {
+                cache_ttl: Duration::try_from_secs_f64(args.cache_ttl).context("--cache-ttl")?,
+                ..Caching::default()
+            };
+            let cluster =
+                Cluster::start_caching(range, backend, args.threads, MOUNTS, args.capacity.0, None, caching)
+                    .with_context(|| format!("starting the {label} cluster"))?;
             std::fs::write(cluster.dirs[0].join(LOCK_FILE), b"")
                 .with_context(|| format!("{label}: creating {LOCK_FILE}"))?;
             let steps = measure_steps(&exe, &cluster, lock, args.steps, &label)?;
