@@ -219,6 +219,40 @@ fn batches_execute_in_order_with_one_round_trip() {
     });
 }
 
+/// Writes from the caller's slices (the file system's data path) land as
+/// a batch of `Write` verbs would: in order, one round trip, each counted,
+/// and a bad one fails alone.
+#[test]
+fn slice_writes_are_a_batch_of_writes() {
+    on_each_backend(|b, ep| {
+        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        let small = [7u8; 100];
+        let before = ep.counts();
+        let written = ep
+            .write_slices(&[
+                (at(0), &big),
+                (at(REGION_LEN - 8), &small),
+                (at(300_000), &small),
+                (at(300_050), &[9u8; 8]),
+            ])
+            .unwrap();
+        assert_eq!(written[0], Ok(()), "{b:?}");
+        assert!(matches!(written[1], Err(VerbError::OutOfBounds { .. })), "{b:?}: {:?}", written[1]);
+        assert_eq!((written[2].clone(), written[3].clone()), (Ok(()), Ok(())), "{b:?}");
+        let d = ep.counts() - before;
+        assert_eq!(d.round_trips, 1, "{b:?}: slice writes are one round trip");
+        assert_eq!(d.get(VerbKind::Write), 4, "{b:?}");
+        let mut back = vec![0u8; big.len()];
+        ep.read(at(0), &mut back).unwrap();
+        assert!(back == big, "{b:?}: the big write reads back wrong");
+        let mut back = [0u8; 100];
+        ep.read(at(300_000), &mut back).unwrap();
+        assert_eq!(&back[..50], &small[..50], "{b:?}");
+        assert_eq!(&back[50..58], &[9u8; 8], "{b:?}: the later write lands after the earlier one");
+        assert_eq!(&back[58..], &small[58..], "{b:?}");
+    });
+}
+
 #[test]
 fn large_pipelined_batches_do_not_deadlock() {
     on_each_backend(|b, ep| {

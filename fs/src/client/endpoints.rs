@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use citron_lock::range_lock::RangeLockSite;
 use citron_lock::rdma::{
-    Endpoint, IbDevice, IbFabric, Node, TcpOptions, Verb, VerbCounts, VerbError, VerbReply,
+    Endpoint, IbDevice, IbFabric, Node, RemoteAddr, TcpOptions, TransportError, Verb, VerbCounts, VerbError,
+    VerbReply,
 };
 
 use super::{reachable, unexpected, FsClient, Transport};
@@ -214,15 +215,45 @@ impl FsClient {
         until: Option<Instant>,
         stop_point: Option<super::stop_hook::Holding>,
     ) -> Result<Option<Vec<(usize, VerbReply)>>, FsError> {
-        let mut by_server: HashMap<DataServerId, (Vec<Verb>, Vec<usize>)> = HashMap::new();
-        for (s, v, tag) in verbs {
-            let e = by_server.entry(s).or_default();
-            e.0.push(v);
+        self.post_grouped(eps, verbs, until, stop_point, |ep, verbs| ep.execute(verbs))
+    }
+
+    /// [`FsClient::execute_grouped`] of writes whose bytes stay in the
+    /// caller's buffer ([`Endpoint::write_slices`]: not copied into verbs
+    /// on shm). Each answer is [`VerbReply::Written`].
+    pub(super) fn write_grouped(
+        &self,
+        eps: &mut Endpoints,
+        writes: Vec<(DataServerId, DataWrite<'_>, usize)>,
+        until: Option<Instant>,
+        stop_point: Option<super::stop_hook::Holding>,
+    ) -> Result<Option<Vec<(usize, VerbReply)>>, FsError> {
+        self.post_grouped(eps, writes, until, stop_point, |ep, writes| {
+            let written = ep.write_slices(writes)?;
+            Ok(written.into_iter().map(|w| w.map(|()| VerbReply::Written)).collect())
+        })
+    }
+
+    /// The batching, lease check and identity check of
+    /// [`FsClient::execute_grouped`], for any kind of item `post` sends as
+    /// one batch to one data server's endpoint.
+    fn post_grouped<T>(
+        &self,
+        eps: &mut Endpoints,
+        items: Vec<(DataServerId, T, usize)>,
+        until: Option<Instant>,
+        stop_point: Option<super::stop_hook::Holding>,
+        post: impl Fn(&Endpoint, &[T]) -> Result<Vec<Result<VerbReply, VerbError>>, TransportError>,
+    ) -> Result<Option<Vec<(usize, VerbReply)>>, FsError> {
+        let mut by_server: HashMap<DataServerId, (Vec<T>, Vec<usize>)> = HashMap::new();
+        for (s, item, tag) in items {
+            let e = by_server.entry(s).or_insert_with(|| (Vec::new(), Vec::new()));
+            e.0.push(item);
             e.1.push(tag);
         }
         let mut out = Vec::new();
         let identity = eps.identity;
-        for (server, (verbs, tags)) in by_server {
+        for (server, (batch, tags)) in by_server {
             let ep = match eps.data.entry(server) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => e.insert(self.data_endpoint(server)?),
@@ -238,7 +269,7 @@ impl FsClient {
             // Last, after the endpoint's connection was opened and any stop
             // point, right before its verbs.
             self.same_identity(identity)?;
-            let replies = ep.execute(&verbs)?;
+            let replies = post(ep, &batch)?;
             for (r, tag) in replies.into_iter().zip(tags) {
                 out.push((tag, r.map_err(|e| data_verb_error(server, e))?));
             }
@@ -275,6 +306,10 @@ impl FsClient {
         c
     }
 }
+
+/// Bytes of the caller's buffer to write at an address of a data server
+/// ([`FsClient::write_grouped`]).
+pub(super) type DataWrite<'a> = (RemoteAddr, &'a [u8]);
 
 /// A data verb a data server refused: `ENOSPC` when its memory ran out
 /// (its shm file system filled up under it), EIO otherwise.

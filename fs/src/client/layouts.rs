@@ -283,7 +283,7 @@ impl FsClient {
                 layout = self.layout(ino)?;
             }
         }
-        let mut verbs = Vec::with_capacity(pieces.len());
+        let mut writes = Vec::with_capacity(pieces.len());
         let mut too_small = Vec::new();
         {
             let l = layout.read();
@@ -297,11 +297,7 @@ impl FsClient {
                     continue;
                 }
                 let bytes = &data[p.buf_offset as usize..(p.buf_offset + p.len) as usize];
-                verbs.push((
-                    loc.server,
-                    Verb::Write { addr: loc.addr + p.offset_in_chunk, data: bytes.to_vec() },
-                    i,
-                ));
+                writes.push((loc.server, (loc.addr + p.offset_in_chunk, bytes), i));
             }
         }
         if !too_small.is_empty() {
@@ -311,7 +307,7 @@ impl FsClient {
             return Ok(Written::NeedsGrowth);
         }
         let stop_point = Some(super::stop_hook::Holding::RangeChecked);
-        match self.execute_grouped(eps, verbs, until, stop_point)? {
+        match self.write_grouped(eps, writes, until, stop_point)? {
             Some(_) => Ok(Written::Done(layout)),
             None => Ok(Written::HoldExpired),
         }

@@ -491,6 +491,42 @@ impl Endpoint {
         Ok(out)
     }
 
+    /// Writes each `(addr, bytes)` of `writes`, in order, with one wait, as
+    /// [`Endpoint::execute`] of [`Verb::Write`]s would, without first
+    /// copying the bytes into verbs where the transport does not need them
+    /// owned: on shm they go from the caller's buffer straight into the
+    /// region (a file system's data path, issue 13); the tcp and ib paths
+    /// encode or post owned verbs anyway. One result per write.
+    pub fn write_slices(
+        &self,
+        writes: &[(RemoteAddr, &[u8])],
+    ) -> Result<Vec<Result<(), VerbError>>, TransportError> {
+        let Qp::Shm(q) = &self.qp else {
+            let verbs: Vec<Verb> =
+                writes.iter().map(|(addr, data)| Verb::Write { addr: *addr, data: data.to_vec() }).collect();
+            let replies = self.execute(&verbs)?;
+            return Ok(replies
+                .into_iter()
+                .map(|r| match r? {
+                    VerbReply::Written => Ok(()),
+                    other => Err(VerbError::Malformed(format!("a write answered {other:?}"))),
+                })
+                .collect());
+        };
+        if writes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut c = self.counts.get();
+        c.by_kind[VerbKind::Write as usize] += writes.len() as u64;
+        c.bytes_written += writes.iter().map(|(_, d)| d.len() as u64).sum::<u64>();
+        c.round_trips += 1;
+        self.counts.set(c);
+        Ok(writes
+            .iter()
+            .map(|(addr, data)| q.with_region(addr.region, |m| m.write_from(*addr, data)))
+            .collect())
+    }
+
     /// Sends a two-sided message to another endpoint (or to this one).
     pub fn send(&self, to: ClientAddr, payload: &[u8]) -> Result<(), TransportError> {
         let mut c = self.counts.get();
