@@ -275,7 +275,7 @@ impl Filesystem for CitronFuse {
             // (a fault of a mapping) do not.
             self.coherence.cached(Ino(ino.0));
         }
-        data(reply, self.client.read(Ino(ino.0), offset, size))
+        data(reply, self.through_handle(fh, self.client.read(Ino(ino.0), offset, size)))
     }
 
     fn write(
@@ -306,7 +306,7 @@ impl Filesystem for CitronFuse {
         let unprivileged = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         let how =
             WriteMode { append, unprivileged: unprivileged.then_some(&groups as &dyn Fn() -> Vec<u32>) };
-        match self.client.write_as(Ino(ino.0), offset, data, how) {
+        match self.through_handle(fh, self.client.write_as(Ino(ino.0), offset, data, how)) {
             Ok(_) => reply.written(data.len() as u32),
             Err(e) => reply.error(errno(&e)),
         }

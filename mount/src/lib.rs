@@ -298,6 +298,16 @@ impl CitronFuse {
         checked
     }
 
+    /// `r`, the answer of a call through `fh`, unless it failed because
+    /// `fh`'s registration ended during the call (the open was dropped
+    /// under it: "not open"): then EIO, as for a call that began after.
+    fn through_handle<T>(&self, fh: FileHandle, r: Result<T, FsError>) -> Result<T, FsError> {
+        match r {
+            Err(_) if self.check_handle(fh).is_err() => Err(FsError::Fenced),
+            r => r,
+        }
+    }
+
     /// Whether `fh` opened for append; EIO if it belongs to a registration
     /// the meta-server has fenced.
     fn check_handle(&self, fh: FileHandle) -> Result<bool, Errno> {

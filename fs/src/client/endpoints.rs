@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use citron_lock::range_lock::RangeLockSite;
@@ -13,6 +14,7 @@ use citron_lock::rdma::{
     VerbReply,
 };
 
+use super::opens::Pinned;
 use super::{reachable, unexpected, FsClient, Transport};
 use crate::error::FsError;
 use crate::locks::LockArea;
@@ -140,6 +142,32 @@ impl FsClient {
             other => other,
         };
         area
+    }
+
+    /// [`FsClient::with_endpoints`] for a call through an open of this
+    /// client, `pin`: fails with [`FsError::Fenced`] unless the open's
+    /// registration is still the client's once the endpoints are taken.
+    ///
+    /// Why: the heartbeat thread may register anew (after a fence, with the
+    /// open's lock memory given to another file) between the pin and the
+    /// endpoints, which would then be of the new identity and pass every
+    /// identity check of the call. The heartbeat sets `fenced` before it
+    /// changes the identity, and clears it only after the registration
+    /// count moved (all `SeqCst`); the endpoints' identity is read before
+    /// this check. So if they are of the new identity, the check sees
+    /// `fenced` or the new count; if of the old one, the identity check
+    /// before each batch of data verbs fails once it changes.
+    pub(super) fn with_pinned_endpoints<R>(
+        &self,
+        pin: &Pinned,
+        f: impl FnOnce(&mut Endpoints) -> Result<R, FsError>,
+    ) -> Result<R, FsError> {
+        self.with_endpoints(|eps| {
+            if self.shared.fenced() || self.shared.registration.load(Ordering::SeqCst) != pin.registration {
+                return Err(FsError::Fenced);
+            }
+            f(eps)
+        })
     }
 
     pub(super) fn with_endpoints<R>(

@@ -189,7 +189,7 @@ impl FsClient {
         let pin = self.pin(ino)?;
         let area = pin.area;
         retrying_late_holds(ino, "read", || {
-            self.with_endpoints(|eps| {
+            self.with_pinned_endpoints(&pin, |eps| {
                 self.with_inode_lock(eps, area, Mode::Shared, |eps| {
                     let (layout, slot) = self.current_layout(eps, ino)?;
                     let end = offset.saturating_add(len.into()).min(slot.size);
@@ -230,14 +230,13 @@ impl FsClient {
     /// to clear.
     pub fn write_as(&self, ino: Ino, offset: u64, data: &[u8], how: WriteMode) -> Result<u64, FsError> {
         let pin = self.pin(ino)?;
-        let area = pin.area;
         // A write the cached layout already shows must grow an extent goes
         // straight to the exclusive mutex it will need, without a shared
         // attempt that could only find that out.
         let exclusive = how.append || self.must_grow(ino, offset, data.len() as u64);
         let mode = if exclusive { Mode::Exclusive } else { Mode::Shared };
         let write_under =
-            |mode| retrying_late_holds(ino, "write", || self.write_under(ino, area, mode, offset, data, how));
+            |mode| retrying_late_holds(ino, "write", || self.write_under(&pin, ino, mode, offset, data, how));
         match write_under(mode)? {
             Some(at) => Ok(at),
             // An extent must grow: again, alone on the file.
@@ -251,8 +250,8 @@ impl FsClient {
     /// [`Attempt::HoldExpired`] if its range hold ran past its lease first.
     fn write_under(
         &self,
+        pin: &Pinned,
         ino: Ino,
-        area: Option<LockArea>,
         mode: Mode,
         offset: u64,
         data: &[u8],
@@ -260,7 +259,8 @@ impl FsClient {
     ) -> Result<Attempt<Option<u64>>, FsError> {
         let WriteMode { append, unprivileged } = how;
         let exclusive = mode == Mode::Exclusive;
-        self.with_endpoints(|eps| {
+        let area = pin.area;
+        self.with_pinned_endpoints(pin, |eps| {
             self.with_inode_lock(eps, area, mode, |eps| {
                 let (layout, slot) = self.current_layout(eps, ino)?;
                 if let Some(groups_of) = unprivileged.filter(|_| slot.perm & (S_ISUID | S_ISGID) != 0) {
@@ -394,7 +394,7 @@ impl FsClient {
             return self.call_attr(&request);
         }
         self.while_open(caller, ino, libc::O_WRONLY, |pin| {
-            self.with_endpoints(|eps| {
+            self.with_pinned_endpoints(pin, |eps| {
                 self.with_inode_lock(eps, pin.area, Mode::Exclusive, |_| self.call_attr(&request))
             })
         })
@@ -428,7 +428,7 @@ impl FsClient {
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, keep_size: bool) -> Result<(), FsError> {
         let pin = self.pin(ino)?;
         let area = pin.area;
-        self.with_endpoints(|eps| {
+        self.with_pinned_endpoints(&pin, |eps| {
             self.with_inode_lock(eps, area, Mode::Exclusive, |_| {
                 self.call_done(&crate::proto::MetaRequest::Fallocate { ino, offset, len, keep_size })
             })

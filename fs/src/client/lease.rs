@@ -54,7 +54,10 @@ pub(super) fn heartbeat_loop(shared: &Shared) {
             Ok(MetaResponse::Failed(_))
             | Err(RpcError::Handshake(HandshakeError::Refused(Status::NotAdmitted))) => {
                 log::warn!("lease of client {} lost", client.0);
-                shared.fenced.store(true, Ordering::Relaxed);
+                // SeqCst, here and below: set before the identity changes,
+                // cleared only after the registration count moved
+                // (`FsClient::with_pinned_endpoints`).
+                shared.fenced.store(true, Ordering::SeqCst);
                 shared.identity.registering(&shared.rpc);
                 let again = shared.call(&MetaRequest::RegisterClient {
                     hostname: shared.hostname.clone(),
@@ -74,10 +77,10 @@ pub(super) fn heartbeat_loop(shared: &Shared) {
                 };
                 if let Some(info) = registered {
                     shared.client.store(info.client.0, Ordering::Relaxed);
-                    let now = shared.registration.fetch_add(1, Ordering::Relaxed) + 1;
+                    let now = shared.registration.fetch_add(1, Ordering::SeqCst) + 1;
                     shared.opens.drop_older_than(now);
                     *shared.renewed.lock() = sent;
-                    shared.fenced.store(false, Ordering::Relaxed);
+                    shared.fenced.store(false, Ordering::SeqCst);
                     log::warn!("re-registered as client {}", info.client.0);
                 }
             }

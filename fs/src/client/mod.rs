@@ -178,7 +178,9 @@ impl Shared {
     /// a whole lease after it last heard from us, which is later, so we stop
     /// writing before anyone may take our locks).
     fn fenced(&self) -> bool {
-        self.fenced.load(Ordering::Relaxed) || self.renewed.lock().elapsed() > self.lease * 3 / 4
+        // SeqCst: `with_pinned_endpoints`'s argument orders this load
+        // after the identity its endpoints were made under.
+        self.fenced.load(Ordering::SeqCst) || self.renewed.lock().elapsed() > self.lease * 3 / 4
     }
 }
 

@@ -101,6 +101,10 @@ pub(super) struct Pinned {
     entry: OpenEntry,
     pub area: Option<LockArea>,
     pub table: Option<RemoteAddr>,
+    /// The client's registration the open belongs to: its lock memory is
+    /// this client's only while that registration lasts
+    /// ([`FsClient::with_pinned_endpoints`](super::FsClient)).
+    pub registration: u64,
 }
 
 impl Pinned {
@@ -163,7 +167,7 @@ impl OpenFiles {
             e.users += 1;
             (area, e.table)
         };
-        Ok(Pinned { entry, area, table })
+        Ok(Pinned { entry, area, table, registration })
     }
 
     /// Removes `entry` from the map if it is still the one for `ino`.
