@@ -260,10 +260,10 @@ impl FsClient {
         // in the cache alone.
         let mut given: HashMap<ChunkIndex, ChunkLoc> = HashMap::new();
         if !asks_of(&layout).is_empty() {
-            // One allocation of this client at a time: the kernel sends the
-            // pieces of one direct write (`max_write` each) at once, and
-            // those in one new chunk would each ask for it. The first asks;
-            // the others find its extent in the cache once they get here.
+            // One allocation of this client at a time: threads writing into
+            // the same new chunk at once (ranks of a job sharing a file
+            // through one mount) would each ask for it. The first asks; the
+            // others find its extent in the cache once they get here.
             let _allocating = self.allocating.lock();
             layout = self.layout(ino)?;
             let asks = asks_of(&layout);
