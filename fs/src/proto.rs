@@ -400,6 +400,24 @@ pub enum Invalidation {
     Attr(Ino),
     /// The entry `name` of directory `parent`.
     Entry { parent: Ino, name: Vec<u8> },
+    /// The delegation of directory `dir` (meta-server `grants`,
+    /// "Delegations"): its whole listing, and the attributes of the children
+    /// held with it. Only the mount kept them; the kernel never did.
+    Listing(Ino),
+}
+
+/// What a caching changer holds with its change of a directory's entries
+/// beyond the directory's attributes (meta-server `grants`,
+/// "Delegations").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delegated {
+    /// A `Create` of a directory: the new, empty directory is delegated to
+    /// the changer, which from now on knows its every entry.
+    pub dir: bool,
+    /// The new inode's attributes (in the answer) are held with the
+    /// delegation of its directory, which the changer holds: they stay
+    /// valid as long as the delegation, past the creator's release.
+    pub child: bool,
 }
 
 /// What of an answer to a [`MetaRequest::Caching`] request the kernel may
@@ -411,6 +429,10 @@ pub struct Grant {
     /// The attributes (never those of a regular file open for writing
     /// anywhere: its size and mtime change one-sidedly).
     pub attr: bool,
+    /// A lookup by the holder of the directory's delegation: the attributes
+    /// are held with it, for as long as it lasts (meta-server `grants`,
+    /// "Delegations").
+    pub held: bool,
 }
 
 /// An entry of a `ReadDirPlus` answer: what a lookup of it would answer.
@@ -465,9 +487,14 @@ pub enum MetaResponse {
     /// [`MetaRequest::Caching`], with what of it is granted.
     Granted(Attr, Grant),
     /// Invalidations numbered up to `through` (the next `acked`).
+    /// `renewed`: the poll renewed the client's delegations when it arrived
+    /// and `items` holds every invalidation queued before this answer (none
+    /// left for the next poll), so a delegation `items` does not revoke is
+    /// good for the client's TTL from when it sent the poll.
     Invalidations {
         through: u64,
         items: Vec<Invalidation>,
+        renewed: bool,
     },
     Entries(Vec<DirEntry>),
     /// The answer to a `ReadDirPlus`.
@@ -484,11 +511,13 @@ pub enum MetaResponse {
     /// (its kernel dropped them; the mount answers the next `GETATTR` from
     /// these). `created`: a `CreateOpen` made a new regular file, whose
     /// attributes in `answer` are granted to the changer until its last
-    /// release of the file (meta-server `grants`, "Creators").
+    /// release of the file (meta-server `grants`, "Creators"). `delegated`:
+    /// what the changer holds as delegations.
     ParentGranted {
         answer: Box<MetaResponse>,
         parent: Attr,
         created: bool,
+        delegated: Delegated,
     },
     Chunks(Allocated),
     Stats(FsStats),

@@ -101,6 +101,49 @@
 //! created within the TTL wait for the creator's acknowledgement (unlink
 //! 8,592 → 5,558 per s, `bench meta --coherent-ttl 1`).
 //!
+//! # Delegations
+//!
+//! A directory a caching client makes (`Create` of a directory) is
+//! *delegated* to it, as NFSv4 delegates a directory and CephFS gives a
+//! client the "complete" listing with its capabilities
+//! ([`Grants::delegate`], `Delegated::dir`; the table is
+//! [`delegations`]). Its mount then knows every entry of the directory
+//! — it saw it empty, and adds and removes names from its own changes'
+//! answers — so it answers every `LOOKUP` in it, a name that is not there
+//! included, without a round trip. The attributes of each child it makes
+//! there while it holds the delegation are held with it
+//! ([`Grants::hold_child`], `Delegated::child`): its mount answers their
+//! `GETATTR` too, past the creator's release, until its own write, open,
+//! setattr or link of the child drops them. So a job that makes its own
+//! directory and works in it — mdtest's per-rank trees, a build's output
+//! directory — looks up, stats and creates with no round trip but the
+//! create's own.
+//!
+//! Nothing of it reaches the kernel: the mount answers with TTL zero, so
+//! the kernel asks again at every use and the mount is the only cache. So
+//! a revocation is one message, [`Invalidation::Listing`], after which the
+//! mount drops the listing and the children's attributes; no kernel
+//! notify.
+//!
+//! Revoked, as a whole, by the first change of the directory's entries or
+//! attributes, or of a held child's attributes, by any *other* client
+//! (each such change names the directory's or the child's attributes among
+//! what it changed, which is how [`Grants::revoke`] finds it): the change
+//! waits for the holder's acknowledgement or the delegation's expiry, as
+//! for a grant, and once acknowledged the delegation is gone, so the
+//! changes after it wait for nothing. A revoked directory is never
+//! delegated again (only a new one is), so two mounts working in one
+//! directory pay for one callback, once.
+//!
+//! A delegation lasts its holder's TTL from its last renewal: every poll
+//! of the holder's invalidation thread renews all its delegations when it
+//! arrives, and the poll waits at most a quarter of that TTL, so a mount
+//! that polls keeps them, and one that stops (stopped, partitioned,
+//! fenced) loses them within the TTL, as a grant. The mount counts the
+//! same TTL from when it *sent* the poll, and only when the answer carries
+//! every invalidation queued before it (`renewed`), so a delegation
+//! revoked before the poll arrived is dropped by that answer, not renewed.
+//!
 //! # Delivery
 //!
 //! Each caching mount long-polls with `AwaitInvalidations { acked }` on a
@@ -134,6 +177,10 @@ use citronfs_core::proto::Invalidation;
 use citronfs_core::types::{ClientId, Ino};
 use parking_lot::{Condvar, Mutex};
 
+pub mod delegations;
+
+use delegations::{Delegations, Revocation};
+
 /// Time added to every grant past its TTL: the kernel installs a reply a
 /// little after the meta-server made it (see the module header).
 pub const GRANT_MARGIN: Duration = Duration::from_millis(250);
@@ -141,6 +188,10 @@ pub const GRANT_MARGIN: Duration = Duration::from_millis(250);
 /// How long an `AwaitInvalidations` poll waits for work before answering
 /// empty (well below a client's RPC timeout).
 pub const POLL_WAIT: Duration = Duration::from_millis(500);
+
+/// A client holding delegations polls at least this many times per TTL
+/// (see "Delegations").
+const POLLS_PER_TTL: u32 = 4;
 
 /// Most invalidations one poll answers.
 const POLL_BATCH: usize = 1024;
@@ -177,9 +228,30 @@ struct Queue {
     released: Vec<u64>,
 }
 
+impl Queue {
+    /// Queues `item`; answers its number.
+    fn push(&mut self, item: Invalidation) -> u64 {
+        self.last += 1;
+        self.pending.push((self.last, item));
+        self.last
+    }
+}
+
+/// An answer to a poll ([`Grants::poll`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Polled {
+    /// The number of the last invalidation answered (the next `acked`).
+    pub through: u64,
+    pub items: Vec<Invalidation>,
+    /// The client's delegations were renewed when the poll arrived, and
+    /// `items` holds every invalidation queued since.
+    pub renewed: bool,
+}
+
 #[derive(Default)]
 struct State {
     grants: HashMap<Key, HashMap<ClientId, Grant>>,
+    delegations: Delegations,
     queues: HashMap<ClientId, Queue>,
     /// Regular files some client has open for writing, and who: from the
     /// writing open to that client's last close (or its fence).
@@ -219,6 +291,20 @@ impl Grants {
         self.insert(client, Invalidation::Attr(ino), ttl, true);
     }
 
+    /// Delegates directory `dir`, which `client` just made, to it for
+    /// `ttl` and as long as renewed (see "Delegations"). Called with the
+    /// namespace mutex held, before the answer leaves.
+    pub fn delegate(&self, client: ClientId, dir: Ino, ttl: Duration) {
+        self.state.lock().delegations.delegate(client, dir, ttl, Instant::now());
+    }
+
+    /// Holds the attributes of `child`, which `client` just made in `dir`,
+    /// with its delegation of `dir`, if it holds one; whether it does.
+    /// Called with the namespace mutex held, before the answer leaves.
+    pub fn hold_child(&self, client: ClientId, dir: Ino, child: Ino) -> bool {
+        self.state.lock().delegations.hold_child(client, dir, child, Instant::now())
+    }
+
     fn insert(&self, client: ClientId, key: Key, ttl: Duration, until_closed: bool) {
         let expires = Instant::now() + ttl + GRANT_MARGIN;
         let mut s = self.state.lock();
@@ -233,8 +319,21 @@ impl Grants {
         let now = Instant::now();
         let mut awaited = Vec::new();
         let mut s = self.state.lock();
-        let State { grants, queues, .. } = &mut *s;
+        let State { grants, delegations, queues, .. } = &mut *s;
         for key in keys {
+            if let Invalidation::Attr(ino) = key {
+                match delegations.revocation(*ino, changer, now) {
+                    Some(Revocation::Queue { dir, holder, expires }) => {
+                        let number = queues.entry(holder).or_default().push(Invalidation::Listing(dir));
+                        delegations.revoking(dir, number);
+                        awaited.push(Awaited { client: holder, number, expires });
+                    }
+                    Some(Revocation::Await { holder, number, expires }) => {
+                        awaited.push(Awaited { client: holder, number, expires });
+                    }
+                    None => {}
+                }
+            }
             let Some(holders) = grants.get_mut(key) else { continue };
             holders.retain(|_, g| g.expires > now);
             for (client, grant) in holders.iter_mut() {
@@ -242,11 +341,10 @@ impl Grants {
                     continue;
                 }
                 let queue = queues.entry(*client).or_default();
-                queue.last += 1;
-                queue.pending.push((queue.last, key.clone()));
-                queue.revoked.push((queue.last, key.clone()));
-                grant.revoking = Some(queue.last);
-                awaited.push(Awaited { client: *client, number: queue.last, expires: grant.expires });
+                let number = queue.push(key.clone());
+                queue.revoked.push((number, key.clone()));
+                grant.revoking = Some(number);
+                awaited.push(Awaited { client: *client, number, expires: grant.expires });
             }
             if holders.is_empty() {
                 grants.remove(key);
@@ -274,13 +372,13 @@ impl Grants {
     }
 
     /// A poll of `client`'s invalidation thread: records its
-    /// acknowledgement of everything up to `acked`, then answers the
-    /// invalidations past it (waiting up to `wait` for one) and the number
-    /// of the last one answered.
-    pub fn poll(&self, client: ClientId, acked: u64, wait: Duration) -> (u64, Vec<Invalidation>) {
-        let deadline = Instant::now() + wait;
+    /// acknowledgement of everything up to `acked` and renews its
+    /// delegations, then answers the invalidations past it (waiting up to
+    /// `wait`, or a quarter of its delegations' TTL, for one).
+    pub fn poll(&self, client: ClientId, acked: u64, wait: Duration) -> Polled {
+        let now = Instant::now();
         let mut s = self.state.lock();
-        let State { grants, queues, .. } = &mut *s;
+        let State { grants, delegations, queues, .. } = &mut *s;
         let queue = queues.entry(client).or_default();
         let acked = acked.min(queue.last);
         if acked > queue.acked {
@@ -300,19 +398,26 @@ impl Grants {
                     grants.remove(&key);
                 }
             }
+            delegations.acknowledged(client, acked);
             self.changed.notify_all();
         }
+        let wait = match delegations.renew(client, now) {
+            Some(ttl) => wait.min(ttl / POLLS_PER_TTL),
+            None => wait,
+        };
+        let deadline = now + wait;
         loop {
             // Fenced while we waited: nothing more for it.
-            let Some(queue) = s.queues.get(&client) else { return (0, Vec::new()) };
+            let Some(queue) = s.queues.get(&client) else { return Polled::default() };
             if !queue.pending.is_empty() {
                 let items: Vec<_> = queue.pending.iter().take(POLL_BATCH).cloned().collect();
                 let through = items.last().map_or(queue.acked, |(n, _)| *n);
-                return (through, items.into_iter().map(|(_, i)| i).collect());
+                let renewed = items.len() == queue.pending.len();
+                return Polled { through, items: items.into_iter().map(|(_, i)| i).collect(), renewed };
             }
             if self.changed.wait_until(&mut s, deadline).timed_out() {
-                let acked = s.queues.get(&client).map_or(0, |q| q.acked);
-                return (acked, Vec::new());
+                let Some(queue) = s.queues.get(&client) else { return Polled::default() };
+                return Polled { through: queue.acked, items: Vec::new(), renewed: queue.pending.is_empty() };
             }
         }
     }
@@ -331,7 +436,7 @@ impl Grants {
     /// with the release.
     pub fn closed(&self, client: ClientId, ino: Ino) {
         let mut s = self.state.lock();
-        let State { grants, queues, writers } = &mut *s;
+        let State { grants, queues, writers, .. } = &mut *s;
         if let Some(w) = writers.get_mut(&ino) {
             w.remove(&client);
             if w.is_empty() {
@@ -374,7 +479,7 @@ impl Grants {
         self.changed.notify_all();
     }
 
-    /// Forgets expired grants.
+    /// Forgets expired grants and delegations.
     pub fn prune(&self) {
         let now = Instant::now();
         let mut s = self.state.lock();
@@ -382,6 +487,12 @@ impl Grants {
             holders.retain(|_, g| g.expires > now);
             !holders.is_empty()
         });
+        s.delegations.prune(now);
+    }
+
+    /// Delegations held now, expired ones included (tests, diagnostics).
+    pub fn delegations(&self) -> usize {
+        self.state.lock().delegations.len()
     }
 
     /// Live and expired grants held now (tests, diagnostics).
@@ -413,11 +524,11 @@ mod tests {
             let (g, key) = (g.clone(), key.clone());
             std::thread::spawn(move || g.revoke(Some(A), &[key]))
         };
-        let (through, items) = g.poll(B, 0, Duration::from_secs(60));
+        let Polled { through, items, .. } = g.poll(B, 0, Duration::from_secs(60));
         assert_eq!(items, vec![key.clone()]);
         assert!(!changer.is_finished(), "answered before B acknowledged");
-        let (_, none) = g.poll(B, through, Duration::from_millis(1));
-        assert!(none.is_empty());
+        let none = g.poll(B, through, Duration::from_millis(1));
+        assert!(none.items.is_empty());
         assert_eq!(changer.join().unwrap(), 1, "only B is called back");
         // B's revoked grant is gone (it acknowledged); A's stays.
         assert_eq!(g.len(), 1);
@@ -437,6 +548,38 @@ mod tests {
         // Fenced: nothing more is queued for it.
         g.drop_client(B);
         assert_eq!(g.revoke(None, &[key]), 0);
+    }
+
+    #[test]
+    fn a_delegation_is_revoked_once_by_the_first_change_of_another_client() {
+        let g = Arc::new(Grants::default());
+        let (dir, child) = (Ino(20), Ino(21));
+        g.delegate(A, dir, Duration::from_secs(60));
+        assert!(g.hold_child(A, dir, child));
+        assert_eq!(g.revoke(Some(A), &[Invalidation::Attr(dir), Invalidation::Attr(child)]), 0);
+        let changer = {
+            let g = g.clone();
+            std::thread::spawn(move || g.revoke(Some(B), &[Invalidation::Attr(child)]))
+        };
+        let polled = g.poll(A, 0, Duration::from_secs(60));
+        assert_eq!(polled.items, vec![Invalidation::Listing(dir)]);
+        assert!(polled.renewed);
+        assert!(!changer.is_finished(), "answered before A acknowledged");
+        g.poll(A, polled.through, Duration::from_millis(1));
+        assert_eq!(changer.join().unwrap(), 1);
+        assert_eq!(g.delegations(), 0, "the acknowledged delegation stayed");
+        assert_eq!(g.revoke(Some(B), &[Invalidation::Attr(dir)]), 0, "a second change called A back");
+    }
+
+    #[test]
+    fn a_holders_poll_renews_and_waits_a_part_of_its_ttl() {
+        let g = Grants::default();
+        g.delegate(A, Ino(20), Duration::from_millis(400));
+        let asked = Instant::now();
+        let polled = g.poll(A, 0, Duration::from_secs(60));
+        assert!(asked.elapsed() < Duration::from_secs(30), "the poll waited as long as without a delegation");
+        assert!(polled.renewed && polled.items.is_empty());
+        assert_eq!(g.delegations(), 1);
     }
 
     #[test]
@@ -474,7 +617,7 @@ mod tests {
         assert_eq!(changer.join().unwrap(), 1);
         assert!(g.is_empty());
         // The invalidation still reaches A, which acknowledges it.
-        let (through, items) = g.poll(A, 0, Duration::from_millis(1));
+        let Polled { through, items, .. } = g.poll(A, 0, Duration::from_millis(1));
         assert_eq!(items, vec![Invalidation::Attr(Ino(9))]);
         g.poll(A, through, Duration::from_millis(1));
         assert!(g.state.lock().queues[&A].released.is_empty());

@@ -285,7 +285,7 @@ impl AttrCache {
 /// The file system's use of the cache: nothing of it unless the mount
 /// caches coherently.
 impl CitronFuse {
-    fn caching(&self) -> bool {
+    pub(crate) fn caching(&self) -> bool {
         !self.options.cache_ttl.is_zero()
     }
 
@@ -301,8 +301,14 @@ impl CitronFuse {
     pub(crate) fn dir_changed(&self, ticket: Option<Ticket>, grant: Option<&ChangeGrant>) {
         let Some(t) = ticket else { return };
         match grant.and_then(|g| g.parent.as_ref()) {
-            Some(parent) => self.invalidations.attrs().install(t, parent.clone(), self.options.cache_ttl),
-            None => self.invalidations.attrs().invalidate(t.ino),
+            Some(parent) => {
+                self.invalidations.delegations().refresh(parent);
+                self.invalidations.attrs().install(t, parent.clone(), self.options.cache_ttl)
+            }
+            None => {
+                self.invalidations.delegations().unsure(t.ino);
+                self.invalidations.attrs().invalidate(t.ino)
+            }
         }
     }
 
@@ -321,6 +327,7 @@ impl CitronFuse {
     pub(crate) fn attrs_changed(&self, inos: &[Ino]) {
         if self.caching() {
             for ino in inos {
+                self.invalidations.delegations().forget(*ino);
                 self.invalidations.attrs().invalidate(*ino);
             }
         }
@@ -361,9 +368,19 @@ impl CitronFuse {
     }
 
     /// An own change of regular file `ino` the meta-server does not call
-    /// this mount back for (a write, a fallocate, an open, a release): what
-    /// is kept of it as a new file goes.
+    /// this mount back for (a write, a fallocate, an open): what is kept of
+    /// it goes, as a new file's or a delegated child's.
     pub(crate) fn file_changing(&self, ino: Ino) {
+        if self.caching() {
+            self.invalidations.delegations().forget(ino);
+            self.invalidations.attrs().forget_file(ino);
+        }
+    }
+
+    /// This mount's release of regular file `ino`: the creator's grant of
+    /// a new file's attributes ends. A release changes no attribute, so a
+    /// delegated child's stay.
+    pub(crate) fn file_released(&self, ino: Ino) {
         if self.caching() {
             self.invalidations.attrs().forget_file(ino);
         }

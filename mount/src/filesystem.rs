@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime};
 
 use citronfs_core::client::WriteMode;
 use citronfs_core::locks::LockMode;
-use citronfs_core::proto::{RenameMode, XattrMode};
+use citronfs_core::proto::{Delegated, RenameMode, XattrMode};
 use citronfs_core::types::{FileKind, Ino, SetAttr, Timestamp};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
@@ -69,9 +69,12 @@ impl Filesystem for CitronFuse {
         if self.options.cache_ttl.is_zero() {
             return self.entry(reply, self.client.lookup(caller(req), Ino(parent.0), name(n)));
         }
+        // In a directory delegated to this mount: answered from its listing.
+        let Some(reply) = self.lookup_delegated(Ino(parent.0), name(n), reply) else { return };
         let (sent, before) = (Instant::now(), self.invalidations.epochs().all());
         match self.client.lookup_granted(caller(req), Ino(parent.0), name(n)) {
             Ok((a, grant)) => {
+                self.lookup_answered(Ino(parent.0), name(n), &a, &grant);
                 let ttl = self.granted_ttl(sent, before, self.invalidations.epochs().all());
                 let entry_ttl = if grant.entry { ttl } else { self.options.attr_ttl };
                 let attr_ttl = if grant.attr { ttl } else { self.options.attr_ttl };
@@ -92,6 +95,7 @@ impl Filesystem for CitronFuse {
         // A directory this mount changed itself: answered from the change's
         // granted answer (`attr_cache`).
         let Some(reply) = self.getattr_kept(Ino(ino.0), reply) else { return };
+        let Some(reply) = self.getattr_delegated(Ino(ino.0), reply) else { return };
         let epochs = self.invalidations.epochs();
         let (sent, before) = (Instant::now(), epochs.of(Ino(ino.0)));
         match self.client.getattr_granted(Ino(ino.0)) {
@@ -168,19 +172,21 @@ impl Filesystem for CitronFuse {
         reply: ReplyEntry,
     ) {
         self.requests.count(FuseOp::Mknod);
-        let ticket = self.dir_changing(Ino(parent.0));
+        let (ticket, making) = (self.dir_changing(Ino(parent.0)), self.making());
         let r = kind_of_mode(mode).and_then(|kind| {
             let perm = (mode & !umask & 0o7777) as u16;
             self.client.create_granted(caller(req), Ino(parent.0), name(n), kind, perm, rdev)
         });
+        self.made(making, Ino(parent.0), name(n), r.as_ref().map(|(a, g)| (a, g.delegated)));
         self.entry(reply, self.dir_changed_then(ticket, r))
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         self.requests.count(FuseOp::Mkdir);
         let perm = (mode & !umask & 0o7777) as u16;
-        let ticket = self.dir_changing(Ino(parent.0));
+        let (ticket, making) = (self.dir_changing(Ino(parent.0)), self.making());
         let r = self.client.create_granted(caller(req), Ino(parent.0), name(n), FileKind::Dir, perm, 0);
+        self.made(making, Ino(parent.0), name(n), r.as_ref().map(|(a, g)| (a, g.delegated)));
         self.entry(reply, self.dir_changed_then(ticket, r))
     }
 
@@ -188,6 +194,7 @@ impl Filesystem for CitronFuse {
         self.requests.count(FuseOp::Unlink);
         let ticket = self.dir_changing(Ino(parent.0));
         let r = self.client.unlink_granted(caller(req), Ino(parent.0), name(n));
+        self.removed(Ino(parent.0), name(n), &r);
         self.dir_changed(ticket, r.as_ref().ok());
         // The removed file's link count changed: not kept as a new file.
         self.forget_files();
@@ -196,18 +203,22 @@ impl Filesystem for CitronFuse {
 
     fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         self.requests.count(FuseOp::Rmdir);
-        let r = self.client.rmdir(caller(req), Ino(parent.0), name(n));
+        let ticket = self.dir_changing(Ino(parent.0));
+        let r = self.client.rmdir_granted(caller(req), Ino(parent.0), name(n));
+        self.removed(Ino(parent.0), name(n), &r);
+        self.dir_changed(ticket, r.as_ref().ok());
         // The removed directory's attributes may be kept here (its number
         // is not in the request): everything goes.
         self.forget_all_attrs();
-        done(reply, r)
+        done(reply, r.map(drop))
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link: &OsStr, target: &Path, reply: ReplyEntry) {
         self.requests.count(FuseOp::Symlink);
         let target = target.as_os_str().as_bytes();
-        let ticket = self.dir_changing(Ino(parent.0));
+        let (ticket, making) = (self.dir_changing(Ino(parent.0)), self.making());
         let r = self.client.symlink_granted(caller(req), Ino(parent.0), name(link), target);
+        self.made(making, Ino(parent.0), name(link), r.as_ref().map(|(a, g)| (a, g.delegated)));
         self.entry(reply, self.dir_changed_then(ticket, r))
     }
 
@@ -233,13 +244,18 @@ impl Filesystem for CitronFuse {
         };
         let r =
             self.client.rename(caller(req), Ino(parent.0), name(n), Ino(newparent.0), name(newname), mode);
+        let (from, to) = ((Ino(parent.0), name(n)), (Ino(newparent.0), name(newname)));
+        self.renamed(from, to, mode == RenameMode::Exchange, r.is_ok());
         self.forget_all_attrs();
         done(reply, r)
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         self.requests.count(FuseOp::Link);
+        let making = self.making();
         let r = self.client.link(caller(req), Ino(ino.0), Ino(newparent.0), name(newname));
+        // Named here without its attributes: its link count changed.
+        self.made(making, Ino(newparent.0), name(newname), r.as_ref().map(|a| (a, Delegated::default())));
         self.attrs_changed(&[Ino(ino.0), Ino(newparent.0)]);
         self.entry(reply, r)
     }
@@ -334,7 +350,7 @@ impl Filesystem for CitronFuse {
         let _counted = self.requests.on_drop(FuseOp::Release);
         // A new file's attributes are granted until the release reaches the
         // meta-server: no longer answered from here from now on.
-        self.file_changing(Ino(ino.0));
+        self.file_released(Ino(ino.0));
         let open = self.open_files.lock().remove(&fh.0);
         self.posix_owners.lock().remove(&fh.0);
         match open {
@@ -477,11 +493,17 @@ impl Filesystem for CitronFuse {
         self.requests.count(FuseOp::Create);
         let perm = (mode & !umask & 0o7777) as u16;
         let (who, parent, n) = (caller(req), Ino(parent.0), name(n));
-        let (ticket, new) = (self.dir_changing(parent), self.creating());
+        let (ticket, new, making) = (self.dir_changing(parent), self.creating(), self.making());
         // Without O_EXCL, a name another mount created since our kernel
         // looked it up is opened, not refused.
         let exclusive = flags & libc::O_EXCL != 0;
         let opened = self.client.create_or_open(who, parent, n, perm, exclusive);
+        match &opened {
+            Ok(o) if o.created => self.made(making, parent, n, Ok((&o.attr, o.granted.delegated))),
+            // Opened for writing: its attributes may change one-sidedly.
+            Ok(o) => self.file_changing(o.attr.ino),
+            Err(e) => self.made(making, parent, n, Err(e)),
+        }
         self.dir_changed(ticket, opened.as_ref().ok().map(|o| &o.granted));
         // A new file's attributes are granted to this mount, its creator,
         // until its release (meta-server `grants`, "Creators"): kept here to

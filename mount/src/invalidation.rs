@@ -29,7 +29,10 @@
 //!
 //! An attribute invalidation also drops what the mount keeps itself of the
 //! inode ([`crate::attr_cache`]), first: before the kernel is told and
-//! the meta-server hears the acknowledgement.
+//! the meta-server hears the acknowledgement. A delegation's revocation
+//! drops its listing ([`crate::delegation`]); the kernel was never given
+//! any of it. A poll that renewed this mount's delegations renews them
+//! here once its revocations are processed.
 //!
 //! Never from a FUSE worker (see [`crate::coherence`] for the general
 //! rule). Whatever the thread waits for, the change that sent the
@@ -66,13 +69,14 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use citronfs_core::client::FsClient;
 use citronfs_core::proto::Invalidation;
 use citronfs_core::types::Ino;
 
 use crate::attr_cache::AttrCache;
+use crate::delegation::Delegations;
 
 /// Counters per stripe of inodes: a collision only makes a reply
 /// uncached.
@@ -134,6 +138,9 @@ struct Shared {
     /// Directory and new files' attributes the mount answers `GETATTR`
     /// with itself.
     attrs: AttrCache,
+    /// Directories delegated to this mount: the `LOOKUP`s and `GETATTR`s
+    /// it answers itself.
+    delegations: Delegations,
     /// Test hook: the thread polls and notifies nothing while set, as if
     /// the mount's process were stopped.
     stalled: AtomicBool,
@@ -165,6 +172,15 @@ impl InvalidationControl {
 
     pub(crate) fn attrs(&self) -> &AttrCache {
         &self.0.attrs
+    }
+
+    pub(crate) fn delegations(&self) -> &Delegations {
+        &self.0.delegations
+    }
+
+    /// Directories delegated to this mount now (tests, diagnostics).
+    pub fn delegated_dirs(&self) -> usize {
+        self.0.delegations.len()
     }
 
     /// Directories and new files whose attributes the mount answers
@@ -217,13 +233,18 @@ impl InvalidationControl {
                 registration = Some(me);
                 acked = 0;
             }
+            let (sent, ttl) = (Instant::now(), c.caching());
             let polled = c.await_invalidations(acked);
             drop(c);
             match polled {
-                Ok((through, items)) => {
+                Ok(polled) => {
                     self.wait_while_stalled();
-                    self.deliver(&mut notifier, &items);
-                    acked = through;
+                    self.deliver(&mut notifier, &polled.items);
+                    acked = polled.through;
+                    // After the revocations it carries (see `delegation`).
+                    if polled.renewed {
+                        self.0.delegations.renew(sent, ttl);
+                    }
                 }
                 Err(e) => {
                     log::debug!("polling for invalidations: {e}");
@@ -248,6 +269,8 @@ impl InvalidationControl {
                     self.0.epochs.bump(*parent);
                     entries.push((*parent, name.as_slice()));
                 }
+                // Only this mount answered from it (TTL zero to the kernel).
+                Invalidation::Listing(dir) => self.0.delegations.revoked(*dir),
             }
         }
         if !entries.is_empty() {

@@ -14,6 +14,7 @@ mod access;
 mod attr_cache;
 pub mod caller;
 mod coherence;
+mod delegation;
 mod filesystem;
 mod invalidation;
 mod listing;

@@ -19,9 +19,10 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
-use citronfs_core::rpc_counts::{MetaKind, RpcCounts};
+use citronfs_core::rpc_counts::MetaKind;
 use citronfs_core::types::Ino;
 use citronfs_mount::{FuseOp, MountOptions};
+use citronfs_tests::coherence::{close, eventually, missing, stat_cost};
 use citronfs_tests::{TestCluster, TestMount};
 
 /// How the mounts of a test let their kernels cache.
@@ -77,13 +78,6 @@ fn names(m: &TestMount, dir: &str) -> Vec<String> {
         fs::read_dir(m.path(dir)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     v.sort();
     v
-}
-
-fn missing(m: &TestMount, rel: &str) -> bool {
-    match fs::metadata(m.path(rel)) {
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-        Ok(_) => false,
-    }
 }
 
 fn create_and_unlink_on_one_mount_are_seen_at_once_on_the_other(mode: Mode) {
@@ -158,25 +152,6 @@ fn chmod_rename_and_size_changes_are_seen_at_once_on_the_other_mount(mode: Mode)
     assert!(missing(&b, "sub"));
 }
 
-/// Waits until `done` holds: FUSE sends a release after close(2) has
-/// returned. Only a hang takes the bound.
-fn eventually(what: &str, done: impl Fn() -> bool) {
-    let hang = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < hang, "never happened: {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// Closes `f` (opened on mount `m`) and waits until the mount has answered
-/// the release that follows; returns the meta-server calls it made.
-fn close(m: &TestMount, f: fs::File) -> RpcCounts {
-    let (calls, releases) = (m.client.rpc_counts(), m.requests.snapshot().get(FuseOp::Release));
-    drop(f);
-    eventually("the release of a closed file", || m.requests.snapshot().get(FuseOp::Release) > releases);
-    m.client.rpc_counts() - calls
-}
-
 /// Closes other than a file's last one on a mount cost no call to the
 /// meta-server; the last hands back every open, and only then does the file
 /// give up its lock memory.
@@ -242,14 +217,6 @@ fn big_directories_are_listed_whole_on_the_other_mount(mode: Mode) {
 /// the release of a closed file after close(2) has returned.
 fn all_closed(c: &TestCluster) {
     eventually("every file is closed", || c.meta.status().files.opens == 0);
-}
-
-/// The calls to the meta-server and the FUSE requests one `stat` on `m`
-/// costs.
-fn stat_cost(m: &TestMount, rel: &str) -> (fs::Metadata, RpcCounts, u64) {
-    let (calls, requests) = (m.client.rpc_counts(), m.requests.snapshot().total());
-    let meta = fs::metadata(m.path(rel)).unwrap();
-    (meta, m.client.rpc_counts() - calls, m.requests.snapshot().total() - requests)
 }
 
 /// The cache works: a stat of an unchanged file (and of its directory) on

@@ -11,6 +11,17 @@ use crate::error::FsError;
 use crate::proto::{EntryPlus, Grant, Invalidation, MetaRequest, MetaResponse, RenameMode, XattrMode};
 use crate::types::{Attr, Caller, DirEntry, FileKind, FsStats, Ino};
 
+/// An answer to [`FsClient::await_invalidations`].
+#[derive(Debug)]
+pub struct Polled {
+    /// The number of the last invalidation in `items` (the next `acked`).
+    pub through: u64,
+    pub items: Vec<Invalidation>,
+    /// The client's delegations were renewed when the poll arrived, and
+    /// `items` holds every invalidation queued before the answer.
+    pub renewed: bool,
+}
+
 impl FsClient {
     /// From now on the kernel of this client's mount caches what the
     /// meta-server grants, for `ttl` (zero: nothing). Whoever sets it must
@@ -40,12 +51,13 @@ impl FsClient {
     /// The long poll of the mount's invalidation thread: acknowledges the
     /// invalidations up to `acked` (the kernel has dropped what they name)
     /// and answers newer ones as soon as there are some (or none, after a
-    /// while), with the number to acknowledge next. Numbers start again
-    /// at zero for a new registration ([`FsClient::client_id`]).
-    pub fn await_invalidations(&self, acked: u64) -> Result<(u64, Vec<Invalidation>), FsError> {
+    /// while), with the number to acknowledge next and whether it renewed
+    /// the client's delegations. Numbers start again at zero for a new
+    /// registration ([`FsClient::client_id`]).
+    pub fn await_invalidations(&self, acked: u64) -> Result<Polled, FsError> {
         let request = MetaRequest::AwaitInvalidations { client: self.client_id(), acked };
         match self.call_plain(&request)? {
-            MetaResponse::Invalidations { through, items } => Ok((through, items)),
+            MetaResponse::Invalidations { through, items, renewed } => Ok(Polled { through, items, renewed }),
             other => Err(unexpected(other)),
         }
     }
@@ -127,6 +139,11 @@ impl FsClient {
 
     pub fn rmdir(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {
         self.call_done(&MetaRequest::Rmdir { caller, parent, name: name.to_vec() })
+    }
+
+    /// [`FsClient::rmdir`], and what a caching client was granted with it.
+    pub fn rmdir_granted(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<ChangeGrant, FsError> {
+        self.call_change_done(&MetaRequest::Rmdir { caller, parent, name: name.to_vec() })
     }
 
     pub fn rename(

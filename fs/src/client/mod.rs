@@ -37,6 +37,7 @@ mod tuning;
 
 pub use io::WriteMode;
 pub use locks::LockCall;
+pub use metadata::Polled;
 
 use endpoints::{join_server, Endpoints, ServerAddrs};
 use layouts::{CachedLayout, Written};
@@ -56,7 +57,7 @@ use crate::error::FsError;
 use crate::layout::ChunkGeometry;
 use crate::locks::waiter::Waiters;
 use crate::locks::{LockTiming, WaitsFor};
-use crate::proto::{ClusterInfo, DataServerInfo, Grant, MetaRequest, MetaResponse};
+use crate::proto::{ClusterInfo, DataServerInfo, Delegated, Grant, MetaRequest, MetaResponse};
 use crate::rpc_counts::{RpcCounters, RpcCounts};
 use crate::types::{Attr, ClientId, DataServerId, Ino};
 
@@ -83,6 +84,9 @@ pub struct ChangeGrant {
     /// until this client's last release of the file, or a callback of
     /// them, and for the TTL at most (meta-server `grants`, "Creators").
     pub created: bool,
+    /// What the client holds as delegations (meta-server `grants`,
+    /// "Delegations").
+    pub delegated: Delegated,
 }
 
 /// How long a last release waits for the calls that use the file's lock
@@ -234,8 +238,8 @@ fn granted(r: MetaResponse) -> Result<(Attr, Grant), FsError> {
 /// and what it granted.
 fn change_answer(r: MetaResponse) -> (MetaResponse, ChangeGrant) {
     match r {
-        MetaResponse::ParentGranted { answer, parent, created } => {
-            (*answer, ChangeGrant { parent: Some(parent), created })
+        MetaResponse::ParentGranted { answer, parent, created, delegated } => {
+            (*answer, ChangeGrant { parent: Some(parent), created, delegated })
         }
         other => (other, ChangeGrant::default()),
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use citron_rpc::auth::{Credential, KeyOptions};
 use citronfs_core::proto::{
-    ClientInfo, ClusterInfo, EntryPlus, Grant, Invalidation, MetaRequest, MetaResponse,
+    ClientInfo, ClusterInfo, Delegated, EntryPlus, Grant, Invalidation, MetaRequest, MetaResponse,
 };
 use citronfs_core::session::SessionKeys;
 use citronfs_core::types::{Attr, ClientId, FileKind, Ino};
@@ -68,8 +68,11 @@ impl MetaService {
         entry: Option<Invalidation>,
     ) -> MetaResponse {
         let Some((client, ttl)) = caching else { return MetaResponse::Attr(attr) };
-        let grant = Grant { entry: entry.is_some(), attr: self.attr_grantable(&attr) };
+        let mut grant = Grant { entry: entry.is_some(), attr: self.attr_grantable(&attr), held: false };
         if let Some(e) = entry {
+            if let (true, Invalidation::Entry { parent, .. }) = (grant.attr, &e) {
+                grant.held = self.grants.hold_child(client, *parent, attr.ino);
+            }
             self.grants.grant(client, e, ttl);
         }
         if grant.attr {
@@ -82,7 +85,10 @@ impl MetaService {
     /// directory's attributes after it, granted to the changer (whose
     /// grant a change never revokes, [`Grants::revoke`]), with `answer`;
     /// `created`: the created file's attributes in `answer` were granted to
-    /// the changer until its release ([`crate::grants`], "Creators"). Called
+    /// the changer until its release ([`crate::grants`], "Creators");
+    /// `new`: the inode the change made, held with the changer's
+    /// delegation of `dir` if it has one, and delegated to it if a
+    /// directory ([`crate::grants`], "Delegations"). Called
     /// with the namespace mutex held, as [`Self::granted`], so a change of
     /// `dir` by another client either came before (and is in the answer)
     /// or comes after and revokes this grant.
@@ -95,11 +101,20 @@ impl MetaService {
         dir: Ino,
         answer: MetaResponse,
         created: bool,
+        new: Option<&Attr>,
     ) -> MetaResponse {
         let Some((client, ttl)) = caching else { return answer };
         let Ok(parent) = ns.attr(dir) else { return answer };
         self.grants.grant(client, Invalidation::Attr(dir), ttl);
-        MetaResponse::ParentGranted { answer: Box::new(answer), parent, created }
+        let mut delegated = Delegated::default();
+        if let Some(new) = new {
+            delegated.child = self.grants.hold_child(client, dir, new.ino);
+            if new.kind == FileKind::Dir {
+                self.grants.delegate(client, new.ino, ttl);
+                delegated.dir = true;
+            }
+        }
+        MetaResponse::ParentGranted { answer: Box::new(answer), parent, created, delegated }
     }
 
     /// What a `ReadDirPlus` answers: entries of `dir` after cookie `after`,
@@ -125,7 +140,7 @@ impl MetaService {
                 let name = entry.name.clone();
                 self.grants.grant(client, Invalidation::Entry { parent: dir, name }, ttl);
                 self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
-                grant = Grant { entry: true, attr: true };
+                grant = Grant { entry: true, attr: true, held: false };
             }
             out.push(EntryPlus { entry, attr, grant });
         }
@@ -275,7 +290,7 @@ impl MetaService {
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 changed.keys.push(AttrOf(parent));
-                self.with_parent(&ns, caching, parent, A::Attr(attr), false)
+                self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, Some(&attr))
             }
             R::Symlink { caller, parent, name, target } => {
                 let new =
@@ -284,7 +299,7 @@ impl MetaService {
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 changed.keys.push(AttrOf(parent));
-                self.with_parent(&ns, caching, parent, A::Attr(attr), false)
+                self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, Some(&attr))
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
             R::Link { caller, ino, new_parent, new_name } => {
@@ -302,7 +317,7 @@ impl MetaService {
                 ns.unlink(parent, &name)?;
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
-                self.with_parent(&ns, caching, parent, A::Done, false)
+                self.with_parent(&ns, caching, parent, A::Done, false, None)
             }
             R::Rmdir { caller, parent, name } => {
                 let mut ns = self.ns.lock();
@@ -313,7 +328,7 @@ impl MetaService {
                 ns.rmdir(parent, &name)?;
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
-                self.with_parent(&ns, caching, parent, A::Done, false)
+                self.with_parent(&ns, caching, parent, A::Done, false, None)
             }
             R::Rename { caller, parent, name, new_parent, new_name, flags } => {
                 let mut ns = self.ns.lock();
@@ -374,15 +389,15 @@ impl MetaService {
                     self.grants.writing(client, attr.ino);
                     changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
                 }
-                let mut created = false;
+                let mut new = None;
                 if let (A::Opened(attr, _), Some((creator, ttl))) = (&opened, caching) {
                     // The new file's attributes, granted to its creator, its
                     // only opener, until its release ([`crate::grants`],
                     // "Creators"; after `writing`, which grants nothing).
                     self.grants.grant_until_closed(creator, attr.ino, ttl);
-                    created = true;
+                    new = Some(attr.clone());
                 }
-                self.with_parent(&ns, caching, parent, opened, created)
+                self.with_parent(&ns, caching, parent, opened, new.is_some(), new.as_ref())
             }
             R::KillSuidGid { ino, groups } => {
                 // Sent by a writer in the middle of its write: its kernel
@@ -478,8 +493,8 @@ impl MetaService {
                 return Err(FsError::Invalid("a Caching request wraps one that is not".into()))
             }
             R::AwaitInvalidations { client, acked } => {
-                let (through, items) = self.grants.poll(client, acked, POLL_WAIT);
-                A::Invalidations { through, items }
+                let polled = self.grants.poll(client, acked, POLL_WAIT);
+                A::Invalidations { through: polled.through, items: polled.items, renewed: polled.renewed }
             }
             R::ReportLockTiming { client, t_wait_us } => {
                 if !self.clients.lock().contains_key(&client) {

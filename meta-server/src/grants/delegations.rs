@@ -1,0 +1,257 @@
+//! Directory delegations: the table behind [`super::Grants`]' delegations
+//! ("Delegations" in its module header has the protocol).
+//!
+//! A delegation of directory `dir` to one caching client says: the
+//! client's mount knows every entry of `dir` (it made the directory, so it
+//! saw it empty, and has seen every change since, its own from their
+//! answers), and the attributes of the children it made in it while
+//! holding the delegation. Both stay true until another client changes
+//! the directory or one of those children, which revokes the delegation as
+//! a whole, or until it expires (its holder stopped polling).
+//!
+//! Every change of a directory's entries names the directory's attributes
+//! among what it changed, and every change of an inode's attributes names
+//! the inode's (meta-server `dispatch`), so the attribute keys of a change
+//! are all that revocation needs: a key that is a delegated directory, or
+//! a child held with one, revokes that delegation.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use citronfs_core::types::{ClientId, Ino};
+
+use super::GRANT_MARGIN;
+
+/// Most children whose attributes one delegation holds; later children of
+/// the directory are still in the holder's listing, without attributes.
+pub const MAX_CHILDREN: usize = 1 << 18;
+
+/// One directory's delegation.
+#[derive(Debug)]
+struct Delegation {
+    holder: ClientId,
+    /// The holder's grant TTL: every renewal extends the delegation by it.
+    ttl: Duration,
+    expires: Instant,
+    /// The invalidation that revokes it, queued and not yet acknowledged:
+    /// it is renewed no more, and holds no new children.
+    revoking: Option<u64>,
+    /// Children whose attributes the holder keeps with the delegation.
+    children: HashSet<Ino>,
+}
+
+impl Delegation {
+    fn usable_by(&self, client: ClientId, now: Instant) -> bool {
+        self.holder == client && self.revoking.is_none() && self.expires > now
+    }
+}
+
+/// A delegation another client's change must revoke, or is revoking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revocation {
+    /// Queue `Invalidation::Listing(dir)` for `holder`, then call
+    /// [`Delegations::revoking`] with its number.
+    Queue { dir: Ino, holder: ClientId, expires: Instant },
+    /// Already queued as invalidation `number`: wait for it too.
+    Await { holder: ClientId, number: u64, expires: Instant },
+}
+
+/// Every delegation of the cluster.
+#[derive(Debug, Default)]
+pub struct Delegations {
+    by_dir: HashMap<Ino, Delegation>,
+    /// The delegated directory of each child held with a delegation.
+    parent_of: HashMap<Ino, Ino>,
+}
+
+impl Delegations {
+    /// Delegates new directory `dir` to `client`, its creator, for `ttl`.
+    pub fn delegate(&mut self, client: ClientId, dir: Ino, ttl: Duration, now: Instant) {
+        let delegation = Delegation {
+            holder: client,
+            ttl,
+            expires: now + ttl + GRANT_MARGIN,
+            revoking: None,
+            children: HashSet::new(),
+        };
+        if let Some(old) = self.by_dir.insert(dir, delegation) {
+            // An inode number used again: what the old one held is void.
+            self.forget_children(dir, old.children);
+        }
+    }
+
+    /// Holds the attributes of `child`, just made in `dir` by `client`,
+    /// with `client`'s delegation of `dir`, if it has a usable one; whether
+    /// it does.
+    pub fn hold_child(&mut self, client: ClientId, dir: Ino, child: Ino, now: Instant) -> bool {
+        let Some(d) = self.by_dir.get_mut(&dir) else { return false };
+        if !d.usable_by(client, now) || d.children.len() >= MAX_CHILDREN {
+            return false;
+        }
+        d.children.insert(child);
+        if let Some(previous) = self.parent_of.insert(child, dir) {
+            // An inode number used again under another delegation.
+            if previous != dir {
+                if let Some(p) = self.by_dir.get_mut(&previous) {
+                    p.children.remove(&child);
+                }
+            }
+        }
+        true
+    }
+
+    /// What a change of `ino`'s attributes by `changer` (`None`: a client
+    /// that does not cache, or the meta-server) does to the delegation
+    /// covering `ino` — `ino` itself if delegated, else its directory's if
+    /// it is a held child: nothing if there is none, it is expired, or the
+    /// changer holds it.
+    pub fn revocation(&mut self, ino: Ino, changer: Option<ClientId>, now: Instant) -> Option<Revocation> {
+        let dir = if self.by_dir.contains_key(&ino) { ino } else { *self.parent_of.get(&ino)? };
+        let d = self.by_dir.get(&dir)?;
+        if d.expires <= now {
+            self.remove(dir);
+            return None;
+        }
+        if Some(d.holder) == changer {
+            return None;
+        }
+        Some(match d.revoking {
+            Some(number) => Revocation::Await { holder: d.holder, number, expires: d.expires },
+            None => Revocation::Queue { dir, holder: d.holder, expires: d.expires },
+        })
+    }
+
+    /// The revocation of `dir`'s delegation was queued as invalidation
+    /// `number` of its holder.
+    pub fn revoking(&mut self, dir: Ino, number: u64) {
+        if let Some(d) = self.by_dir.get_mut(&dir) {
+            d.revoking = Some(number);
+        }
+    }
+
+    /// `client` acknowledged its invalidations up to `acked`: the
+    /// delegations they revoked are gone from its mount.
+    pub fn acknowledged(&mut self, client: ClientId, acked: u64) {
+        let done: Vec<Ino> = self
+            .by_dir
+            .iter()
+            .filter(|(_, d)| d.holder == client && d.revoking.is_some_and(|n| n <= acked))
+            .map(|(dir, _)| *dir)
+            .collect();
+        for dir in done {
+            self.remove(dir);
+        }
+    }
+
+    /// A poll of `client` arrived: its usable delegations last its TTL
+    /// from now. Answers the shortest TTL among them (`None`: it holds
+    /// none).
+    pub fn renew(&mut self, client: ClientId, now: Instant) -> Option<Duration> {
+        let mut shortest: Option<Duration> = None;
+        for d in self.by_dir.values_mut().filter(|d| d.usable_by(client, now)) {
+            d.expires = now + d.ttl + GRANT_MARGIN;
+            shortest = Some(shortest.map_or(d.ttl, |s| s.min(d.ttl)));
+        }
+        shortest
+    }
+
+    /// Forgets expired delegations.
+    pub fn prune(&mut self, now: Instant) {
+        let expired: Vec<Ino> =
+            self.by_dir.iter().filter(|(_, d)| d.expires <= now).map(|(dir, _)| *dir).collect();
+        for dir in expired {
+            self.remove(dir);
+        }
+    }
+
+    /// Delegations held now, expired ones included (tests, diagnostics).
+    pub fn len(&self) -> usize {
+        self.by_dir.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_dir.is_empty()
+    }
+
+    fn remove(&mut self, dir: Ino) {
+        if let Some(d) = self.by_dir.remove(&dir) {
+            self.forget_children(dir, d.children);
+        }
+    }
+
+    fn forget_children(&mut self, dir: Ino, children: HashSet<Ino>) {
+        for child in children {
+            if let Entry::Occupied(e) = self.parent_of.entry(child) {
+                if *e.get() == dir {
+                    e.remove();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: ClientId = ClientId(1);
+    const B: ClientId = ClientId(2);
+    const TTL: Duration = Duration::from_secs(60);
+    const DIR: Ino = Ino(10);
+
+    #[test]
+    fn the_holders_own_changes_revoke_nothing_and_anothers_revoke_the_whole() {
+        let now = Instant::now();
+        let mut d = Delegations::default();
+        d.delegate(A, DIR, TTL, now);
+        assert!(d.hold_child(A, DIR, Ino(11), now));
+        assert!(!d.hold_child(B, DIR, Ino(12), now), "a child held with another client's delegation");
+        assert_eq!(d.revocation(DIR, Some(A), now), None);
+        assert_eq!(d.revocation(Ino(11), Some(A), now), None);
+        assert_eq!(d.revocation(Ino(12), Some(B), now), None, "a child not held revokes");
+        let Some(Revocation::Queue { dir, holder, .. }) = d.revocation(Ino(11), Some(B), now) else {
+            panic!("a child's change by another client does not revoke");
+        };
+        assert_eq!((dir, holder), (DIR, A));
+        d.revoking(DIR, 7);
+        assert!(matches!(d.revocation(DIR, None, now), Some(Revocation::Await { number: 7, .. })));
+        assert!(!d.hold_child(A, DIR, Ino(13), now), "a revoked delegation holds new children");
+        assert_eq!(d.renew(A, now), None, "a revoked delegation renewed");
+        d.acknowledged(A, 6);
+        assert_eq!(d.len(), 1);
+        d.acknowledged(A, 7);
+        assert_eq!(d.len(), 0);
+        assert!(d.parent_of.is_empty(), "a child outlived its delegation");
+    }
+
+    #[test]
+    fn a_delegation_lasts_while_renewed_and_no_longer() {
+        let start = Instant::now();
+        let ttl = Duration::from_secs(1);
+        let mut d = Delegations::default();
+        d.delegate(A, DIR, ttl, start);
+        d.hold_child(A, DIR, Ino(11), start);
+        let later = start + ttl + GRANT_MARGIN / 2;
+        assert_eq!(d.renew(A, later), Some(ttl));
+        let past_first = start + ttl + GRANT_MARGIN * 2;
+        assert!(d.revocation(DIR, Some(B), past_first).is_some(), "renewal did not extend it");
+        let past_renewal = later + ttl + GRANT_MARGIN * 2;
+        assert_eq!(d.revocation(Ino(11), Some(B), past_renewal), None, "an expired delegation revoked");
+        assert_eq!(d.len(), 0);
+        d.delegate(A, DIR, ttl, start);
+        d.prune(past_renewal);
+        assert_eq!(d.len(), 0);
+    }
+
+    #[test]
+    fn children_are_bounded() {
+        let now = Instant::now();
+        let mut d = Delegations::default();
+        d.delegate(A, DIR, TTL, now);
+        for i in 0..MAX_CHILDREN as u64 {
+            assert!(d.hold_child(A, DIR, Ino(100 + i), now));
+        }
+        assert!(!d.hold_child(A, DIR, Ino(1), now));
+    }
+}

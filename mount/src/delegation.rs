@@ -1,0 +1,504 @@
+//! The mount's side of directory delegations (issue 13; the protocol is in
+//! the meta-server's `grants` module, "Delegations"): the listings of the
+//! directories this mount made, and the attributes of the children it made
+//! in them, from which it answers `LOOKUP` and `GETATTR` without a round
+//! trip.
+//!
+//! # What is kept
+//!
+//! * a **listing** per delegated directory: every name in it and its inode.
+//!   It starts empty (the answer to the mount's own mkdir says the new
+//!   directory is delegated) and follows the mount's own changes of the
+//!   directory from their answers. A name that is not in it is not in
+//!   the directory: `LOOKUP` answers ENOENT at once — the lookup before
+//!   every create, and every stat of a name that is not there.
+//! * **held attributes** of children made here while the directory was
+//!   delegated (`Delegated::child`), or looked up since (`Grant::held`):
+//!   `LOOKUP` and `GETATTR` answer them. A held child that is itself a
+//!   directory follows the mount's changes in it from their answers (its
+//!   new attributes, [`Delegations::refresh`]).
+//!
+//! The kernel gets TTL zero for all of it, as it does for the attributes
+//! of a new file (`attr_cache`): it asks again at every use, and only the
+//! mount has to drop anything.
+//!
+//! # Why it stays true
+//!
+//! * **another mount's change** of the directory or a held child revokes
+//!   the delegation before that change answers; the invalidation thread
+//!   drops the listing and its children's attributes
+//!   ([`Delegations::revoked`]) before it acknowledges, so once the change
+//!   has answered nothing here shows what was before it.
+//! * **an own change's answer overtaken by the revocation** would add to a
+//!   listing that is gone, and so adds nothing (updates only touch what
+//!   is still kept). A directory, once dropped, is never delegated again,
+//!   so a listing cannot come back under an old answer — except the new
+//!   one a mkdir's answer installs: it is installed only if no
+//!   revocation came since the request was sent ([`Ticket`]).
+//! * **own changes** the meta-server does not call this mount back for are
+//!   applied here before the kernel hears the answer: names added and
+//!   removed, the changed directory's new attributes, and every change of
+//!   a child's attributes the answer does not carry (a write, an open, a
+//!   setattr, a link) drops them ([`Delegations::forget`]). An own change
+//!   that fails may have been applied in part: the directory's listing
+//!   goes.
+//! * **the TTL**: a listing is good until the TTL after the request that
+//!   brought it, or after the last poll of the invalidation thread that
+//!   renewed it, counted from when that request was *sent*
+//!   ([`Delegations::renew`]); the meta-server counts it from when it
+//!   answered, later.
+//!
+//! # Memory
+//!
+//! At most [`MAX_NAMES`] names in all listings; a listing that would pass
+//! it is dropped (it is no longer complete) and its directory is answered
+//! by the meta-server from then on.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use citronfs_core::proto::{Delegated, Grant};
+use citronfs_core::types::{Attr, Ino};
+use citronfs_core::FsError;
+use fuser::{Errno, Generation, ReplyAttr, ReplyEntry};
+use parking_lot::Mutex;
+
+use crate::{fuse_attr, CitronFuse};
+
+/// Most names all listings of a mount hold (about 100 bytes each).
+pub const MAX_NAMES: usize = 1 << 20;
+
+/// A delegated directory's entries.
+struct Listing {
+    names: HashMap<Vec<u8>, Ino>,
+    valid_until: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    listings: HashMap<Ino, Listing>,
+    /// Held attributes, and the delegated directory they are held with.
+    held: HashMap<Ino, (Ino, Attr)>,
+    /// Names in all listings.
+    names: usize,
+    /// Revocations so far.
+    revocations: u64,
+}
+
+impl State {
+    fn drop_listing(&mut self, dir: Ino) {
+        if let Some(listing) = self.listings.remove(&dir) {
+            self.names -= listing.names.len();
+            for ino in listing.names.values() {
+                if self.held.get(ino).is_some_and(|(d, _)| *d == dir) {
+                    self.held.remove(ino);
+                }
+            }
+        }
+    }
+
+    fn listing(&self, dir: Ino, now: Instant) -> Option<&Listing> {
+        self.listings.get(&dir).filter(|l| l.valid_until > now)
+    }
+}
+
+/// What a lookup of a name in a delegated directory finds here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// Not in the directory.
+    Absent,
+    /// There, with its attributes.
+    Present(Attr),
+}
+
+/// Taken before an own change is sent: a new directory's delegation is
+/// installed only if no revocation came since.
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket {
+    revocations: u64,
+    sent: Instant,
+}
+
+/// The mount's delegations (see the module header).
+#[derive(Default)]
+pub struct Delegations {
+    state: Mutex<State>,
+}
+
+impl Delegations {
+    /// What is known of `name` in `dir`: `None` if `dir` is not delegated
+    /// here (or its delegation ran out), or `name` is there but its
+    /// attributes are not held.
+    pub fn lookup(&self, dir: Ino, name: &[u8]) -> Option<Found> {
+        let s = self.state.lock();
+        let listing = s.listing(dir, Instant::now())?;
+        match listing.names.get(name) {
+            None => Some(Found::Absent),
+            Some(ino) => Some(Found::Present(s.held.get(ino)?.1.clone())),
+        }
+    }
+
+    /// `ino`'s held attributes, if its directory's delegation is good.
+    pub fn attr(&self, ino: Ino) -> Option<Attr> {
+        let s = self.state.lock();
+        let (dir, attr) = s.held.get(&ino)?;
+        s.listing(*dir, Instant::now())?;
+        Some(attr.clone())
+    }
+
+    pub fn ticket(&self) -> Ticket {
+        Ticket { revocations: self.state.lock().revocations, sent: Instant::now() }
+    }
+
+    /// An own change made `name` → `attr` in `dir`, and the meta-server
+    /// answered it `delegated`; `ttl`: the mount's grant TTL.
+    pub fn made(
+        &self,
+        ticket: Ticket,
+        dir: Ino,
+        name: &[u8],
+        attr: &Attr,
+        delegated: Delegated,
+        ttl: Duration,
+    ) {
+        let mut s = self.state.lock();
+        if delegated.dir && s.revocations == ticket.revocations && s.names < MAX_NAMES {
+            let listing = Listing { names: HashMap::new(), valid_until: ticket.sent + ttl };
+            if s.listings.insert(attr.ino, listing).is_some() {
+                log::warn!("directory {} delegated twice", attr.ino.0);
+            }
+        }
+        let Some(listing) = s.listings.get_mut(&dir) else { return };
+        if listing.names.insert(name.to_vec(), attr.ino).is_none() {
+            s.names += 1;
+        }
+        if s.names > MAX_NAMES {
+            s.drop_listing(dir);
+            return;
+        }
+        if delegated.child {
+            s.held.insert(attr.ino, (dir, attr.clone()));
+        }
+    }
+
+    /// A lookup the meta-server answered held `attr` with this mount's
+    /// delegation of `dir` (`Grant::held`).
+    pub fn held(&self, dir: Ino, name: &[u8], attr: &Attr) {
+        let mut s = self.state.lock();
+        let Some(listing) = s.listings.get(&dir) else { return };
+        if listing.names.get(name) == Some(&attr.ino) {
+            s.held.insert(attr.ino, (dir, attr.clone()));
+        }
+    }
+
+    /// An own change removed `name` from `dir`.
+    pub fn removed(&self, dir: Ino, name: &[u8]) {
+        let mut s = self.state.lock();
+        let Some(listing) = s.listings.get_mut(&dir) else { return };
+        if let Some(ino) = listing.names.remove(name) {
+            s.names -= 1;
+            s.held.remove(&ino);
+            // A removed directory's own listing goes with it.
+            s.drop_listing(ino);
+        }
+    }
+
+    /// An own rename moved `from` to `to` (swapped them if `exchange`).
+    /// Both listings follow if both are kept; otherwise the one that is
+    /// can no longer tell what it holds under the new name and goes.
+    pub fn renamed(&self, from: (Ino, &[u8]), to: (Ino, &[u8]), exchange: bool) {
+        let mut s = self.state.lock();
+        let moved = s.listings.get(&from.0).and_then(|l| l.names.get(from.1).copied());
+        let replaced = s.listings.get(&to.0).and_then(|l| l.names.get(to.1).copied());
+        // The moved and replaced inodes' change times moved.
+        for ino in moved.iter().chain(replaced.iter()) {
+            s.held.remove(ino);
+        }
+        let both = s.listings.contains_key(&from.0) && s.listings.contains_key(&to.0);
+        if !both || (exchange && (moved.is_none() || replaced.is_none())) {
+            s.drop_listing(from.0);
+            s.drop_listing(to.0);
+            return;
+        }
+        let Some(moved) = moved else { return }; // nothing was there: the rename failed
+        if let Some(l) = s.listings.get_mut(&from.0) {
+            l.names.remove(from.1);
+        }
+        s.names -= 1;
+        if let Some(l) = s.listings.get_mut(&to.0) {
+            if l.names.insert(to.1.to_vec(), moved).is_none() {
+                s.names += 1;
+            }
+        }
+        if let (true, Some(replaced)) = (exchange, replaced) {
+            if let Some(l) = s.listings.get_mut(&from.0) {
+                l.names.insert(from.1.to_vec(), replaced);
+                s.names += 1;
+            }
+        } else if let Some(replaced) = replaced {
+            // Replaced: gone from the directory (and its listing, if a
+            // directory).
+            s.drop_listing(replaced);
+        }
+    }
+
+    /// Directory `dir` changed through this mount and the answer brought
+    /// its new attributes: they replace the held ones, if held.
+    pub fn refresh(&self, attr: &Attr) {
+        let mut s = self.state.lock();
+        if let Some((_, held)) = s.held.get_mut(&attr.ino) {
+            *held = attr.clone();
+        }
+    }
+
+    /// An own change of `ino`'s attributes whose answer does not carry
+    /// them.
+    pub fn forget(&self, ino: Ino) {
+        let mut s = self.state.lock();
+        if !s.held.is_empty() {
+            s.held.remove(&ino);
+        }
+    }
+
+    /// An own change of `dir`'s entries failed, perhaps in part: its
+    /// listing, and its own attributes, go.
+    pub fn unsure(&self, dir: Ino) {
+        let mut s = self.state.lock();
+        s.drop_listing(dir);
+        s.held.remove(&dir);
+    }
+
+    /// The meta-server revoked `dir`'s delegation (`Invalidation::Listing`).
+    pub fn revoked(&self, dir: Ino) {
+        let mut s = self.state.lock();
+        s.revocations += 1;
+        s.drop_listing(dir);
+    }
+
+    /// A poll sent at `sent` renewed this mount's delegations, and every
+    /// revocation queued before it has been processed: each listing still
+    /// good at `sent` is good for `ttl` from then. Listings that ran out go.
+    pub fn renew(&self, sent: Instant, ttl: Duration) {
+        let mut s = self.state.lock();
+        let mut expired = Vec::new();
+        for (dir, listing) in s.listings.iter_mut() {
+            if listing.valid_until > sent {
+                listing.valid_until = listing.valid_until.max(sent + ttl);
+            } else {
+                expired.push(*dir);
+            }
+        }
+        for dir in expired {
+            s.drop_listing(dir);
+        }
+    }
+
+    /// Delegated directories kept now (tests, diagnostics).
+    pub fn len(&self) -> usize {
+        self.state.lock().listings.len()
+    }
+}
+
+/// The file system's use of its delegations: nothing of them unless the
+/// mount caches coherently.
+impl CitronFuse {
+    fn delegations(&self) -> Option<&Delegations> {
+        self.caching().then(|| self.invalidations.delegations())
+    }
+
+    /// Answers a `LOOKUP` of `name` in `parent` from a delegation; `reply`
+    /// back if none answers it.
+    pub(crate) fn lookup_delegated(&self, parent: Ino, name: &[u8], reply: ReplyEntry) -> Option<ReplyEntry> {
+        let Some(d) = self.delegations() else { return Some(reply) };
+        if name == b"." || name == b".." {
+            return Some(reply);
+        }
+        match d.lookup(parent, name) {
+            Some(Found::Absent) => reply.error(Errno::ENOENT),
+            Some(Found::Present(attr)) => {
+                let ttl = self.options.attr_ttl;
+                reply.entry_with_ttls(&ttl, &ttl, &fuse_attr(&attr), Generation(0))
+            }
+            None => return Some(reply),
+        }
+        None
+    }
+
+    /// A lookup the meta-server answered: `grant.held` attributes are
+    /// kept with this mount's delegation of `parent`.
+    pub(crate) fn lookup_answered(&self, parent: Ino, name: &[u8], attr: &Attr, grant: &Grant) {
+        if let (Some(d), true) = (self.delegations(), grant.held) {
+            d.held(parent, name, attr);
+        }
+    }
+
+    /// Answers a `GETATTR` of `ino` from a delegation; `reply` back if
+    /// none holds it.
+    pub(crate) fn getattr_delegated(&self, ino: Ino, reply: ReplyAttr) -> Option<ReplyAttr> {
+        match self.delegations().and_then(|d| d.attr(ino)) {
+            Some(attr) => {
+                reply.attr(&self.options.attr_ttl, &fuse_attr(&attr));
+                None
+            }
+            None => Some(reply),
+        }
+    }
+
+    /// Before an own change that makes an entry.
+    pub(crate) fn making(&self) -> Option<Ticket> {
+        self.delegations().map(Delegations::ticket)
+    }
+
+    /// An own change that makes `name` in `parent` answered.
+    pub(crate) fn made(
+        &self,
+        ticket: Option<Ticket>,
+        parent: Ino,
+        name: &[u8],
+        r: Result<(&Attr, Delegated), &FsError>,
+    ) {
+        let (Some(d), Some(ticket)) = (self.delegations(), ticket) else { return };
+        match r {
+            Ok((attr, delegated)) => d.made(ticket, parent, name, attr, delegated, self.options.cache_ttl),
+            Err(_) => d.unsure(parent),
+        }
+    }
+
+    /// An own change that removes `name` from `parent` answered.
+    pub(crate) fn removed<T>(&self, parent: Ino, name: &[u8], r: &Result<T, FsError>) {
+        let Some(d) = self.delegations() else { return };
+        match r {
+            Ok(_) => d.removed(parent, name),
+            Err(_) => d.unsure(parent),
+        }
+    }
+
+    /// An own rename answered.
+    pub(crate) fn renamed(&self, from: (Ino, &[u8]), to: (Ino, &[u8]), exchange: bool, ok: bool) {
+        let Some(d) = self.delegations() else { return };
+        if ok {
+            d.renamed(from, to, exchange);
+        } else {
+            d.unsure(from.0);
+            d.unsure(to.0);
+        }
+        // Both directories' times moved; the answer does not carry them.
+        d.forget(from.0);
+        d.forget(to.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use citronfs_core::types::{FileKind, Timestamp};
+
+    use super::*;
+
+    fn attr(ino: u64, kind: FileKind) -> Attr {
+        let t = Timestamp::default();
+        Attr {
+            ino: Ino(ino),
+            kind,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink: 1,
+            rdev: 0,
+            allocated: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+        }
+    }
+
+    const TTL: Duration = Duration::from_secs(60);
+    const ROOT: Ino = Ino(1);
+    const DIR: Delegated = Delegated { dir: true, child: false };
+    const CHILD: Delegated = Delegated { dir: false, child: true };
+
+    /// A mount that made directory 2 in the root.
+    fn with_dir() -> Delegations {
+        let d = Delegations::default();
+        d.made(d.ticket(), ROOT, b"d", &attr(2, FileKind::Dir), DIR, TTL);
+        d
+    }
+
+    #[test]
+    fn a_made_directory_answers_every_name_until_revoked() {
+        let d = with_dir();
+        assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent));
+        assert_eq!(d.lookup(ROOT, b"d"), None, "the root was never delegated");
+        d.made(d.ticket(), Ino(2), b"f", &attr(3, FileKind::File), CHILD, TTL);
+        assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Present(attr(3, FileKind::File))));
+        assert_eq!(d.attr(Ino(3)), Some(attr(3, FileKind::File)));
+        d.forget(Ino(3));
+        assert_eq!(d.lookup(Ino(2), b"f"), None, "answered attributes an own write changed");
+        assert_eq!(d.lookup(Ino(2), b"g"), Some(Found::Absent));
+        d.held(Ino(2), b"f", &attr(3, FileKind::File));
+        assert!(d.attr(Ino(3)).is_some());
+        d.removed(Ino(2), b"f");
+        assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent));
+        assert_eq!(d.attr(Ino(3)), None);
+        d.made(d.ticket(), Ino(2), b"g", &attr(4, FileKind::File), CHILD, TTL);
+        d.revoked(Ino(2));
+        assert_eq!(d.lookup(Ino(2), b"h"), None, "answered past a revocation");
+        assert_eq!(d.attr(Ino(4)), None);
+        d.made(d.ticket(), Ino(2), b"h", &attr(5, FileKind::File), CHILD, TTL);
+        assert_eq!(d.attr(Ino(5)), None, "a late answer brought a revoked listing back");
+        assert_eq!(d.state.lock().names, 0);
+    }
+
+    #[test]
+    fn a_mkdir_overtaken_by_a_revocation_delegates_nothing() {
+        let d = Delegations::default();
+        let ticket = d.ticket();
+        d.revoked(Ino(2));
+        d.made(ticket, ROOT, b"d", &attr(2, FileKind::Dir), DIR, TTL);
+        assert_eq!(d.len(), 0);
+    }
+
+    #[test]
+    fn a_listing_lasts_while_renewed() {
+        let d = Delegations::default();
+        let ttl = Duration::from_millis(50);
+        let ticket = d.ticket();
+        d.made(ticket, ROOT, b"d", &attr(2, FileKind::Dir), DIR, ttl);
+        d.renew(ticket.sent + ttl / 2, ttl);
+        std::thread::sleep(ttl);
+        // Still good until sent + ttl / 2 + ttl, if the sleep was short.
+        let later = Instant::now();
+        if later < ticket.sent + ttl / 2 + ttl {
+            assert!(d.lookup(Ino(2), b"f").is_some(), "renewal did not extend it");
+        }
+        std::thread::sleep(ttl * 2);
+        assert_eq!(d.lookup(Ino(2), b"f"), None, "answered past its expiry");
+        d.renew(Instant::now(), ttl);
+        assert_eq!(d.len(), 0, "an expired listing was renewed");
+    }
+
+    #[test]
+    fn renames_move_names_between_listings_or_drop_them() {
+        let d = with_dir();
+        d.made(d.ticket(), ROOT, b"e", &attr(3, FileKind::Dir), DIR, TTL);
+        d.made(d.ticket(), Ino(2), b"f", &attr(4, FileKind::File), CHILD, TTL);
+        d.renamed((Ino(2), b"f"), (Ino(3), b"g"), false);
+        assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent));
+        assert_eq!(d.lookup(Ino(3), b"g"), None, "the moved file's attributes are held still");
+        assert_eq!(d.state.lock().listings[&Ino(3)].names.get(&b"g"[..]), Some(&Ino(4)));
+        // Into a directory this mount does not know: the source goes.
+        d.renamed((Ino(3), b"g"), (ROOT, b"x"), false);
+        assert_eq!(d.lookup(Ino(3), b"g"), None);
+        assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent));
+    }
+
+    #[test]
+    fn listings_are_bounded() {
+        let d = with_dir();
+        d.state.lock().names = MAX_NAMES;
+        d.made(d.ticket(), Ino(2), b"f", &attr(3, FileKind::File), CHILD, TTL);
+        assert_eq!(d.len(), 0, "a listing past the bound was kept");
+        assert_eq!(d.state.lock().names, MAX_NAMES);
+    }
+}

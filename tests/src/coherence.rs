@@ -1,0 +1,46 @@
+//! Helpers of the coherence tests (`mount_coherence`, `mount_delegation`):
+//! what one `stat` or `close` on a mount costs, and waiting for the
+//! kernel's asynchronous releases.
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use citronfs_core::rpc_counts::RpcCounts;
+use citronfs_mount::FuseOp;
+
+use crate::TestMount;
+
+/// Whether `rel` is missing on mount `m` (a `stat` answers ENOENT).
+pub fn missing(m: &TestMount, rel: &str) -> bool {
+    match fs::metadata(m.path(rel)) {
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        Ok(_) => false,
+    }
+}
+
+/// Waits until `done` holds: FUSE sends a release after close(2) has
+/// returned. Only a hang takes the bound.
+pub fn eventually(what: &str, done: impl Fn() -> bool) {
+    let hang = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < hang, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Closes `f` (opened on mount `m`) and waits until the mount has answered
+/// the release that follows; returns the meta-server calls it made.
+pub fn close(m: &TestMount, f: fs::File) -> RpcCounts {
+    let (calls, releases) = (m.client.rpc_counts(), m.requests.snapshot().get(FuseOp::Release));
+    drop(f);
+    eventually("the release of a closed file", || m.requests.snapshot().get(FuseOp::Release) > releases);
+    m.client.rpc_counts() - calls
+}
+
+/// The calls to the meta-server and the FUSE requests one `stat` on `m`
+/// costs.
+pub fn stat_cost(m: &TestMount, rel: &str) -> (fs::Metadata, RpcCounts, u64) {
+    let (calls, requests) = (m.client.rpc_counts(), m.requests.snapshot().total());
+    let meta = fs::metadata(m.path(rel)).unwrap();
+    (meta, m.client.rpc_counts() - calls, m.requests.snapshot().total() - requests)
+}

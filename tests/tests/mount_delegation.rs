@@ -1,0 +1,202 @@
+//! Directory delegations (issue 13; meta-server `grants`, "Delegations"):
+//! a caching mount that made a directory answers every lookup and stat in
+//! it — of names that are there and of names that are not — without a
+//! round trip, and still sees at once every change another mount makes
+//! there: each kind of change is the first in a directory of its own, so
+//! each is the one that must revoke the delegation.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+use citronfs_core::rpc_counts::MetaKind;
+use citronfs_mount::MountOptions;
+use citronfs_tests::coherence::{close, eventually, missing, stat_cost};
+use citronfs_tests::{TestCluster, TestMount};
+
+/// Long enough that nothing expires during a test: whatever the holder
+/// sees after another mount's change, it sees because it was called back.
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+fn cluster(ttl: Duration) -> (TestCluster, TestMount, TestMount) {
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let options = MountOptions { cache_ttl: ttl, ..MountOptions::default() };
+    let a = c.mount_with(options.clone());
+    let b = c.mount_with(options);
+    (c, a, b)
+}
+
+/// Asserts that a `stat` of `rel` on `m` costs no call, and answers it.
+fn free_stat(m: &TestMount, rel: &str) -> Option<fs::Metadata> {
+    let calls = m.client.rpc_counts();
+    let meta = fs::metadata(m.path(rel)).ok();
+    let spent = m.client.rpc_counts() - calls;
+    assert_eq!(spent.operations(), 0, "a stat of {rel} in a delegated directory sent {}", spent.describe());
+    meta
+}
+
+#[test]
+fn a_directory_made_here_answers_its_lookups_and_stats_without_a_round_trip() {
+    let (_c, a, b) = cluster(LONG_TTL);
+    fs::create_dir(a.path("d")).unwrap();
+    assert_eq!(a.invalidations.delegated_dirs(), 1);
+    // The root is not delegated: its entry of d is looked up once.
+    fs::metadata(a.path("d")).unwrap();
+    for i in 0..20 {
+        let name = format!("d/f{i}");
+        // The lookup before the create finds nothing, here: the create and
+        // the close's release are the only calls.
+        let calls = a.client.rpc_counts();
+        let f = fs::OpenOptions::new().write(true).create_new(true).open(a.path(&name)).unwrap();
+        let opened = a.client.rpc_counts() - calls;
+        let released = close(&a, f);
+        assert_eq!(opened.operations(), 1, "round {i}: the create sent {}", opened.describe());
+        assert!(released.operations() <= 1, "round {i}: the close sent {}", released.describe());
+        let meta = free_stat(&a, &name).expect("the new file");
+        assert_eq!(meta.len(), 0);
+        assert!(free_stat(&a, &format!("d/missing{i}")).is_none());
+    }
+    // d's attributes follow A's own changes of it.
+    assert_eq!(
+        fs::metadata(a.path("d")).unwrap().mtime_nsec(),
+        fs::metadata(b.path("d")).unwrap().mtime_nsec()
+    );
+
+    // An own write changes the size one-sidedly: the next stat asks the
+    // meta-server (which holds the attributes again), the one after it not.
+    let mut w = fs::OpenOptions::new().write(true).open(a.path("d/f0")).unwrap();
+    w.write_all(b"12345").unwrap();
+    close(&a, w);
+    let (meta, calls, _) = stat_cost(&a, "d/f0");
+    assert_eq!(meta.len(), 5);
+    assert!(calls.operations() <= 1, "the stat after a write sent {}", calls.describe());
+    assert_eq!(free_stat(&a, "d/f0").unwrap().len(), 5);
+
+    // Own unlinks, renames, mkdirs and rmdirs keep the listing exact.
+    fs::remove_file(a.path("d/f1")).unwrap();
+    assert!(free_stat(&a, "d/f1").is_none());
+    fs::rename(a.path("d/f2"), a.path("d/g2")).unwrap();
+    assert!(missing(&a, "d/f2") && !missing(&a, "d/g2"));
+    fs::rename(a.path("d/f3"), a.path("d/f4")).unwrap();
+    assert!(missing(&a, "d/f3"));
+    assert_eq!(fs::metadata(a.path("d/f4")).unwrap().ino(), fs::metadata(b.path("d/f4")).unwrap().ino());
+    fs::create_dir(a.path("d/sub")).unwrap();
+    assert!(free_stat(&a, "d/sub/x").is_none());
+    close(&a, fs::File::create(a.path("d/sub/x")).unwrap());
+    assert_eq!(free_stat(&a, "d/sub").unwrap().nlink(), fs::metadata(b.path("d/sub")).unwrap().nlink());
+    fs::remove_file(a.path("d/sub/x")).unwrap();
+    fs::remove_dir(a.path("d/sub")).unwrap();
+    assert!(missing(&a, "d/sub"));
+    // None of it was another mount's change: nothing was called back.
+    assert_eq!(a.invalidations.delegated_dirs(), 1, "A lost its delegation of d");
+    let mut on_a: Vec<_> = fs::read_dir(a.path("d")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let mut on_b: Vec<_> = fs::read_dir(b.path("d")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    on_a.sort();
+    on_b.sort();
+    assert_eq!(on_a, on_b);
+}
+
+/// What another mount does in a directory A made, and how A sees it.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Create,
+    Unlink,
+    Chmod,
+    Rename,
+    Write,
+    Truncate,
+    ChmodDir,
+    Mkdir,
+}
+
+#[test]
+fn every_change_on_another_mount_in_a_delegated_directory_is_seen_at_once() {
+    let (_c, a, b) = cluster(LONG_TTL);
+    use Change::*;
+    for (i, change) in
+        [Create, Unlink, Chmod, Rename, Write, Truncate, ChmodDir, Mkdir].into_iter().enumerate()
+    {
+        let d = format!("d{i}");
+        fs::create_dir(a.path(&d)).unwrap();
+        let f = format!("{d}/f");
+        close(&a, fs::File::create(a.path(&f)).unwrap());
+        // A answers from its delegation: the state before the change.
+        let before = free_stat(&a, &f).expect("A's new file");
+        assert!(free_stat(&a, &format!("{d}/new")).is_none());
+        let held = a.invalidations.delegated_dirs();
+        let delivered = a.invalidations.delivered();
+
+        match change {
+            Create => drop(close(&b, fs::File::create(b.path(&format!("{d}/new"))).unwrap())),
+            Unlink => fs::remove_file(b.path(&f)).unwrap(),
+            Chmod => fs::set_permissions(b.path(&f), fs::Permissions::from_mode(0o600)).unwrap(),
+            Rename => fs::rename(b.path(&f), b.path(&format!("{d}/new"))).unwrap(),
+            Write => {
+                let mut w = fs::OpenOptions::new().write(true).open(b.path(&f)).unwrap();
+                w.write_all(b"seven b").unwrap();
+                close(&b, w);
+            }
+            Truncate => fs::OpenOptions::new().write(true).open(b.path(&f)).unwrap().set_len(100).unwrap(),
+            ChmodDir => fs::set_permissions(b.path(&d), fs::Permissions::from_mode(0o700)).unwrap(),
+            Mkdir => fs::create_dir(b.path(&format!("{d}/new"))).unwrap(),
+        }
+        // B's change answered only after A dropped what it held.
+        assert!(a.invalidations.delivered() > delivered, "{change:?}: A was not called back");
+        assert_eq!(a.invalidations.delegated_dirs(), held - 1, "{change:?}: A kept its delegation of {d}");
+
+        let now = fs::metadata(a.path(&f));
+        let new = fs::metadata(a.path(&format!("{d}/new")));
+        match change {
+            Create => assert!(new.as_ref().is_ok_and(|m| m.is_file()), "{change:?}: A misses {d}/new"),
+            Unlink => assert!(now.is_err(), "{change:?}: A still sees {f}"),
+            Chmod => assert_eq!(now.unwrap().permissions().mode() & 0o777, 0o600, "{change:?}"),
+            Rename => {
+                assert!(now.is_err(), "{change:?}: A still sees {f}");
+                assert_eq!(new.unwrap().ino(), before.ino(), "{change:?}");
+            }
+            Write => assert_eq!(now.unwrap().len(), 7, "{change:?}"),
+            Truncate => assert_eq!(now.unwrap().len(), 100, "{change:?}"),
+            ChmodDir => {
+                assert_eq!(fs::metadata(a.path(&d)).unwrap().permissions().mode() & 0o777, 0o700)
+            }
+            Mkdir => assert!(new.unwrap().is_dir(), "{change:?}"),
+        }
+        let (on_a, on_b) = (fs::metadata(a.path(&d)).unwrap(), fs::metadata(b.path(&d)).unwrap());
+        assert_eq!(
+            (on_a.mtime(), on_a.mtime_nsec(), on_a.ctime(), on_a.ctime_nsec(), on_a.nlink()),
+            (on_b.mtime(), on_b.mtime_nsec(), on_b.ctime(), on_b.ctime_nsec(), on_b.nlink()),
+            "{change:?}: A sees {d}'s attributes from before"
+        );
+    }
+}
+
+/// A holder that stops polling (its invalidation thread stalled, as if
+/// its process were stopped) delays another mount's change only until its
+/// delegation runs out, and by then answers nothing from it; one that polls
+/// keeps its delegation for many TTLs. (A change waits for a silent holder
+/// within the client's 5 s RPC timeout only if the TTL is shorter.)
+#[test]
+fn a_delegation_lasts_while_its_holder_polls_and_no_longer() {
+    let ttl = Duration::from_secs(2);
+    let (_c, a, b) = cluster(ttl);
+    fs::create_dir(a.path("d")).unwrap();
+    close(&a, fs::File::create(a.path("d/f")).unwrap());
+    std::thread::sleep(ttl * 2);
+    // d's entry in the root, a grant, ran out: it is looked up again.
+    fs::metadata(a.path("d")).unwrap();
+    free_stat(&a, "d/f").expect("A's file, two TTLs later");
+
+    a.invalidations.stall(true);
+    let _hang = b.watchdog(Duration::from_secs(120));
+    fs::remove_file(b.path("d/f")).unwrap();
+    assert!(missing(&a, "d/f"), "stalled A answers from a delegation B's unlink has outlived");
+    a.invalidations.stall(false);
+    eventually("A drops its delegation", || a.invalidations.delegated_dirs() == 0);
+    // A's next create there asks the meta-server first: two mounts, two
+    // views, one directory.
+    let calls = a.client.rpc_counts();
+    close(&a, fs::File::create(a.path("d/g")).unwrap());
+    assert!((a.client.rpc_counts() - calls).get(MetaKind::Lookup) >= 1);
+    assert!(!missing(&b, "d/g"));
+}
