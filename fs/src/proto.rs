@@ -519,6 +519,14 @@ pub enum MetaResponse {
         created: bool,
         delegated: Delegated,
     },
+    /// A caching client's last release of a regular file it made in a
+    /// directory delegated to it, which nobody has open for writing any
+    /// more: the file's attributes now, held again with the delegation of
+    /// `dir` (meta-server `grants`, "Delegations").
+    Held {
+        dir: Ino,
+        attr: Attr,
+    },
     Chunks(Allocated),
     Stats(FsStats),
     Status(Box<crate::status::ClusterStatus>),

@@ -459,6 +459,19 @@ impl Grants {
         }
     }
 
+    /// After `client`'s last release of regular file `ino`: the directory
+    /// whose delegation holds `ino`'s attributes for it, if the delegation
+    /// is usable and nobody has the file open for writing any more (its
+    /// attributes then change only through the meta-server, which revokes).
+    /// Called under the namespace mutex, with the release.
+    pub fn held_again(&self, client: ClientId, ino: Ino) -> Option<Ino> {
+        let s = self.state.lock();
+        if s.writers.contains_key(&ino) {
+            return None;
+        }
+        s.delegations.held_dir(client, ino, Instant::now())
+    }
+
     /// Whether some client has regular file `ino` open for writing (then
     /// its attributes are not granted).
     pub fn written(&self, ino: Ino) -> bool {

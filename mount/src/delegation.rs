@@ -18,9 +18,13 @@
 //!   directory follows the mount's changes in it from their answers (its
 //!   new attributes, [`Delegations::refresh`]).
 //!
-//! The kernel gets TTL zero for all of it, as it does for the attributes
-//! of a new file (`attr_cache`): it asks again at every use, and only the
-//! mount has to drop anything.
+//! The kernel gets what is left of the delegation's time for positive
+//! entries and held attributes, so a stat within it costs no request at
+//! all; a revocation tells the kernel to drop the names
+//! (`FUSE_NOTIFY_INC_EPOCH`, or one `inval_entry` each on kernels without
+//! it) and the held attributes (`inval_inode` each) before it is
+//! acknowledged. A name that is not there gets TTL zero: on a kernel
+//! without epochs a negative entry could not be named to drop it.
 //!
 //! # Why it stays true
 //!
@@ -63,6 +67,7 @@ use citronfs_core::FsError;
 use fuser::{Errno, Generation, ReplyAttr, ReplyEntry};
 use parking_lot::Mutex;
 
+use crate::invalidation::Sample;
 use crate::{fuse_attr, CitronFuse};
 
 /// Most names all listings of a mount hold (about 100 bytes each).
@@ -86,15 +91,27 @@ struct State {
 }
 
 impl State {
-    fn drop_listing(&mut self, dir: Ino) {
-        if let Some(listing) = self.listings.remove(&dir) {
-            self.names -= listing.names.len();
-            for ino in listing.names.values() {
-                if self.held.get(ino).is_some_and(|(d, _)| *d == dir) {
-                    self.held.remove(ino);
-                }
+    fn drop_listing(&mut self, dir: Ino) -> Dropped {
+        let Some(listing) = self.listings.remove(&dir) else { return Dropped::default() };
+        self.names -= listing.names.len();
+        let mut dropped = Dropped { names: Vec::with_capacity(listing.names.len()), held: Vec::new() };
+        for (name, ino) in listing.names {
+            if self.held.get(&ino).is_some_and(|(d, _)| *d == dir) {
+                self.held.remove(&ino);
+                dropped.held.push(ino);
             }
+            dropped.names.push(name);
         }
+        // Held with it under another name since (a rename away, a release
+        // that held it again).
+        self.held.retain(|ino, (d, _)| {
+            let kept = *d != dir;
+            if !kept {
+                dropped.held.push(*ino);
+            }
+            kept
+        });
+        dropped
     }
 
     fn listing(&self, dir: Ino, now: Instant) -> Option<&Listing> {
@@ -107,8 +124,17 @@ impl State {
 pub enum Found {
     /// Not in the directory.
     Absent,
-    /// There, with its attributes.
-    Present(Attr),
+    /// There, with its attributes, good for this long.
+    Present(Attr, Duration),
+}
+
+/// What a revocation dropped: what the kernel may have cached of it.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// The names the listing held.
+    pub names: Vec<Vec<u8>>,
+    /// The inodes whose attributes were held with it.
+    pub held: Vec<Ino>,
 }
 
 /// Taken before an own change is sent: a new directory's delegation is
@@ -130,20 +156,23 @@ impl Delegations {
     /// here (or its delegation ran out), or `name` is there but its
     /// attributes are not held.
     pub fn lookup(&self, dir: Ino, name: &[u8]) -> Option<Found> {
+        let now = Instant::now();
         let s = self.state.lock();
-        let listing = s.listing(dir, Instant::now())?;
+        let listing = s.listing(dir, now)?;
         match listing.names.get(name) {
             None => Some(Found::Absent),
-            Some(ino) => Some(Found::Present(s.held.get(ino)?.1.clone())),
+            Some(ino) => Some(Found::Present(s.held.get(ino)?.1.clone(), listing.valid_until - now)),
         }
     }
 
-    /// `ino`'s held attributes, if its directory's delegation is good.
-    pub fn attr(&self, ino: Ino) -> Option<Attr> {
+    /// `ino`'s held attributes, if its directory's delegation is good, and
+    /// for how long.
+    pub fn attr(&self, ino: Ino) -> Option<(Attr, Duration)> {
+        let now = Instant::now();
         let s = self.state.lock();
         let (dir, attr) = s.held.get(&ino)?;
-        s.listing(*dir, Instant::now())?;
-        Some(attr.clone())
+        let listing = s.listing(*dir, now)?;
+        Some((attr.clone(), listing.valid_until - now))
     }
 
     pub fn ticket(&self) -> Ticket {
@@ -151,7 +180,8 @@ impl Delegations {
     }
 
     /// An own change made `name` → `attr` in `dir`, and the meta-server
-    /// answered it `delegated`; `ttl`: the mount's grant TTL.
+    /// answered it `delegated`; `ttl`: the mount's grant TTL. Answers how
+    /// long the new inode's attributes are held.
     pub fn made(
         &self,
         ticket: Ticket,
@@ -160,7 +190,8 @@ impl Delegations {
         attr: &Attr,
         delegated: Delegated,
         ttl: Duration,
-    ) {
+    ) -> Option<Duration> {
+        let now = Instant::now();
         let mut s = self.state.lock();
         if delegated.dir && s.revocations == ticket.revocations && s.names < MAX_NAMES {
             let listing = Listing { names: HashMap::new(), valid_until: ticket.sent + ttl };
@@ -168,15 +199,29 @@ impl Delegations {
                 log::warn!("directory {} delegated twice", attr.ino.0);
             }
         }
-        let Some(listing) = s.listings.get_mut(&dir) else { return };
+        let listing = s.listings.get_mut(&dir)?;
+        let valid_until = listing.valid_until;
         if listing.names.insert(name.to_vec(), attr.ino).is_none() {
             s.names += 1;
         }
         if s.names > MAX_NAMES {
-            s.drop_listing(dir);
-            return;
+            // Never answered with a TTL for a name it lacks: dropping it
+            // needs no notify.
+            let _ = s.drop_listing(dir);
+            return None;
         }
-        if delegated.child {
+        if !delegated.child || valid_until <= now {
+            return None;
+        }
+        s.held.insert(attr.ino, (dir, attr.clone()));
+        Some(valid_until - now)
+    }
+
+    /// A release the meta-server answered with `attr`, held again with
+    /// this mount's delegation of `dir` (`MetaResponse::Held`).
+    pub fn held_again(&self, dir: Ino, attr: &Attr) {
+        let mut s = self.state.lock();
+        if s.listings.contains_key(&dir) {
             s.held.insert(attr.ino, (dir, attr.clone()));
         }
     }
@@ -198,8 +243,9 @@ impl Delegations {
         if let Some(ino) = listing.names.remove(name) {
             s.names -= 1;
             s.held.remove(&ino);
-            // A removed directory's own listing goes with it.
-            s.drop_listing(ino);
+            // A removed directory's own listing goes with it (the kernel
+            // dropped what it cached of it with the rmdir).
+            let _ = s.drop_listing(ino);
         }
     }
 
@@ -215,9 +261,10 @@ impl Delegations {
             s.held.remove(ino);
         }
         let both = s.listings.contains_key(&from.0) && s.listings.contains_key(&to.0);
+        // Own changes: the kernel updates its cache from their answers.
         if !both || (exchange && (moved.is_none() || replaced.is_none())) {
-            s.drop_listing(from.0);
-            s.drop_listing(to.0);
+            let _ = s.drop_listing(from.0);
+            let _ = s.drop_listing(to.0);
             return;
         }
         let Some(moved) = moved else { return }; // nothing was there: the rename failed
@@ -238,7 +285,7 @@ impl Delegations {
         } else if let Some(replaced) = replaced {
             // Replaced: gone from the directory (and its listing, if a
             // directory).
-            s.drop_listing(replaced);
+            let _ = s.drop_listing(replaced);
         }
     }
 
@@ -264,15 +311,16 @@ impl Delegations {
     /// listing, and its own attributes, go.
     pub fn unsure(&self, dir: Ino) {
         let mut s = self.state.lock();
-        s.drop_listing(dir);
+        let _ = s.drop_listing(dir);
         s.held.remove(&dir);
     }
 
-    /// The meta-server revoked `dir`'s delegation (`Invalidation::Listing`).
-    pub fn revoked(&self, dir: Ino) {
+    /// The meta-server revoked `dir`'s delegation (`Invalidation::Listing`):
+    /// answers what the kernel may have cached of it.
+    pub fn revoked(&self, dir: Ino) -> Dropped {
         let mut s = self.state.lock();
         s.revocations += 1;
-        s.drop_listing(dir);
+        s.drop_listing(dir)
     }
 
     /// A poll sent at `sent` renewed this mount's delegations, and every
@@ -289,13 +337,25 @@ impl Delegations {
             }
         }
         for dir in expired {
-            s.drop_listing(dir);
+            // The kernel's TTLs ran out before it did.
+            let _ = s.drop_listing(dir);
         }
     }
 
     /// Delegated directories kept now (tests, diagnostics).
     pub fn len(&self) -> usize {
         self.state.lock().listings.len()
+    }
+}
+
+/// The TTL to hand the kernel for what a delegation answered, good for
+/// `left`: zero if an invalidation was processed while it was read
+/// (`before`, `after`; see [`crate::invalidation`]).
+fn delegated_ttl(left: Duration, before: Sample, after: Sample) -> Duration {
+    if before == after {
+        left
+    } else {
+        Duration::ZERO
     }
 }
 
@@ -313,10 +373,14 @@ impl CitronFuse {
         if name == b"." || name == b".." {
             return Some(reply);
         }
+        let epochs = self.invalidations.epochs();
+        let before = epochs.all();
         match d.lookup(parent, name) {
+            // TTL zero: a negative entry could be dropped only by an epoch
+            // (see the module header).
             Some(Found::Absent) => reply.error(Errno::ENOENT),
-            Some(Found::Present(attr)) => {
-                let ttl = self.options.attr_ttl;
+            Some(Found::Present(attr, left)) => {
+                let ttl = delegated_ttl(left, before, epochs.all());
                 reply.entry_with_ttls(&ttl, &ttl, &fuse_attr(&attr), Generation(0))
             }
             None => return Some(reply),
@@ -335,9 +399,11 @@ impl CitronFuse {
     /// Answers a `GETATTR` of `ino` from a delegation; `reply` back if
     /// none holds it.
     pub(crate) fn getattr_delegated(&self, ino: Ino, reply: ReplyAttr) -> Option<ReplyAttr> {
+        let epochs = self.invalidations.epochs();
+        let before = epochs.of(ino);
         match self.delegations().and_then(|d| d.attr(ino)) {
-            Some(attr) => {
-                reply.attr(&self.options.attr_ttl, &fuse_attr(&attr));
+            Some((attr, left)) => {
+                reply.attr(&delegated_ttl(left, before, epochs.of(ino)), &fuse_attr(&attr));
                 None
             }
             None => Some(reply),
@@ -349,18 +415,35 @@ impl CitronFuse {
         self.delegations().map(Delegations::ticket)
     }
 
-    /// An own change that makes `name` in `parent` answered.
+    /// An own change that makes `name` in `parent` answered: the TTL to
+    /// hand the kernel for the new inode's entry and attributes.
     pub(crate) fn made(
         &self,
         ticket: Option<Ticket>,
         parent: Ino,
         name: &[u8],
         r: Result<(&Attr, Delegated), &FsError>,
-    ) {
-        let (Some(d), Some(ticket)) = (self.delegations(), ticket) else { return };
-        match r {
-            Ok((attr, delegated)) => d.made(ticket, parent, name, attr, delegated, self.options.cache_ttl),
-            Err(_) => d.unsure(parent),
+    ) -> Duration {
+        let (Some(d), Some(t)) = (self.delegations(), ticket) else { return self.options.attr_ttl };
+        let epochs = self.invalidations.epochs();
+        let before = epochs.all();
+        let held = match r {
+            Ok((attr, delegated)) => d.made(t, parent, name, attr, delegated, self.options.cache_ttl),
+            Err(_) => {
+                d.unsure(parent);
+                None
+            }
+        };
+        match held {
+            Some(left) => delegated_ttl(left, before, epochs.all()),
+            None => self.options.attr_ttl,
+        }
+    }
+
+    /// A release the meta-server answered: what it held again is kept.
+    pub(crate) fn released(&self, held: Option<(Ino, Attr)>) {
+        if let (Some(d), Some((dir, attr))) = (self.delegations(), held) {
+            d.held_again(dir, &attr);
         }
     }
 
@@ -431,8 +514,10 @@ mod tests {
         assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent));
         assert_eq!(d.lookup(ROOT, b"d"), None, "the root was never delegated");
         d.made(d.ticket(), Ino(2), b"f", &attr(3, FileKind::File), CHILD, TTL);
-        assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Present(attr(3, FileKind::File))));
-        assert_eq!(d.attr(Ino(3)), Some(attr(3, FileKind::File)));
+        let Some(Found::Present(found, left)) = d.lookup(Ino(2), b"f") else { panic!("d/f not found") };
+        assert_eq!(found, attr(3, FileKind::File));
+        assert!(left <= TTL && left > TTL / 2, "held for {left:?}");
+        assert_eq!(d.attr(Ino(3)).map(|(a, _)| a), Some(attr(3, FileKind::File)));
         d.forget(Ino(3));
         assert_eq!(d.lookup(Ino(2), b"f"), None, "answered attributes an own write changed");
         assert_eq!(d.lookup(Ino(2), b"g"), Some(Found::Absent));
@@ -442,7 +527,9 @@ mod tests {
         assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent));
         assert_eq!(d.attr(Ino(3)), None);
         d.made(d.ticket(), Ino(2), b"g", &attr(4, FileKind::File), CHILD, TTL);
-        d.revoked(Ino(2));
+        let dropped = d.revoked(Ino(2));
+        assert_eq!(dropped.held, vec![Ino(4)], "the kernel is not told of the held attributes");
+        assert_eq!(dropped.names, vec![b"g".to_vec()]);
         assert_eq!(d.lookup(Ino(2), b"h"), None, "answered past a revocation");
         assert_eq!(d.attr(Ino(4)), None);
         d.made(d.ticket(), Ino(2), b"h", &attr(5, FileKind::File), CHILD, TTL);

@@ -177,8 +177,8 @@ impl Filesystem for CitronFuse {
             let perm = (mode & !umask & 0o7777) as u16;
             self.client.create_granted(caller(req), Ino(parent.0), name(n), kind, perm, rdev)
         });
-        self.made(making, Ino(parent.0), name(n), r.as_ref().map(|(a, g)| (a, g.delegated)));
-        self.entry(reply, self.dir_changed_then(ticket, r))
+        let ttl = self.made(making, Ino(parent.0), name(n), r.as_ref().map(|(a, g)| (a, g.delegated)));
+        self.entry_for(reply, self.dir_changed_then(ticket, r), ttl)
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
@@ -186,8 +186,8 @@ impl Filesystem for CitronFuse {
         let perm = (mode & !umask & 0o7777) as u16;
         let (ticket, making) = (self.dir_changing(Ino(parent.0)), self.making());
         let r = self.client.create_granted(caller(req), Ino(parent.0), name(n), FileKind::Dir, perm, 0);
-        self.made(making, Ino(parent.0), name(n), r.as_ref().map(|(a, g)| (a, g.delegated)));
-        self.entry(reply, self.dir_changed_then(ticket, r))
+        let ttl = self.made(making, Ino(parent.0), name(n), r.as_ref().map(|(a, g)| (a, g.delegated)));
+        self.entry_for(reply, self.dir_changed_then(ticket, r), ttl)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
@@ -218,8 +218,8 @@ impl Filesystem for CitronFuse {
         let target = target.as_os_str().as_bytes();
         let (ticket, making) = (self.dir_changing(Ino(parent.0)), self.making());
         let r = self.client.symlink_granted(caller(req), Ino(parent.0), name(link), target);
-        self.made(making, Ino(parent.0), name(link), r.as_ref().map(|(a, g)| (a, g.delegated)));
-        self.entry(reply, self.dir_changed_then(ticket, r))
+        let ttl = self.made(making, Ino(parent.0), name(link), r.as_ref().map(|(a, g)| (a, g.delegated)));
+        self.entry_for(reply, self.dir_changed_then(ticket, r), ttl)
     }
 
     fn rename(
@@ -255,7 +255,8 @@ impl Filesystem for CitronFuse {
         let making = self.making();
         let r = self.client.link(caller(req), Ino(ino.0), Ino(newparent.0), name(newname));
         // Named here without its attributes: its link count changed.
-        self.made(making, Ino(newparent.0), name(newname), r.as_ref().map(|a| (a, Delegated::default())));
+        let _ =
+            self.made(making, Ino(newparent.0), name(newname), r.as_ref().map(|a| (a, Delegated::default())));
         self.attrs_changed(&[Ino(ino.0), Ino(newparent.0)]);
         self.entry(reply, r)
     }
@@ -362,7 +363,7 @@ impl Filesystem for CitronFuse {
                     log::warn!("releasing the locks of handle {} of inode {}: {e}", fh.0, f.ino.0);
                 }
                 let released = if f.registration == self.client.registration() {
-                    self.client.release(f.ino)
+                    self.client.release_held(f.ino).map(|held| self.released(held))
                 } else {
                     Ok(()) // the meta-server dropped this open with the old registration
                 };
@@ -498,12 +499,15 @@ impl Filesystem for CitronFuse {
         // looked it up is opened, not refused.
         let exclusive = flags & libc::O_EXCL != 0;
         let opened = self.client.create_or_open(who, parent, n, perm, exclusive);
-        match &opened {
+        let ttl = match &opened {
             Ok(o) if o.created => self.made(making, parent, n, Ok((&o.attr, o.granted.delegated))),
-            // Opened for writing: its attributes may change one-sidedly.
-            Ok(o) => self.file_changing(o.attr.ino),
+            Ok(o) => {
+                // Opened for writing: its attributes may change one-sidedly.
+                self.file_changing(o.attr.ino);
+                self.options.attr_ttl
+            }
             Err(e) => self.made(making, parent, n, Err(e)),
-        }
+        };
         self.dir_changed(ticket, opened.as_ref().ok().map(|o| &o.granted));
         // A new file's attributes are granted to this mount, its creator,
         // until its release (meta-server `grants`, "Creators"): kept here to
@@ -519,13 +523,9 @@ impl Filesystem for CitronFuse {
         });
         let r = opened.map(|a| (self.track_open(a.ino, flags), a));
         match r {
-            Ok((fh, a)) => reply.created(
-                &self.options.attr_ttl,
-                &fuse_attr(&a),
-                Generation(0),
-                fh,
-                FopenFlags::FOPEN_DIRECT_IO,
-            ),
+            Ok((fh, a)) => {
+                reply.created(&ttl, &fuse_attr(&a), Generation(0), fh, FopenFlags::FOPEN_DIRECT_IO)
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

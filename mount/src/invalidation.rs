@@ -257,24 +257,39 @@ impl InvalidationControl {
     /// Tells the kernel to drop what `item` names. The kernel answers
     /// ENOENT for what it does not cache, which is no failure.
     fn deliver(&self, notify: &mut Notify, items: &[Invalidation]) {
-        let mut entries = Vec::new();
+        let mut entries: Vec<(Ino, Vec<u8>)> = Vec::new();
+        let mut inodes = Vec::new();
         for item in items {
             match item {
                 Invalidation::Attr(ino) => {
                     self.0.epochs.bump(*ino);
                     self.0.attrs.invalidate(*ino);
-                    warn_failed(item, notify.notifier.inval_inode(fuser::INodeNo(ino.0), -1, 0));
+                    inodes.push(*ino);
                 }
                 Invalidation::Entry { parent, name } => {
                     self.0.epochs.bump(*parent);
-                    entries.push((*parent, name.as_slice()));
+                    entries.push((*parent, name.clone()));
                 }
-                // Only this mount answered from it (TTL zero to the kernel).
-                Invalidation::Listing(dir) => self.0.delegations.revoked(*dir),
+                // What the mount answered from the delegation, with the
+                // delegation's time as TTL: every name and held attribute.
+                Invalidation::Listing(dir) => {
+                    self.0.epochs.bump(*dir);
+                    let dropped = self.0.delegations.revoked(*dir);
+                    for ino in dropped.held {
+                        self.0.epochs.bump(ino);
+                        inodes.push(ino);
+                    }
+                    entries.extend(dropped.names.into_iter().map(|name| (*dir, name)));
+                }
             }
         }
+        for ino in inodes {
+            let result = notify.notifier.inval_inode(fuser::INodeNo(ino.0), -1, 0);
+            warn_failed(&Invalidation::Attr(ino), result);
+        }
         if !entries.is_empty() {
-            notify.entries(&entries);
+            let named: Vec<(Ino, &[u8])> = entries.iter().map(|(p, n)| (*p, n.as_slice())).collect();
+            notify.entries(&named);
         }
         self.0.delivered.fetch_add(items.len() as u64, Ordering::Relaxed);
     }

@@ -253,6 +253,14 @@ impl CitronFuse {
         }
     }
 
+    /// [`Self::entry`] with `ttl` for the entry and its attributes.
+    fn entry_for(&self, reply: ReplyEntry, r: Result<Attr, FsError>, ttl: Duration) {
+        match r {
+            Ok(a) => reply.entry(&ttl, &fuse_attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
     fn open_fh(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, FsError> {
         self.client.open_as(caller, ino, flags)?;
         Ok(self.track_open(ino, flags))

@@ -520,7 +520,9 @@ fn a_cached_create_costs_three_calls_and_the_stat_of_its_directory_none() {
 #[test]
 fn a_creator_answers_the_attributes_of_its_new_file_until_its_close_and_no_longer() {
     let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
-    fs::create_dir(a.path("d")).unwrap();
+    // Made on B: A's creates are a creator's, not a delegation holder's
+    // (`mount_delegation` has those).
+    fs::create_dir(b.path("d")).unwrap();
     fs::metadata(a.path("d")).unwrap();
     close(&a, fs::File::create(a.path("d/warm")).unwrap());
 

@@ -103,19 +103,26 @@ impl FsClient {
     /// addresses forgotten before the meta-server, which may then reuse the
     /// memory, hears of the release.
     pub fn release(&self, ino: Ino) -> Result<(), FsError> {
+        self.release_held(ino).map(drop)
+    }
+
+    /// [`FsClient::release`], and the file's attributes with the directory
+    /// whose delegation holds them again, if the meta-server did
+    /// (`MetaResponse::Held`).
+    pub fn release_held(&self, ino: Ino) -> Result<Option<(Ino, Attr)>, FsError> {
         let current = self.registration();
         let Some(entry) = self.shared.opens.get(ino) else {
-            return self.call_done(&MetaRequest::Release { client: self.client_id(), ino, opens: 1 });
+            return self.call_release(&MetaRequest::Release { client: self.client_id(), ino, opens: 1 });
         };
         let mut e = entry.lock();
         if e.closed || e.registration != current {
             // The meta-server dropped it with an older registration.
-            return Ok(());
+            return Ok(None);
         }
         if e.count > 1 {
             e.count -= 1;
             e.deferred += 1;
-            return Ok(());
+            return Ok(None);
         }
         // Calls still using the addresses end first (a lock request of a
         // process the kernel abandoned may be running on another worker),
@@ -132,7 +139,15 @@ impl FsClient {
         self.layouts.write().remove(&ino);
         // Still holding the entry: an open of the file by another thread
         // reaches the meta-server after this release.
-        self.call_done(&MetaRequest::Release { client: self.client_id(), ino, opens })
+        self.call_release(&MetaRequest::Release { client: self.client_id(), ino, opens })
+    }
+
+    fn call_release(&self, request: &MetaRequest) -> Result<Option<(Ino, Attr)>, FsError> {
+        match self.call(request)? {
+            MetaResponse::Done => Ok(None),
+            MetaResponse::Held { dir, attr } => Ok(Some((dir, attr))),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Files open on this client (each counted once).

@@ -101,6 +101,13 @@ impl Delegations {
         true
     }
 
+    /// The directory whose delegation `client` holds `ino`'s attributes
+    /// with, if that delegation is usable.
+    pub fn held_dir(&self, client: ClientId, ino: Ino, now: Instant) -> Option<Ino> {
+        let dir = *self.parent_of.get(&ino)?;
+        self.by_dir.get(&dir).filter(|d| d.usable_by(client, now) && d.children.contains(&ino)).map(|_| dir)
+    }
+
     /// What a change of `ino`'s attributes by `changer` (`None`: a client
     /// that does not cache, or the meta-server) does to the delegation
     /// covering `ino` — `ino` itself if delegated, else its directory's if
@@ -207,6 +214,8 @@ mod tests {
         d.delegate(A, DIR, TTL, now);
         assert!(d.hold_child(A, DIR, Ino(11), now));
         assert!(!d.hold_child(B, DIR, Ino(12), now), "a child held with another client's delegation");
+        assert_eq!(d.held_dir(A, Ino(11), now), Some(DIR));
+        assert_eq!(d.held_dir(B, Ino(11), now), None, "held for a client that does not hold the delegation");
         assert_eq!(d.revocation(DIR, Some(A), now), None);
         assert_eq!(d.revocation(Ino(11), Some(A), now), None);
         assert_eq!(d.revocation(Ino(12), Some(B), now), None, "a child not held revokes");

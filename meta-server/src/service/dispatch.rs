@@ -427,6 +427,12 @@ impl MetaService {
                 self.access.closed(client, ino, still_open);
                 if !still_open {
                     self.grants.closed(client, ino);
+                    // A file its creator wrote in its delegated directory:
+                    // the attributes the writes changed, held again.
+                    let holder = caching.map(|(c, _)| c).filter(|c| *c == client);
+                    if let Some(dir) = holder.and_then(|c| self.grants.held_again(c, ino)) {
+                        return Ok(A::Held { dir, attr: ns.attr(ino)? });
+                    }
                 }
                 A::Done
             }
