@@ -515,7 +515,8 @@ pub enum MetaResponse {
     /// what the changer holds as delegations.
     ParentGranted {
         answer: Box<MetaResponse>,
-        parent: Attr,
+        /// `None`: not granted (contended, or gone).
+        parent: Option<Attr>,
         created: bool,
         delegated: Delegated,
     },
