@@ -396,10 +396,11 @@ impl CitronFuse {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn attr(ino: u64, kind: FileKind, nlink: u32) -> Attr {
+    /// Attributes of inode `ino`, for tests.
+    pub(crate) fn attr(ino: u64, kind: FileKind, nlink: u32) -> Attr {
         let t = citronfs_core::types::Timestamp::default();
         Attr {
             ino: Ino(ino),

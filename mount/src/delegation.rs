@@ -473,27 +473,12 @@ impl CitronFuse {
 
 #[cfg(test)]
 mod tests {
-    use citronfs_core::types::{FileKind, Timestamp};
+    use citronfs_core::types::FileKind;
 
     use super::*;
 
     fn attr(ino: u64, kind: FileKind) -> Attr {
-        let t = Timestamp::default();
-        Attr {
-            ino: Ino(ino),
-            kind,
-            perm: 0o755,
-            uid: 0,
-            gid: 0,
-            size: 0,
-            nlink: 1,
-            rdev: 0,
-            allocated: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            crtime: t,
-        }
+        crate::attr_cache::tests::attr(ino, kind, 1)
     }
 
     const TTL: Duration = Duration::from_secs(60);
