@@ -342,6 +342,15 @@ impl Delegations {
         }
     }
 
+    /// Forgets every delegation (a new registration of the client).
+    pub fn clear(&self) {
+        let mut s = self.state.lock();
+        s.revocations += 1;
+        s.listings.clear();
+        s.held.clear();
+        s.names = 0;
+    }
+
     /// Delegated directories kept now (tests, diagnostics).
     pub fn len(&self) -> usize {
         self.state.lock().listings.len()

@@ -232,6 +232,9 @@ impl InvalidationControl {
             if registration != Some(me) {
                 registration = Some(me);
                 acked = 0;
+                // The delegations were the old registration's: the new
+                // one's polls renew none of them.
+                self.0.delegations.clear();
             }
             let (sent, ttl) = (Instant::now(), c.caching());
             let polled = c.await_invalidations(acked);
@@ -241,8 +244,9 @@ impl InvalidationControl {
                     self.wait_while_stalled();
                     self.deliver(&mut notifier, &polled.items);
                     acked = polled.through;
-                    // After the revocations it carries (see `delegation`).
-                    if polled.renewed {
+                    // After the revocations it carries (see `delegation`),
+                    // and only if it renewed this registration's.
+                    if polled.renewed && polled.client == me {
                         self.0.delegations.renew(sent, ttl);
                     }
                 }

@@ -203,3 +203,38 @@ fn a_delegation_lasts_while_its_holder_polls_and_no_longer() {
     assert!((a.client.rpc_counts() - calls).get(MetaKind::Lookup) >= 1);
     assert!(!missing(&b, "d/g"));
 }
+
+/// A caching mount whose process stops past its lease is fenced; resumed,
+/// it registers again, and answers nothing from the delegations of its old
+/// registration (the new one's polls renew none of them): a name another
+/// mount made meanwhile in a directory it had made is seen at once. The
+/// TTL outlasts the fence, so the old listing would still be good.
+#[test]
+fn a_mount_fenced_and_registered_again_answers_nothing_from_its_old_delegations() {
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mount-worker"));
+    cmd.arg(c.meta.local_addr().to_string()).arg(dir.path()).arg("--cache-ttl-ms").arg("4000");
+    let a = citronfs_tests::ProcessMount::start(cmd, dir, "mounted");
+    let on_a = |rel: &str| a.dir.path().join(rel);
+    fs::create_dir(on_a("d")).unwrap();
+    fs::File::create(on_a("d/f")).unwrap();
+    assert!(fs::metadata(on_a("d/g")).is_err());
+    let ids = || c.meta.status().clients.iter().map(|s| s.id).collect::<Vec<_>>();
+    let before = ids();
+    assert_eq!(before.len(), 1);
+
+    // SAFETY: signals to our own child.
+    unsafe { libc::kill(a.pid(), libc::SIGSTOP) };
+    eventually("A is fenced", || ids().is_empty());
+    // SAFETY: as above.
+    unsafe { libc::kill(a.pid(), libc::SIGCONT) };
+    eventually("A registers again", || ids().len() == 1 && ids() != before);
+    // A poll of the new registration has come and gone.
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let b = c.mount_with(MountOptions { cache_ttl: LONG_TTL, ..MountOptions::default() });
+    let _hang = b.watchdog(Duration::from_secs(60));
+    close(&b, fs::File::create(b.path("d/g")).unwrap());
+    assert!(fs::metadata(on_a("d/g")).is_ok(), "A answered from the listing of its old registration");
+}

@@ -9,11 +9,13 @@ use std::time::Duration;
 use super::{granted, unexpected, ChangeGrant, FsClient};
 use crate::error::FsError;
 use crate::proto::{EntryPlus, Grant, Invalidation, MetaRequest, MetaResponse, RenameMode, XattrMode};
-use crate::types::{Attr, Caller, DirEntry, FileKind, FsStats, Ino};
+use crate::types::{Attr, Caller, ClientId, DirEntry, FileKind, FsStats, Ino};
 
 /// An answer to [`FsClient::await_invalidations`].
 #[derive(Debug)]
 pub struct Polled {
+    /// The registration it polled as.
+    pub client: ClientId,
     /// The number of the last invalidation in `items` (the next `acked`).
     pub through: u64,
     pub items: Vec<Invalidation>,
@@ -55,9 +57,12 @@ impl FsClient {
     /// the client's delegations. Numbers start again at zero for a new
     /// registration ([`FsClient::client_id`]).
     pub fn await_invalidations(&self, acked: u64) -> Result<Polled, FsError> {
-        let request = MetaRequest::AwaitInvalidations { client: self.client_id(), acked };
+        let client = self.client_id();
+        let request = MetaRequest::AwaitInvalidations { client, acked };
         match self.call_plain(&request)? {
-            MetaResponse::Invalidations { through, items, renewed } => Ok(Polled { through, items, renewed }),
+            MetaResponse::Invalidations { through, items, renewed } => {
+                Ok(Polled { client, through, items, renewed })
+            }
             other => Err(unexpected(other)),
         }
     }

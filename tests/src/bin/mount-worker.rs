@@ -24,6 +24,9 @@ struct Args {
     /// Prove the first key of this key file.
     #[arg(long)]
     key_file: Option<PathBuf>,
+    /// Coherent caching with this grant TTL, in ms (0: none).
+    #[arg(long, default_value_t = 0)]
+    cache_ttl_ms: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -39,7 +42,9 @@ fn main() -> anyhow::Result<()> {
         config.key = Some(ring.first().clone());
     }
     let client = FsClient::connect(config)?;
-    let session = spawn_mount(CitronFuse::new(client, MountOptions::default()), &args.dir)?;
+    let options =
+        MountOptions { cache_ttl: Duration::from_millis(args.cache_ttl_ms), ..MountOptions::default() };
+    let session = spawn_mount(CitronFuse::new(client, options), &args.dir)?;
     println!("mounted");
     session.join()?;
     Ok(())
