@@ -6,7 +6,9 @@
 //! memory, uncached). Attributes and entries are not cached by default; with
 //! [`MountOptions::cache_ttl`] the kernel caches what the meta-server grants
 //! and the meta-server calls every other mount back before a change answers
-//! ([`invalidation`]), so mounts stay strictly coherent either way. Shared
+//! ([`invalidation`]), so mounts stay strictly coherent either way; a
+//! directory the mount made is delegated to it, and it answers lookups and
+//! stats there itself ([`delegation`]). Shared
 //! mappings are the one use of the page cache, kept coherent across mounts
 //! through locks ([`coherence`]). The session is multi-threaded.
 
