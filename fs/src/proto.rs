@@ -515,8 +515,7 @@ pub enum MetaResponse {
     /// what the changer holds as delegations.
     ParentGranted {
         answer: Box<MetaResponse>,
-        /// `None`: not granted (contended, or gone).
-        parent: Option<Attr>,
+        parent: Attr,
         created: bool,
         delegated: Delegated,
     },

@@ -144,24 +144,6 @@
 //! every invalidation queued before it (`renewed`), so a delegation
 //! revoked before the poll arrived is dropped by that answer, not renewed.
 //!
-//! # Contention
-//!
-//! Two mounts that change the same thing in turn — SQLite's journal made
-//! and removed in one directory from two nodes, two mounts creating in one
-//! directory — would each wait for the other's acknowledgement at every
-//! change: each change revokes the grant the other's last change or lookup
-//! was given. So a thing is *contended* once a client's change calls back
-//! a grant of it while that client was itself called back for it within
-//! [`PING_PONG`]; a contended thing is granted to nobody for
-//! [`CONTENDED_FOR`] ([`Grants::grant`] answers `false`; the kernel gets
-//! TTL zero and asks the meta-server each time). A round trip per lookup
-//! costs less than a callback per change, and the change waits for no
-//! one. A thing changed by one client and read by others is never
-//! contended: only the readers are called back. A name refused is refused
-//! with its attributes, and an inode made in a contended directory is
-//! contended from birth ([`Grants::born_in`]): the journal made anew each
-//! time is what the two change in turn.
-//!
 //! # Delivery
 //!
 //! Each caching mount long-polls with `AwaitInvalidations { acked }` on a
@@ -210,14 +192,6 @@ pub const POLL_WAIT: Duration = Duration::from_millis(500);
 /// A client holding delegations polls at least this many times per TTL
 /// (see "Delegations").
 const POLLS_PER_TTL: u32 = 4;
-
-/// A change calling back another client within this long of its own
-/// callback for the same thing makes the thing contended (see
-/// "Contention").
-pub const PING_PONG: Duration = Duration::from_secs(1);
-
-/// How long a contended thing is granted to nobody.
-pub const CONTENDED_FOR: Duration = Duration::from_secs(2);
 
 /// Most invalidations one poll answers.
 const POLL_BATCH: usize = 1024;
@@ -277,11 +251,6 @@ pub struct Polled {
 #[derive(Default)]
 struct State {
     grants: HashMap<Key, HashMap<ClientId, Grant>>,
-    /// When each client was last called back for each thing, within
-    /// [`PING_PONG`] (see "Contention").
-    called_back: HashMap<Key, HashMap<ClientId, Instant>>,
-    /// Things granted to nobody until then.
-    contended: HashMap<Key, Instant>,
     delegations: Delegations,
     queues: HashMap<ClientId, Queue>,
     /// Regular files some client has open for writing, and who: from the
@@ -307,11 +276,10 @@ pub struct Grants {
 }
 
 impl Grants {
-    /// Records that `client`'s kernel may cache `key` for `ttl`, unless it
-    /// is contended (see "Contention"); whether it may. Called with the
-    /// namespace mutex held, before the answer leaves.
-    pub fn grant(&self, client: ClientId, key: Key, ttl: Duration) -> bool {
-        self.insert(client, key, ttl, false)
+    /// Records that `client`'s kernel may cache `key` for `ttl`. Called
+    /// with the namespace mutex held, before the answer leaves.
+    pub fn grant(&self, client: ClientId, key: Key, ttl: Duration) {
+        self.insert(client, key, ttl, false);
     }
 
     /// Records that the mount of `client`, which just created regular file
@@ -319,20 +287,8 @@ impl Grants {
     /// the client's last release of it, whichever comes first (see
     /// "Creators" in the module header). Called with the namespace mutex
     /// held, before the answer leaves.
-    pub fn grant_until_closed(&self, client: ClientId, ino: Ino, ttl: Duration) -> bool {
-        self.insert(client, Invalidation::Attr(ino), ttl, true)
-    }
-
-    /// A new inode made in directory `dir`: contended from birth if `dir`
-    /// is (a journal made again and again where two mounts change in turn;
-    /// see "Contention"). Called with the namespace mutex held, with the
-    /// change, before anything of the new inode is granted.
-    pub fn born_in(&self, dir: Ino, ino: Ino) {
-        let now = Instant::now();
-        let mut s = self.state.lock();
-        if let Some(until) = s.contended.get(&Invalidation::Attr(dir)).copied().filter(|u| *u > now) {
-            s.contended.insert(Invalidation::Attr(ino), until);
-        }
+    pub fn grant_until_closed(&self, client: ClientId, ino: Ino, ttl: Duration) {
+        self.insert(client, Invalidation::Attr(ino), ttl, true);
     }
 
     /// Delegates directory `dir`, which `client` just made, to it for
@@ -349,15 +305,10 @@ impl Grants {
         self.state.lock().delegations.hold_child(client, dir, child, Instant::now())
     }
 
-    fn insert(&self, client: ClientId, key: Key, ttl: Duration, until_closed: bool) -> bool {
-        let now = Instant::now();
+    fn insert(&self, client: ClientId, key: Key, ttl: Duration, until_closed: bool) {
+        let expires = Instant::now() + ttl + GRANT_MARGIN;
         let mut s = self.state.lock();
-        if s.contended.get(&key).is_some_and(|until| *until > now) {
-            return false;
-        }
-        let expires = now + ttl + GRANT_MARGIN;
         s.grants.entry(key).or_default().insert(client, Grant { expires, revoking: None, until_closed });
-        true
     }
 
     /// Revokes every live grant of `keys` held by clients other than
@@ -368,7 +319,7 @@ impl Grants {
         let now = Instant::now();
         let mut awaited = Vec::new();
         let mut s = self.state.lock();
-        let State { grants, delegations, queues, called_back, contended, .. } = &mut *s;
+        let State { grants, delegations, queues, .. } = &mut *s;
         for key in keys {
             if let Invalidation::Attr(ino) = key {
                 match delegations.revocation(*ino, changer, now) {
@@ -394,14 +345,6 @@ impl Grants {
                 queue.revoked.push((number, key.clone()));
                 grant.revoking = Some(number);
                 awaited.push(Awaited { client: *client, number, expires: grant.expires });
-                let recent = called_back.entry(key.clone()).or_default();
-                let ping_pong = changer
-                    .and_then(|c| recent.get(&c))
-                    .is_some_and(|at| now.duration_since(*at) < PING_PONG);
-                if ping_pong {
-                    contended.insert(key.clone(), now + CONTENDED_FOR);
-                }
-                recent.insert(*client, now);
             }
             if holders.is_empty() {
                 grants.remove(key);
@@ -558,11 +501,6 @@ impl Grants {
             !holders.is_empty()
         });
         s.delegations.prune(now);
-        s.contended.retain(|_, until| *until > now);
-        s.called_back.retain(|_, clients| {
-            clients.retain(|_, at| now.duration_since(*at) < PING_PONG);
-            !clients.is_empty()
-        });
     }
 
     /// Delegations held now, expired ones included (tests, diagnostics).
@@ -623,26 +561,6 @@ mod tests {
         // Fenced: nothing more is queued for it.
         g.drop_client(B);
         assert_eq!(g.revoke(None, &[key]), 0);
-    }
-
-    #[test]
-    fn changes_in_turn_make_a_thing_contended_and_one_changer_does_not() {
-        let g = Grants::default();
-        let key = Invalidation::Attr(Ino(5));
-        // Nobody polls: each callback waits out the grant's margin.
-        let short = Duration::ZERO;
-        // A changes, B reads: B is called back each time, never contended.
-        for _ in 0..3 {
-            assert!(g.grant(B, key.clone(), short), "contended with one changer");
-            assert_eq!(g.revoke(Some(A), std::slice::from_ref(&key)), 1);
-        }
-        // Then B changes, calling A back, within the window of its own
-        // callback: the two change it in turn.
-        assert!(g.grant(A, key.clone(), short));
-        assert_eq!(g.revoke(Some(B), std::slice::from_ref(&key)), 1);
-        assert!(!g.grant(A, key.clone(), Duration::from_secs(60)), "granted while changed in turn");
-        assert_eq!(g.revoke(Some(B), std::slice::from_ref(&key)), 0, "a refused grant was called back");
-        assert!(g.grant(A, Invalidation::Attr(Ino(6)), Duration::from_secs(60)));
     }
 
     #[test]

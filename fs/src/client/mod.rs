@@ -239,7 +239,7 @@ fn granted(r: MetaResponse) -> Result<(Attr, Grant), FsError> {
 fn change_answer(r: MetaResponse) -> (MetaResponse, ChangeGrant) {
     match r {
         MetaResponse::ParentGranted { answer, parent, created, delegated } => {
-            (*answer, ChangeGrant { parent, created, delegated })
+            (*answer, ChangeGrant { parent: Some(parent), created, delegated })
         }
         other => (other, ChangeGrant::default()),
     }

@@ -68,25 +68,15 @@ impl MetaService {
         entry: Option<Invalidation>,
     ) -> MetaResponse {
         let Some((client, ttl)) = caching else { return MetaResponse::Attr(attr) };
-        let mut grant = Grant::default();
-        let parent = match &entry {
-            Some(Invalidation::Entry { parent, .. }) => Some(*parent),
-            _ => None,
-        };
+        let mut grant = Grant { entry: entry.is_some(), attr: self.attr_grantable(&attr), held: false };
         if let Some(e) = entry {
-            grant.entry = self.grants.grant(client, e, ttl);
-            if !grant.entry {
-                // A contended name: what it names changes in turn too (a
-                // new journal each time), so its attributes are not
-                // granted either; the kernel looks the name up each time.
-                return MetaResponse::Granted(attr, grant);
+            if let (true, Invalidation::Entry { parent, .. }) = (grant.attr, &e) {
+                grant.held = self.grants.hold_child(client, *parent, attr.ino);
             }
+            self.grants.grant(client, e, ttl);
         }
-        if self.attr_grantable(&attr) {
-            grant.attr = self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
-        }
-        if let (true, Some(parent)) = (grant.attr, parent) {
-            grant.held = self.grants.hold_child(client, parent, attr.ino);
+        if grant.attr {
+            self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
         }
         MetaResponse::Granted(attr, grant)
     }
@@ -114,7 +104,8 @@ impl MetaService {
         new: Option<&Attr>,
     ) -> MetaResponse {
         let Some((client, ttl)) = caching else { return answer };
-        let parent = ns.attr(dir).ok().filter(|_| self.grants.grant(client, Invalidation::Attr(dir), ttl));
+        let Ok(parent) = ns.attr(dir) else { return answer };
+        self.grants.grant(client, Invalidation::Attr(dir), ttl);
         let mut delegated = Delegated::default();
         if let Some(new) = new {
             delegated.child = self.grants.hold_child(client, dir, new.ino);
@@ -146,12 +137,10 @@ impl MetaService {
             let mut grant = Grant::default();
             let dots = entry.name == b"." || entry.name == b"..";
             if let Some((client, ttl)) = caching.filter(|_| !dots && self.attr_grantable(&attr)) {
-                // Both or neither (one TTL); one refused (contended) leaves
-                // the other recorded: a needless callback at worst.
                 let name = entry.name.clone();
-                let both = self.grants.grant(client, Invalidation::Entry { parent: dir, name }, ttl)
-                    & self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
-                grant = Grant { entry: both, attr: both, held: false };
+                self.grants.grant(client, Invalidation::Entry { parent: dir, name }, ttl);
+                self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
+                grant = Grant { entry: true, attr: true, held: false };
             }
             out.push(EntryPlus { entry, attr, grant });
         }
@@ -301,7 +290,6 @@ impl MetaService {
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 changed.keys.push(AttrOf(parent));
-                self.grants.born_in(parent, attr.ino);
                 self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, Some(&attr))
             }
             R::Symlink { caller, parent, name, target } => {
@@ -311,7 +299,6 @@ impl MetaService {
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
                 changed.keys.push(AttrOf(parent));
-                self.grants.born_in(parent, attr.ino);
                 self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, Some(&attr))
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
@@ -402,19 +389,15 @@ impl MetaService {
                     self.grants.writing(client, attr.ino);
                     changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
                 }
-                let (mut new, mut created) = (None, false);
-                if let A::Opened(attr, _) = &opened {
-                    self.grants.born_in(parent, attr.ino);
-                    if let Some((creator, ttl)) = caching {
-                        // The new file's attributes, granted to its creator,
-                        // its only opener, until its release
-                        // ([`crate::grants`], "Creators"; after `writing`,
-                        // which grants nothing), unless contended.
-                        created = self.grants.grant_until_closed(creator, attr.ino, ttl);
-                        new = Some(attr.clone());
-                    }
+                let mut new = None;
+                if let (A::Opened(attr, _), Some((creator, ttl))) = (&opened, caching) {
+                    // The new file's attributes, granted to its creator, its
+                    // only opener, until its release ([`crate::grants`],
+                    // "Creators"; after `writing`, which grants nothing).
+                    self.grants.grant_until_closed(creator, attr.ino, ttl);
+                    new = Some(attr.clone());
                 }
-                self.with_parent(&ns, caching, parent, opened, created, new.as_ref())
+                self.with_parent(&ns, caching, parent, opened, new.is_some(), new.as_ref())
             }
             R::KillSuidGid { ino, groups } => {
                 // Sent by a writer in the middle of its write: its kernel
