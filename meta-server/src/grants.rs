@@ -322,16 +322,17 @@ impl Grants {
         let State { grants, delegations, queues, .. } = &mut *s;
         for key in keys {
             if let Invalidation::Attr(ino) = key {
-                match delegations.revocation(*ino, changer, now) {
-                    Some(Revocation::Queue { dir, holder, expires }) => {
-                        let number = queues.entry(holder).or_default().push(Invalidation::Listing(dir));
-                        delegations.revoking(dir, number);
-                        awaited.push(Awaited { client: holder, number, expires });
+                for revocation in delegations.revocations(*ino, changer, now) {
+                    match revocation {
+                        Revocation::Queue { dir, holder, expires } => {
+                            let number = queues.entry(holder).or_default().push(Invalidation::Listing(dir));
+                            delegations.revoking(dir, number);
+                            awaited.push(Awaited { client: holder, number, expires });
+                        }
+                        Revocation::Await { holder, number, expires } => {
+                            awaited.push(Awaited { client: holder, number, expires });
+                        }
                     }
-                    Some(Revocation::Await { holder, number, expires }) => {
-                        awaited.push(Awaited { client: holder, number, expires });
-                    }
-                    None => {}
                 }
             }
             let Some(holders) = grants.get_mut(key) else { continue };

@@ -18,13 +18,21 @@
 //!   directory follows the mount's changes in it from their answers (its
 //!   new attributes, [`Delegations::refresh`]).
 //!
-//! The kernel gets what is left of the delegation's time for positive
-//! entries and held attributes, so a stat within it costs no request at
-//! all; a revocation tells the kernel to drop the names
-//! (`FUSE_NOTIFY_INC_EPOCH`, or one `inval_entry` each on kernels without
-//! it) and the held attributes (`inval_inode` each) before it is
-//! acknowledged. A name that is not there gets TTL zero: on a kernel
-//! without epochs a negative entry could not be named to drop it.
+//! # What the kernel gets
+//!
+//! What is left of the delegation's time for held attributes (so a stat
+//! is one `LOOKUP`, answered here, and an `fstat` none) and for the
+//! entries of subdirectories (so path walks through them cost nothing);
+//! TTL zero for the entries of other names, and for a name that is not
+//! there. A revocation tells the kernel to drop the held attributes
+//! (`inval_inode` each) and, only if a subdirectory's entry was handed
+//! out, the names (`FUSE_NOTIFY_INC_EPOCH`, which makes every dentry of the
+//! mount revalidate, or one `inval_entry` each on kernels without it)
+//! before it is acknowledged. Handing files' entries a TTL too would save
+//! one local `LOOKUP` per path walk, but every revocation would then drop
+//! all the mount's dentries, its other directories' too (measured: half
+//! the unlinks of `bench meta`'s four-process private row paid a lookup
+//! round trip again).
 //!
 //! # Why it stays true
 //!
@@ -62,7 +70,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use citronfs_core::proto::{Delegated, Grant};
-use citronfs_core::types::{Attr, Ino};
+use citronfs_core::types::{Attr, FileKind, Ino};
 use citronfs_core::FsError;
 use fuser::{Errno, Generation, ReplyAttr, ReplyEntry};
 use parking_lot::Mutex;
@@ -77,6 +85,9 @@ pub const MAX_NAMES: usize = 1 << 20;
 struct Listing {
     names: HashMap<Vec<u8>, Ino>,
     valid_until: Instant,
+    /// A subdirectory's entry went to the kernel with a TTL (see "What the
+    /// kernel gets"): a revocation must drop the kernel's entries.
+    handed: bool,
 }
 
 #[derive(Default)]
@@ -94,13 +105,15 @@ impl State {
     fn drop_listing(&mut self, dir: Ino) -> Dropped {
         let Some(listing) = self.listings.remove(&dir) else { return Dropped::default() };
         self.names -= listing.names.len();
-        let mut dropped = Dropped { names: Vec::with_capacity(listing.names.len()), held: Vec::new() };
+        let mut dropped = Dropped::default();
         for (name, ino) in listing.names {
             if self.held.get(&ino).is_some_and(|(d, _)| *d == dir) {
                 self.held.remove(&ino);
                 dropped.held.push(ino);
             }
-            dropped.names.push(name);
+            if listing.handed {
+                dropped.names.push(name);
+            }
         }
         // Held with it under another name since (a rename away, a release
         // that held it again).
@@ -131,7 +144,7 @@ pub enum Found {
 /// What a revocation dropped: what the kernel may have cached of it.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Dropped {
-    /// The names the listing held.
+    /// The names the listing held, if the kernel may cache some of them.
     pub names: Vec<Vec<u8>>,
     /// The inodes whose attributes were held with it.
     pub held: Vec<Ino>,
@@ -157,12 +170,16 @@ impl Delegations {
     /// attributes are not held.
     pub fn lookup(&self, dir: Ino, name: &[u8]) -> Option<Found> {
         let now = Instant::now();
-        let s = self.state.lock();
+        let mut s = self.state.lock();
         let listing = s.listing(dir, now)?;
-        match listing.names.get(name) {
-            None => Some(Found::Absent),
-            Some(ino) => Some(Found::Present(s.held.get(ino)?.1.clone(), listing.valid_until - now)),
+        let left = listing.valid_until - now;
+        let Some(ino) = listing.names.get(name) else { return Some(Found::Absent) };
+        let attr = s.held.get(ino)?.1.clone();
+        if attr.kind == FileKind::Dir {
+            // Its entry goes to the kernel with a TTL.
+            s.listings.get_mut(&dir)?.handed = true;
         }
+        Some(Found::Present(attr, left))
     }
 
     /// `ino`'s held attributes, if its directory's delegation is good, and
@@ -194,13 +211,15 @@ impl Delegations {
         let now = Instant::now();
         let mut s = self.state.lock();
         if delegated.dir && s.revocations == ticket.revocations && s.names < MAX_NAMES {
-            let listing = Listing { names: HashMap::new(), valid_until: ticket.sent + ttl };
+            let listing = Listing { names: HashMap::new(), valid_until: ticket.sent + ttl, handed: false };
             if s.listings.insert(attr.ino, listing).is_some() {
                 log::warn!("directory {} delegated twice", attr.ino.0);
             }
         }
         let listing = s.listings.get_mut(&dir)?;
         let valid_until = listing.valid_until;
+        // A new directory's entry goes to the kernel with a TTL.
+        listing.handed |= delegated.child && attr.kind == FileKind::Dir;
         if listing.names.insert(name.to_vec(), attr.ino).is_none() {
             s.names += 1;
         }
@@ -357,6 +376,24 @@ impl Delegations {
     }
 }
 
+/// What the kernel gets for an inode a delegation answers.
+#[derive(Clone, Copy, Debug)]
+pub struct Ttls {
+    pub attr: Duration,
+    pub entry: Duration,
+}
+
+impl Ttls {
+    /// Held attributes good for `left`: the attributes for all of it, and
+    /// the entry too if a directory's (path walks go through it); a
+    /// file's entry for nothing, so that a revocation need not drop the
+    /// kernel's entries (see "What the kernel gets").
+    fn of(attr: &Attr, left: Duration) -> Self {
+        let entry = if attr.kind == FileKind::Dir { left } else { Duration::ZERO };
+        Self { attr: left, entry }
+    }
+}
+
 /// The TTL to hand the kernel for what a delegation answered, good for
 /// `left`: zero if an invalidation was processed while it was read
 /// (`before`, `after`; see [`crate::invalidation`]).
@@ -389,8 +426,8 @@ impl CitronFuse {
             // (see the module header).
             Some(Found::Absent) => reply.error(Errno::ENOENT),
             Some(Found::Present(attr, left)) => {
-                let ttl = delegated_ttl(left, before, epochs.all());
-                reply.entry_with_ttls(&ttl, &ttl, &fuse_attr(&attr), Generation(0))
+                let ttls = Ttls::of(&attr, delegated_ttl(left, before, epochs.all()));
+                reply.entry_with_ttls(&ttls.attr, &ttls.entry, &fuse_attr(&attr), Generation(0))
             }
             None => return Some(reply),
         }
@@ -424,7 +461,7 @@ impl CitronFuse {
         self.delegations().map(Delegations::ticket)
     }
 
-    /// An own change that makes `name` in `parent` answered: the TTL to
+    /// An own change that makes `name` in `parent` answered: the TTLs to
     /// hand the kernel for the new inode's entry and attributes.
     pub(crate) fn made(
         &self,
@@ -432,20 +469,20 @@ impl CitronFuse {
         parent: Ino,
         name: &[u8],
         r: Result<(&Attr, Delegated), &FsError>,
-    ) -> Duration {
-        let (Some(d), Some(t)) = (self.delegations(), ticket) else { return self.options.attr_ttl };
+    ) -> Ttls {
+        let ungranted = Ttls { attr: self.options.attr_ttl, entry: self.options.attr_ttl };
+        let (Some(d), Some(t)) = (self.delegations(), ticket) else { return ungranted };
         let epochs = self.invalidations.epochs();
         let before = epochs.all();
-        let held = match r {
-            Ok((attr, delegated)) => d.made(t, parent, name, attr, delegated, self.options.cache_ttl),
+        match r {
+            Ok((attr, delegated)) => match d.made(t, parent, name, attr, delegated, self.options.cache_ttl) {
+                Some(left) => Ttls::of(attr, delegated_ttl(left, before, epochs.all())),
+                None => ungranted,
+            },
             Err(_) => {
                 d.unsure(parent);
-                None
+                ungranted
             }
-        };
-        match held {
-            Some(left) => delegated_ttl(left, before, epochs.all()),
-            None => self.options.attr_ttl,
         }
     }
 
@@ -523,12 +560,24 @@ mod tests {
         d.made(d.ticket(), Ino(2), b"g", &attr(4, FileKind::File), CHILD, TTL);
         let dropped = d.revoked(Ino(2));
         assert_eq!(dropped.held, vec![Ino(4)], "the kernel is not told of the held attributes");
-        assert_eq!(dropped.names, vec![b"g".to_vec()]);
+        assert!(dropped.names.is_empty(), "a file's entry, never handed out, is notified");
         assert_eq!(d.lookup(Ino(2), b"h"), None, "answered past a revocation");
         assert_eq!(d.attr(Ino(4)), None);
         d.made(d.ticket(), Ino(2), b"h", &attr(5, FileKind::File), CHILD, TTL);
         assert_eq!(d.attr(Ino(5)), None, "a late answer brought a revoked listing back");
         assert_eq!(d.state.lock().names, 0);
+    }
+
+    #[test]
+    fn a_revocation_names_the_entries_only_if_a_subdirectory_went_to_the_kernel() {
+        let d = with_dir();
+        d.made(d.ticket(), Ino(2), b"f", &attr(3, FileKind::File), CHILD, TTL);
+        d.made(d.ticket(), Ino(2), b"e", &attr(4, FileKind::Dir), CHILD, TTL);
+        let mut names = d.revoked(Ino(2)).names;
+        names.sort();
+        assert_eq!(names, vec![b"e".to_vec(), b"f".to_vec()]);
+        assert_eq!(Ttls::of(&attr(3, FileKind::File), TTL).entry, Duration::ZERO);
+        assert_eq!(Ttls::of(&attr(4, FileKind::Dir), TTL).entry, TTL);
     }
 
     #[test]

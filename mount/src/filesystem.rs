@@ -19,6 +19,7 @@ use fuser::{
     WriteFlags,
 };
 
+use crate::delegation::Ttls;
 use crate::locking::lock;
 use crate::{
     access, caller, data, done, errno, fuse_attr, kind_of_mode, name, setid, time, CitronFuse, FuseOp,
@@ -177,8 +178,8 @@ impl Filesystem for CitronFuse {
             let perm = (mode & !umask & 0o7777) as u16;
             self.client.create_granted(caller(req), Ino(parent.0), name(n), kind, perm, rdev)
         });
-        let ttl = self.made(making, Ino(parent.0), name(n), r.as_ref().map(|(a, g)| (a, g.delegated)));
-        self.entry_for(reply, self.dir_changed_then(ticket, r), ttl)
+        let ttls = self.made(making, Ino(parent.0), name(n), r.as_ref().map(|(a, g)| (a, g.delegated)));
+        self.entry_for(reply, self.dir_changed_then(ticket, r), ttls)
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, n: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
@@ -186,8 +187,8 @@ impl Filesystem for CitronFuse {
         let perm = (mode & !umask & 0o7777) as u16;
         let (ticket, making) = (self.dir_changing(Ino(parent.0)), self.making());
         let r = self.client.create_granted(caller(req), Ino(parent.0), name(n), FileKind::Dir, perm, 0);
-        let ttl = self.made(making, Ino(parent.0), name(n), r.as_ref().map(|(a, g)| (a, g.delegated)));
-        self.entry_for(reply, self.dir_changed_then(ticket, r), ttl)
+        let ttls = self.made(making, Ino(parent.0), name(n), r.as_ref().map(|(a, g)| (a, g.delegated)));
+        self.entry_for(reply, self.dir_changed_then(ticket, r), ttls)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
@@ -218,8 +219,8 @@ impl Filesystem for CitronFuse {
         let target = target.as_os_str().as_bytes();
         let (ticket, making) = (self.dir_changing(Ino(parent.0)), self.making());
         let r = self.client.symlink_granted(caller(req), Ino(parent.0), name(link), target);
-        let ttl = self.made(making, Ino(parent.0), name(link), r.as_ref().map(|(a, g)| (a, g.delegated)));
-        self.entry_for(reply, self.dir_changed_then(ticket, r), ttl)
+        let ttls = self.made(making, Ino(parent.0), name(link), r.as_ref().map(|(a, g)| (a, g.delegated)));
+        self.entry_for(reply, self.dir_changed_then(ticket, r), ttls)
     }
 
     fn rename(
@@ -499,12 +500,12 @@ impl Filesystem for CitronFuse {
         // looked it up is opened, not refused.
         let exclusive = flags & libc::O_EXCL != 0;
         let opened = self.client.create_or_open(who, parent, n, perm, exclusive);
-        let ttl = match &opened {
+        let ttl: Ttls = match &opened {
             Ok(o) if o.created => self.made(making, parent, n, Ok((&o.attr, o.granted.delegated))),
             Ok(o) => {
                 // Opened for writing: its attributes may change one-sidedly.
                 self.file_changing(o.attr.ino);
-                self.options.attr_ttl
+                Ttls { attr: self.options.attr_ttl, entry: self.options.attr_ttl }
             }
             Err(e) => self.made(making, parent, n, Err(e)),
         };
@@ -524,7 +525,8 @@ impl Filesystem for CitronFuse {
         let r = opened.map(|a| (self.track_open(a.ino, flags), a));
         match r {
             Ok((fh, a)) => {
-                reply.created(&ttl, &fuse_attr(&a), Generation(0), fh, FopenFlags::FOPEN_DIRECT_IO)
+                // One TTL for both: the entry's, zero for a file (`delegation`).
+                reply.created(&ttl.entry, &fuse_attr(&a), Generation(0), fh, FopenFlags::FOPEN_DIRECT_IO)
             }
             Err(e) => reply.error(errno(&e)),
         }

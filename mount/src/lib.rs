@@ -255,10 +255,10 @@ impl CitronFuse {
         }
     }
 
-    /// [`Self::entry`] with `ttl` for the entry and its attributes.
-    fn entry_for(&self, reply: ReplyEntry, r: Result<Attr, FsError>, ttl: Duration) {
+    /// [`Self::entry`] with `ttls` for the entry and its attributes.
+    fn entry_for(&self, reply: ReplyEntry, r: Result<Attr, FsError>, ttls: delegation::Ttls) {
         match r {
-            Ok(a) => reply.entry(&ttl, &fuse_attr(&a), Generation(0)),
+            Ok(a) => reply.entry_with_ttls(&ttls.attr, &ttls.entry, &fuse_attr(&a), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }

@@ -109,12 +109,18 @@ impl Delegations {
     }
 
     /// What a change of `ino`'s attributes by `changer` (`None`: a client
-    /// that does not cache, or the meta-server) does to the delegation
-    /// covering `ino` — `ino` itself if delegated, else its directory's if
-    /// it is a held child: nothing if there is none, it is expired, or the
-    /// changer holds it.
-    pub fn revocation(&mut self, ino: Ino, changer: Option<ClientId>, now: Instant) -> Option<Revocation> {
-        let dir = if self.by_dir.contains_key(&ino) { ino } else { *self.parent_of.get(&ino)? };
+    /// that does not cache, or the meta-server) does to the delegations
+    /// covering `ino`: `ino`'s own if it is a delegated directory (its
+    /// entries may have changed), and its directory's if it is a held child
+    /// (its attributes did) — a directory made in a delegated directory is
+    /// both. Nothing for one that is expired or held by the changer.
+    pub fn revocations(&mut self, ino: Ino, changer: Option<ClientId>, now: Instant) -> Vec<Revocation> {
+        let own = self.by_dir.contains_key(&ino).then_some(ino);
+        let holding = self.parent_of.get(&ino).copied();
+        own.into_iter().chain(holding).filter_map(|dir| self.revocation(dir, changer, now)).collect()
+    }
+
+    fn revocation(&mut self, dir: Ino, changer: Option<ClientId>, now: Instant) -> Option<Revocation> {
         let d = self.by_dir.get(&dir)?;
         if d.expires <= now {
             self.remove(dir);
@@ -216,15 +222,15 @@ mod tests {
         assert!(!d.hold_child(B, DIR, Ino(12), now), "a child held with another client's delegation");
         assert_eq!(d.held_dir(A, Ino(11), now), Some(DIR));
         assert_eq!(d.held_dir(B, Ino(11), now), None, "held for a client that does not hold the delegation");
-        assert_eq!(d.revocation(DIR, Some(A), now), None);
-        assert_eq!(d.revocation(Ino(11), Some(A), now), None);
-        assert_eq!(d.revocation(Ino(12), Some(B), now), None, "a child not held revokes");
-        let Some(Revocation::Queue { dir, holder, .. }) = d.revocation(Ino(11), Some(B), now) else {
+        assert_eq!(d.revocations(DIR, Some(A), now), vec![]);
+        assert_eq!(d.revocations(Ino(11), Some(A), now), vec![]);
+        assert_eq!(d.revocations(Ino(12), Some(B), now), vec![], "a child not held revokes");
+        let [Revocation::Queue { dir, holder, .. }] = d.revocations(Ino(11), Some(B), now)[..] else {
             panic!("a child's change by another client does not revoke");
         };
         assert_eq!((dir, holder), (DIR, A));
         d.revoking(DIR, 7);
-        assert!(matches!(d.revocation(DIR, None, now), Some(Revocation::Await { number: 7, .. })));
+        assert!(matches!(d.revocations(DIR, None, now)[..], [Revocation::Await { number: 7, .. }]));
         assert!(!d.hold_child(A, DIR, Ino(13), now), "a revoked delegation holds new children");
         assert_eq!(d.renew(A, now), None, "a revoked delegation renewed");
         d.acknowledged(A, 6);
@@ -244,13 +250,32 @@ mod tests {
         let later = start + ttl + GRANT_MARGIN / 2;
         assert_eq!(d.renew(A, later), Some(ttl));
         let past_first = start + ttl + GRANT_MARGIN * 2;
-        assert!(d.revocation(DIR, Some(B), past_first).is_some(), "renewal did not extend it");
+        assert_eq!(d.revocations(DIR, Some(B), past_first).len(), 1, "renewal did not extend it");
         let past_renewal = later + ttl + GRANT_MARGIN * 2;
-        assert_eq!(d.revocation(Ino(11), Some(B), past_renewal), None, "an expired delegation revoked");
+        assert_eq!(d.revocations(Ino(11), Some(B), past_renewal), vec![], "an expired delegation revoked");
         assert_eq!(d.len(), 0);
         d.delegate(A, DIR, ttl, start);
         d.prune(past_renewal);
         assert_eq!(d.len(), 0);
+    }
+
+    #[test]
+    fn a_delegated_directory_held_in_a_delegated_directory_revokes_both() {
+        let now = Instant::now();
+        let mut d = Delegations::default();
+        let sub = Ino(11);
+        d.delegate(A, DIR, TTL, now);
+        assert!(d.hold_child(A, DIR, sub, now));
+        d.delegate(A, sub, TTL, now);
+        let dirs: Vec<Ino> = d
+            .revocations(sub, Some(B), now)
+            .into_iter()
+            .map(|r| match r {
+                Revocation::Queue { dir, .. } => dir,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(dirs, vec![sub, DIR], "its listing and its attributes were not both revoked");
     }
 
     #[test]
