@@ -20,19 +20,21 @@
 //!
 //! # What the kernel gets
 //!
-//! What is left of the delegation's time for held attributes (so a stat
-//! is one `LOOKUP`, answered here, and an `fstat` none) and for the
-//! entries of subdirectories (so path walks through them cost nothing);
-//! TTL zero for the entries of other names, and for a name that is not
-//! there. A revocation tells the kernel to drop the held attributes
-//! (`inval_inode` each) and, only if a subdirectory's entry was handed
-//! out, the names (`FUSE_NOTIFY_INC_EPOCH`, which makes every dentry of the
-//! mount revalidate, or one `inval_entry` each on kernels without it)
-//! before it is acknowledged. Handing files' entries a TTL too would save
-//! one local `LOOKUP` per path walk, but every revocation would then drop
-//! all the mount's dentries, its other directories' too (measured: half
-//! the unlinks of `bench meta`'s four-process private row paid a lookup
-//! round trip again).
+//! What is left of the delegation's time for held attributes (a stat is
+//! then at most one `LOOKUP`, answered here, and an `fstat` none) and for
+//! the entries of subdirectories (path walks through them cost nothing);
+//! at most [`FILE_ENTRY_TTL`] for a file's entry (enough for the
+//! permission check after a create and for the calls right after it);
+//! TTL zero for a name that is not there. A revocation tells the kernel to
+//! drop the held attributes (`inval_inode` each) and, only if an entry it
+//! handed out may still be cached (`Listing::handed_until`), the names
+//! (`FUSE_NOTIFY_INC_EPOCH`, which makes every dentry of the mount
+//! revalidate, or one `inval_entry` each on kernels without it) before it
+//! is acknowledged. Files' entries for the whole time would save a local
+//! `LOOKUP` per path walk, but nearly every revocation would then drop all
+//! the mount's dentries, its other directories' too (measured: half the
+//! unlinks of `bench meta`'s four-process private row paid a lookup round
+//! trip again).
 //!
 //! # Why it stays true
 //!
@@ -85,9 +87,10 @@ pub const MAX_NAMES: usize = 1 << 20;
 struct Listing {
     names: HashMap<Vec<u8>, Ino>,
     valid_until: Instant,
-    /// A subdirectory's entry went to the kernel with a TTL (see "What the
-    /// kernel gets"): a revocation must drop the kernel's entries.
-    handed: bool,
+    /// When the last entry handed to the kernel from it expires there (see
+    /// "What the kernel gets"): a revocation before then must drop the
+    /// kernel's entries.
+    handed_until: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -103,6 +106,7 @@ struct State {
 
 impl State {
     fn drop_listing(&mut self, dir: Ino) -> Dropped {
+        let now = Instant::now();
         let Some(listing) = self.listings.remove(&dir) else { return Dropped::default() };
         self.names -= listing.names.len();
         let mut dropped = Dropped::default();
@@ -111,7 +115,7 @@ impl State {
                 self.held.remove(&ino);
                 dropped.held.push(ino);
             }
-            if listing.handed {
+            if listing.handed_until.is_some_and(|t| t > now) {
                 dropped.names.push(name);
             }
         }
@@ -137,8 +141,18 @@ impl State {
 pub enum Found {
     /// Not in the directory.
     Absent,
-    /// There, with its attributes, good for this long.
-    Present(Attr, Duration),
+    /// There, with its attributes, and what the kernel may cache of it.
+    Present(Attr, Ttls),
+}
+
+impl Listing {
+    /// An entry goes to the kernel with `ttls`.
+    fn handing(&mut self, now: Instant, ttls: Ttls) {
+        let until = now + ttls.entry;
+        if !ttls.entry.is_zero() && self.handed_until.is_none_or(|t| t < until) {
+            self.handed_until = Some(until);
+        }
+    }
 }
 
 /// What a revocation dropped: what the kernel may have cached of it.
@@ -175,11 +189,9 @@ impl Delegations {
         let left = listing.valid_until - now;
         let Some(ino) = listing.names.get(name) else { return Some(Found::Absent) };
         let attr = s.held.get(ino)?.1.clone();
-        if attr.kind == FileKind::Dir {
-            // Its entry goes to the kernel with a TTL.
-            s.listings.get_mut(&dir)?.handed = true;
-        }
-        Some(Found::Present(attr, left))
+        let ttls = Ttls::of(&attr, left);
+        s.listings.get_mut(&dir)?.handing(now, ttls);
+        Some(Found::Present(attr, ttls))
     }
 
     /// `ino`'s held attributes, if its directory's delegation is good, and
@@ -207,19 +219,22 @@ impl Delegations {
         attr: &Attr,
         delegated: Delegated,
         ttl: Duration,
-    ) -> Option<Duration> {
+    ) -> Option<Ttls> {
         let now = Instant::now();
         let mut s = self.state.lock();
         if delegated.dir && s.revocations == ticket.revocations && s.names < MAX_NAMES {
-            let listing = Listing { names: HashMap::new(), valid_until: ticket.sent + ttl, handed: false };
+            let listing =
+                Listing { names: HashMap::new(), valid_until: ticket.sent + ttl, handed_until: None };
             if s.listings.insert(attr.ino, listing).is_some() {
                 log::warn!("directory {} delegated twice", attr.ino.0);
             }
         }
         let listing = s.listings.get_mut(&dir)?;
         let valid_until = listing.valid_until;
-        // A new directory's entry goes to the kernel with a TTL.
-        listing.handed |= delegated.child && attr.kind == FileKind::Dir;
+        let ttls = (delegated.child && valid_until > now).then(|| Ttls::of(attr, valid_until - now));
+        if let Some(ttls) = ttls {
+            listing.handing(now, ttls);
+        }
         if listing.names.insert(name.to_vec(), attr.ino).is_none() {
             s.names += 1;
         }
@@ -229,11 +244,10 @@ impl Delegations {
             let _ = s.drop_listing(dir);
             return None;
         }
-        if !delegated.child || valid_until <= now {
-            return None;
+        if ttls.is_some() {
+            s.held.insert(attr.ino, (dir, attr.clone()));
         }
-        s.held.insert(attr.ino, (dir, attr.clone()));
-        Some(valid_until - now)
+        ttls
     }
 
     /// A release the meta-server answered with `attr`, held again with
@@ -377,20 +391,33 @@ impl Delegations {
 }
 
 /// What the kernel gets for an inode a delegation answers.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ttls {
     pub attr: Duration,
     pub entry: Duration,
 }
 
+/// Longest a file's entry from a delegation is cached by the kernel (see
+/// "What the kernel gets").
+pub const FILE_ENTRY_TTL: Duration = Duration::from_millis(100);
+
 impl Ttls {
     /// Held attributes good for `left`: the attributes for all of it, and
-    /// the entry too if a directory's (path walks go through it); a
-    /// file's entry for nothing, so that a revocation need not drop the
-    /// kernel's entries (see "What the kernel gets").
+    /// the entry too if a directory's (path walks go through it); a file's
+    /// entry for at most [`FILE_ENTRY_TTL`].
     fn of(attr: &Attr, left: Duration) -> Self {
-        let entry = if attr.kind == FileKind::Dir { left } else { Duration::ZERO };
+        let entry = if attr.kind == FileKind::Dir { left } else { left.min(FILE_ENTRY_TTL) };
         Self { attr: left, entry }
+    }
+
+    /// These, unless an invalidation was processed while they were read
+    /// (`before`, `after`; see [`crate::invalidation`]): then nothing.
+    fn unless_overtaken(self, before: Sample, after: Sample) -> Self {
+        if before == after {
+            self
+        } else {
+            Self { attr: Duration::ZERO, entry: Duration::ZERO }
+        }
     }
 }
 
@@ -425,8 +452,8 @@ impl CitronFuse {
             // TTL zero: a negative entry could be dropped only by an epoch
             // (see the module header).
             Some(Found::Absent) => reply.error(Errno::ENOENT),
-            Some(Found::Present(attr, left)) => {
-                let ttls = Ttls::of(&attr, delegated_ttl(left, before, epochs.all()));
+            Some(Found::Present(attr, ttls)) => {
+                let ttls = ttls.unless_overtaken(before, epochs.all());
                 reply.entry_with_ttls(&ttls.attr, &ttls.entry, &fuse_attr(&attr), Generation(0))
             }
             None => return Some(reply),
@@ -476,7 +503,7 @@ impl CitronFuse {
         let before = epochs.all();
         match r {
             Ok((attr, delegated)) => match d.made(t, parent, name, attr, delegated, self.options.cache_ttl) {
-                Some(left) => Ttls::of(attr, delegated_ttl(left, before, epochs.all())),
+                Some(ttls) => ttls.unless_overtaken(before, epochs.all()),
                 None => ungranted,
             },
             Err(_) => {
@@ -545,9 +572,10 @@ mod tests {
         assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent));
         assert_eq!(d.lookup(ROOT, b"d"), None, "the root was never delegated");
         d.made(d.ticket(), Ino(2), b"f", &attr(3, FileKind::File), CHILD, TTL);
-        let Some(Found::Present(found, left)) = d.lookup(Ino(2), b"f") else { panic!("d/f not found") };
+        let Some(Found::Present(found, ttls)) = d.lookup(Ino(2), b"f") else { panic!("d/f not found") };
         assert_eq!(found, attr(3, FileKind::File));
-        assert!(left <= TTL && left > TTL / 2, "held for {left:?}");
+        assert!(ttls.attr <= TTL && ttls.attr > TTL / 2, "held for {ttls:?}");
+        assert_eq!(ttls.entry, FILE_ENTRY_TTL);
         assert_eq!(d.attr(Ino(3)).map(|(a, _)| a), Some(attr(3, FileKind::File)));
         d.forget(Ino(3));
         assert_eq!(d.lookup(Ino(2), b"f"), None, "answered attributes an own write changed");
@@ -560,7 +588,6 @@ mod tests {
         d.made(d.ticket(), Ino(2), b"g", &attr(4, FileKind::File), CHILD, TTL);
         let dropped = d.revoked(Ino(2));
         assert_eq!(dropped.held, vec![Ino(4)], "the kernel is not told of the held attributes");
-        assert!(dropped.names.is_empty(), "a file's entry, never handed out, is notified");
         assert_eq!(d.lookup(Ino(2), b"h"), None, "answered past a revocation");
         assert_eq!(d.attr(Ino(4)), None);
         d.made(d.ticket(), Ino(2), b"h", &attr(5, FileKind::File), CHILD, TTL);
@@ -569,14 +596,19 @@ mod tests {
     }
 
     #[test]
-    fn a_revocation_names_the_entries_only_if_a_subdirectory_went_to_the_kernel() {
+    fn a_revocation_names_the_entries_only_while_the_kernel_may_cache_one() {
         let d = with_dir();
         d.made(d.ticket(), Ino(2), b"f", &attr(3, FileKind::File), CHILD, TTL);
-        d.made(d.ticket(), Ino(2), b"e", &attr(4, FileKind::Dir), CHILD, TTL);
-        let mut names = d.revoked(Ino(2)).names;
+        std::thread::sleep(FILE_ENTRY_TTL + Duration::from_millis(10));
+        assert!(d.revoked(Ino(2)).names.is_empty(), "names notified after their entries expired");
+        d.made(d.ticket(), ROOT, b"d2", &attr(5, FileKind::Dir), DIR, TTL);
+        d.made(d.ticket(), Ino(5), b"f", &attr(3, FileKind::File), CHILD, TTL);
+        d.made(d.ticket(), Ino(5), b"e", &attr(4, FileKind::Dir), CHILD, TTL);
+        std::thread::sleep(FILE_ENTRY_TTL + Duration::from_millis(10));
+        let mut names = d.revoked(Ino(5)).names;
         names.sort();
-        assert_eq!(names, vec![b"e".to_vec(), b"f".to_vec()]);
-        assert_eq!(Ttls::of(&attr(3, FileKind::File), TTL).entry, Duration::ZERO);
+        assert_eq!(names, vec![b"e".to_vec(), b"f".to_vec()], "a subdirectory's entry was forgotten");
+        assert_eq!(Ttls::of(&attr(3, FileKind::File), TTL).entry, FILE_ENTRY_TTL);
         assert_eq!(Ttls::of(&attr(4, FileKind::Dir), TTL).entry, TTL);
     }
 
