@@ -106,21 +106,14 @@ struct State {
 
 impl State {
     fn drop_listing(&mut self, dir: Ino) -> Dropped {
-        let now = Instant::now();
         let Some(listing) = self.listings.remove(&dir) else { return Dropped::default() };
         self.names -= listing.names.len();
         let mut dropped = Dropped::default();
-        for (name, ino) in listing.names {
-            if self.held.get(&ino).is_some_and(|(d, _)| *d == dir) {
-                self.held.remove(&ino);
-                dropped.held.push(ino);
-            }
-            if listing.handed_until.is_some_and(|t| t > now) {
-                dropped.names.push(name);
-            }
+        if listing.handed_until.is_some_and(|t| t > Instant::now()) {
+            dropped.names = listing.names.into_keys().collect();
         }
-        // Held with it under another name since (a rename away, a release
-        // that held it again).
+        // Every attribute held with it, under a name it lists or not (a
+        // release may hold a file again that an own rename moved away).
         self.held.retain(|ino, (d, _)| {
             let kept = *d != dir;
             if !kept {
@@ -334,10 +327,7 @@ impl Delegations {
     /// An own change of `ino`'s attributes whose answer does not carry
     /// them.
     pub fn forget(&self, ino: Ino) {
-        let mut s = self.state.lock();
-        if !s.held.is_empty() {
-            s.held.remove(&ino);
-        }
+        self.state.lock().held.remove(&ino);
     }
 
     /// An own change of `dir`'s entries failed, perhaps in part: its
@@ -397,6 +387,13 @@ pub struct Ttls {
     pub entry: Duration,
 }
 
+impl Ttls {
+    /// `ttl` for the entry and its attributes alike.
+    pub fn both(ttl: Duration) -> Self {
+        Self { attr: ttl, entry: ttl }
+    }
+}
+
 /// Longest a file's entry from a delegation is cached by the kernel (see
 /// "What the kernel gets").
 pub const FILE_ENTRY_TTL: Duration = Duration::from_millis(100);
@@ -413,10 +410,9 @@ impl Ttls {
     /// These, unless an invalidation was processed while they were read
     /// (`before`, `after`; see [`crate::invalidation`]): then nothing.
     fn unless_overtaken(self, before: Sample, after: Sample) -> Self {
-        if before == after {
-            self
-        } else {
-            Self { attr: Duration::ZERO, entry: Duration::ZERO }
+        Self {
+            attr: unless_overtaken(self.attr, before, after),
+            entry: unless_overtaken(self.entry, before, after),
         }
     }
 }
@@ -424,7 +420,7 @@ impl Ttls {
 /// The TTL to hand the kernel for what a delegation answered, good for
 /// `left`: zero if an invalidation was processed while it was read
 /// (`before`, `after`; see [`crate::invalidation`]).
-fn delegated_ttl(left: Duration, before: Sample, after: Sample) -> Duration {
+fn unless_overtaken(left: Duration, before: Sample, after: Sample) -> Duration {
     if before == after {
         left
     } else {
@@ -476,7 +472,7 @@ impl CitronFuse {
         let before = epochs.of(ino);
         match self.delegations().and_then(|d| d.attr(ino)) {
             Some((attr, left)) => {
-                reply.attr(&delegated_ttl(left, before, epochs.of(ino)), &fuse_attr(&attr));
+                reply.attr(&unless_overtaken(left, before, epochs.of(ino)), &fuse_attr(&attr));
                 None
             }
             None => Some(reply),
@@ -497,7 +493,7 @@ impl CitronFuse {
         name: &[u8],
         r: Result<(&Attr, Delegated), &FsError>,
     ) -> Ttls {
-        let ungranted = Ttls { attr: self.options.attr_ttl, entry: self.options.attr_ttl };
+        let ungranted = Ttls::both(self.options.attr_ttl);
         let (Some(d), Some(t)) = (self.delegations(), ticket) else { return ungranted };
         let epochs = self.invalidations.epochs();
         let before = epochs.all();

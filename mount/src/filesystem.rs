@@ -505,7 +505,7 @@ impl Filesystem for CitronFuse {
             Ok(o) => {
                 // Opened for writing: its attributes may change one-sidedly.
                 self.file_changing(o.attr.ino);
-                Ttls { attr: self.options.attr_ttl, entry: self.options.attr_ttl }
+                Ttls::both(self.options.attr_ttl)
             }
             Err(e) => self.made(making, parent, n, Err(e)),
         };
@@ -525,7 +525,7 @@ impl Filesystem for CitronFuse {
         let r = opened.map(|a| (self.track_open(a.ino, flags), a));
         match r {
             Ok((fh, a)) => {
-                // One TTL for both: the entry's, zero for a file (`delegation`).
+                // One TTL for both: the entry's (a file's is short, `delegation`).
                 reply.created(&ttl.entry, &fuse_attr(&a), Generation(0), fh, FopenFlags::FOPEN_DIRECT_IO)
             }
             Err(e) => reply.error(errno(&e)),

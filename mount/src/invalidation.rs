@@ -30,9 +30,11 @@
 //! An attribute invalidation also drops what the mount keeps itself of the
 //! inode ([`crate::attr_cache`]), first: before the kernel is told and
 //! the meta-server hears the acknowledgement. A delegation's revocation
-//! drops its listing ([`crate::delegation`]); the kernel was never given
-//! any of it. A poll that renewed this mount's delegations renews them
-//! here once its revocations are processed.
+//! drops its listing and held attributes ([`crate::delegation`]), then
+//! the kernel is told of the held attributes and, if it may still cache
+//! one of the listing's entries, of the names. A poll that renewed this
+//! mount's delegations renews them here once its revocations are
+//! processed.
 //!
 //! Never from a FUSE worker (see [`crate::coherence`] for the general
 //! rule). Whatever the thread waits for, the change that sent the
@@ -66,6 +68,7 @@
 //! invalidation processed exactly then leaves the stale answer cached until
 //! its TTL.
 
+use std::borrow::Cow;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -261,7 +264,7 @@ impl InvalidationControl {
     /// Tells the kernel to drop what `item` names. The kernel answers
     /// ENOENT for what it does not cache, which is no failure.
     fn deliver(&self, notify: &mut Notify, items: &[Invalidation]) {
-        let mut entries: Vec<(Ino, Vec<u8>)> = Vec::new();
+        let mut entries: Vec<(Ino, Cow<[u8]>)> = Vec::new();
         let mut inodes = Vec::new();
         for item in items {
             match item {
@@ -272,7 +275,7 @@ impl InvalidationControl {
                 }
                 Invalidation::Entry { parent, name } => {
                     self.0.epochs.bump(*parent);
-                    entries.push((*parent, name.clone()));
+                    entries.push((*parent, Cow::Borrowed(name)));
                 }
                 // What the mount answered from the delegation, with the
                 // delegation's time as TTL: every name and held attribute.
@@ -283,7 +286,7 @@ impl InvalidationControl {
                         self.0.epochs.bump(ino);
                         inodes.push(ino);
                     }
-                    entries.extend(dropped.names.into_iter().map(|name| (*dir, name)));
+                    entries.extend(dropped.names.into_iter().map(|name| (*dir, Cow::Owned(name))));
                 }
             }
         }
@@ -292,7 +295,7 @@ impl InvalidationControl {
             warn_failed(&Invalidation::Attr(ino), result);
         }
         if !entries.is_empty() {
-            let named: Vec<(Ino, &[u8])> = entries.iter().map(|(p, n)| (*p, n.as_slice())).collect();
+            let named: Vec<(Ino, &[u8])> = entries.iter().map(|(p, n)| (*p, n.as_ref())).collect();
             notify.entries(&named);
         }
         self.0.delivered.fetch_add(items.len() as u64, Ordering::Relaxed);

@@ -249,10 +249,7 @@ impl CitronFuse {
     }
 
     fn entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {
-        match r {
-            Ok(a) => reply.entry(&self.options.attr_ttl, &fuse_attr(&a), Generation(0)),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.entry_for(reply, r, delegation::Ttls::both(self.options.attr_ttl))
     }
 
     /// [`Self::entry`] with `ttls` for the entry and its attributes.

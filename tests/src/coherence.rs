@@ -37,6 +37,16 @@ pub fn close(m: &TestMount, f: fs::File) -> RpcCounts {
     m.client.rpc_counts() - calls
 }
 
+/// Creates `rel` on mount `m` (an exclusive open for writing, then its
+/// close): the meta-server calls the open made, and those the close's
+/// release made.
+pub fn create_counted(m: &TestMount, rel: &str) -> (RpcCounts, RpcCounts) {
+    let calls = m.client.rpc_counts();
+    let f = fs::OpenOptions::new().write(true).create_new(true).open(m.path(rel)).unwrap();
+    let opened = m.client.rpc_counts() - calls;
+    (opened, close(m, f))
+}
+
 /// The calls to the meta-server and the FUSE requests one `stat` on `m`
 /// costs.
 pub fn stat_cost(m: &TestMount, rel: &str) -> (fs::Metadata, RpcCounts, u64) {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_core::types::Ino;
 use citronfs_mount::{FuseOp, MountOptions};
-use citronfs_tests::coherence::{close, eventually, missing, stat_cost};
+use citronfs_tests::coherence::{close, create_counted, eventually, missing, stat_cost};
 use citronfs_tests::{TestCluster, TestMount};
 
 /// How the mounts of a test let their kernels cache.
@@ -480,10 +480,7 @@ fn a_cached_create_costs_three_calls_and_the_stat_of_its_directory_none() {
     close(&a, fs::File::create(a.path("d/warm")).unwrap());
     for round in 0..20 {
         let name = format!("d/f{round}");
-        let calls = a.client.rpc_counts();
-        let f = fs::OpenOptions::new().write(true).create_new(true).open(a.path(&name)).unwrap();
-        let opened = a.client.rpc_counts() - calls;
-        let released = close(&a, f);
+        let (opened, released) = create_counted(&a, &name);
         let spent = opened.operations() + released.operations();
         assert!(
             spent <= 3,

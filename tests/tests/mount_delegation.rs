@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_mount::MountOptions;
-use citronfs_tests::coherence::{close, eventually, missing, stat_cost};
+use citronfs_tests::coherence::{close, create_counted, eventually, missing, stat_cost};
 use citronfs_tests::{TestCluster, TestMount};
 
 /// Long enough that nothing expires during a test: whatever the holder
@@ -47,10 +47,7 @@ fn a_directory_made_here_answers_its_lookups_and_stats_without_a_round_trip() {
         let name = format!("d/f{i}");
         // The lookup before the create finds nothing, here: the create and
         // the close's release are the only calls.
-        let calls = a.client.rpc_counts();
-        let f = fs::OpenOptions::new().write(true).create_new(true).open(a.path(&name)).unwrap();
-        let opened = a.client.rpc_counts() - calls;
-        let released = close(&a, f);
+        let (opened, released) = create_counted(&a, &name);
         assert_eq!(opened.operations(), 1, "round {i}: the create sent {}", opened.describe());
         assert!(released.operations() <= 1, "round {i}: the close sent {}", released.describe());
         let meta = free_stat(&a, &name).expect("the new file");

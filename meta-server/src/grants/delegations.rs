@@ -105,7 +105,7 @@ impl Delegations {
     /// with, if that delegation is usable.
     pub fn held_dir(&self, client: ClientId, ino: Ino, now: Instant) -> Option<Ino> {
         let dir = *self.parent_of.get(&ino)?;
-        self.by_dir.get(&dir).filter(|d| d.usable_by(client, now) && d.children.contains(&ino)).map(|_| dir)
+        self.by_dir.get(&dir).filter(|d| d.usable_by(client, now)).map(|_| dir)
     }
 
     /// What a change of `ino`'s attributes by `changer` (`None`: a client
