@@ -367,7 +367,9 @@ pub enum MetaRequest {
     /// `request`, sent by a mount whose kernel caches what it is granted
     /// (coherent caching, `crate::grants`): the meta-server records a
     /// grant of `ttl_ms` for what a `Lookup` or `GetAttr` answers (the
-    /// answer is then [`MetaResponse::Granted`]) and for the entries a
+    /// answer is then [`MetaResponse::Granted`], or
+    /// [`MetaResponse::Absent`] for a name that is not there) and for the
+    /// entries a
     /// `ReadDirPlus` lists, and a change does not
     /// invalidate `client`'s own cache (its kernel updates it from the
     /// change's answer). Never nested.
@@ -486,6 +488,12 @@ pub enum MetaResponse {
     /// The answer to a `Lookup` or `GetAttr` sent as
     /// [`MetaRequest::Caching`], with what of it is granted.
     Granted(Attr, Grant),
+    /// The answer to a `Lookup` sent as [`MetaRequest::Caching`] that
+    /// found no such name: its absence is granted as the entry (its kernel
+    /// may cache a negative entry for the grant's TTL; whoever makes the
+    /// name calls the client back first, meta-server `grants`, "Absent
+    /// names"). A lookup sent plainly answers `FsError::NotFound`.
+    Absent,
     /// Invalidations numbered up to `through` (the next `acked`).
     /// `renewed`: the poll renewed the client's delegations when it arrived
     /// and `items` holds every invalidation queued before this answer (none

@@ -53,6 +53,27 @@
 //! revokes it; the changer's own later changes spare it, and its mount
 //! drops or replaces what it keeps itself (mount `attr_cache`).
 //!
+//! # Absent names
+//!
+//! A lookup that finds no such name grants its absence as the entry
+//! `(parent, name)` (`MetaResponse::Absent`): the mount hands its kernel a
+//! negative entry for the TTL, so a name looked for again and again — a
+//! database's `-journal` and `-wal` at every transaction, a path search —
+//! costs no request. Every change that makes a name (create, mkdir,
+//! mknod, symlink, link, the target of a rename) names its entry among
+//! what it changed, so the holders are called back before it answers, as
+//! for any grant.
+//!
+//! The changer's own grant of an entry it makes or removes ends with the
+//! change, under the namespace mutex, without a message
+//! ([`Grants::end`]): its kernel learns the entry anew from the answer
+//! (the new dentry of a create, with the TTL the answer grants; an
+//! unlink's dentry dropped). Otherwise the absence granted to the lookup
+//! the kernel sends before every create would make another mount's unlink
+//! of the file wait for the creator's acknowledgement until the grant
+//! expired. A rename keeps the changer's grants: its kernel moves the old
+//! dentry, with its time, to the new name.
+//!
 //! # Creators
 //!
 //! A regular file a caching client creates with `CreateOpen` is open for
@@ -305,6 +326,19 @@ impl Grants {
         self.state.lock().delegations.hold_child(client, dir, child, Instant::now())
     }
 
+    /// `client`'s grant of `key` ends, without an invalidation: its
+    /// kernel learns the thing anew from the answer to its own change
+    /// (see "Absent names"). Called with the namespace mutex held, with
+    /// the change.
+    pub fn end(&self, client: ClientId, key: &Key) {
+        let mut s = self.state.lock();
+        let Some(holders) = s.grants.get_mut(key) else { return };
+        holders.remove(&client);
+        if holders.is_empty() {
+            s.grants.remove(key);
+        }
+    }
+
     fn insert(&self, client: ClientId, key: Key, ttl: Duration, until_closed: bool) {
         let expires = Instant::now() + ttl + GRANT_MARGIN;
         let mut s = self.state.lock();
@@ -545,6 +579,22 @@ mod tests {
         assert!(none.items.is_empty());
         assert_eq!(changer.join().unwrap(), 1, "only B is called back");
         // B's revoked grant is gone (it acknowledged); A's stays.
+        assert_eq!(g.len(), 1);
+    }
+
+    #[test]
+    fn an_ended_grant_is_called_back_for_nothing_and_others_stay() {
+        let g = Grants::default();
+        let key = Invalidation::Entry { parent: Ino(1), name: b"f".to_vec() };
+        g.grant(A, key.clone(), Duration::from_secs(60));
+        g.end(A, &key);
+        assert!(g.is_empty(), "an ended grant stayed in the table");
+        assert_eq!(g.revoke(Some(B), std::slice::from_ref(&key)), 0, "A was called back for an ended grant");
+        g.grant(A, key.clone(), Duration::from_secs(60));
+        g.grant(B, key.clone(), Duration::from_secs(60));
+        g.end(B, &key);
+        assert_eq!(g.len(), 1, "ending B's grant took A's too");
+        g.end(B, &Invalidation::Attr(Ino(7)));
         assert_eq!(g.len(), 1);
     }
 

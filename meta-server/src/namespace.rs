@@ -269,6 +269,11 @@ impl Namespace {
         }
     }
 
+    /// Whether `ino` is a directory.
+    pub fn is_dir(&self, ino: Ino) -> bool {
+        self.dir(ino).is_ok()
+    }
+
     fn dir_mut(&mut self, ino: Ino) -> Result<&mut Dir, FsError> {
         match &mut self.inode_mut(ino)?.content {
             Content::Dir(d) => Ok(d),

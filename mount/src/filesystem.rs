@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Instant, SystemTime};
 
-use citronfs_core::client::WriteMode;
+use citronfs_core::client::{Looked, WriteMode};
 use citronfs_core::locks::LockMode;
 use citronfs_core::proto::{Delegated, RenameMode, XattrMode};
 use citronfs_core::types::{FileKind, Ino, SetAttr, Timestamp};
@@ -22,8 +22,8 @@ use fuser::{
 use crate::delegation::Ttls;
 use crate::locking::lock;
 use crate::{
-    access, caller, data, done, errno, fuse_attr, kind_of_mode, name, setid, time, CitronFuse, FuseOp,
-    LOCKS_XATTR, META_XATTR,
+    absent_attr, access, caller, data, done, errno, fuse_attr, kind_of_mode, name, setid, time, CitronFuse,
+    FuseOp, LOCKS_XATTR, META_XATTR,
 };
 
 /// The largest piece of a write the kernel sends: a chunk, so that a big
@@ -74,12 +74,18 @@ impl Filesystem for CitronFuse {
         let Some(reply) = self.lookup_delegated(Ino(parent.0), name(n), reply) else { return };
         let (sent, before) = (Instant::now(), self.invalidations.epochs().all());
         match self.client.lookup_granted(caller(req), Ino(parent.0), name(n)) {
-            Ok((a, grant)) => {
+            Ok(Looked::Found(a, grant)) => {
                 self.lookup_answered(Ino(parent.0), name(n), &a, &grant);
                 let ttl = self.granted_ttl(sent, before, self.invalidations.epochs().all());
                 let entry_ttl = if grant.entry { ttl } else { self.options.attr_ttl };
                 let attr_ttl = if grant.attr { ttl } else { self.options.attr_ttl };
                 reply.entry_with_ttls(&attr_ttl, &entry_ttl, &fuse_attr(&a), Generation(0))
+            }
+            // A negative entry, cached by the kernel for the grant's time:
+            // another mount's create of the name calls this one back first.
+            Ok(Looked::Absent) => {
+                let ttl = self.granted_ttl(sent, before, self.invalidations.epochs().all());
+                reply.entry_with_ttls(&ttl, &ttl, &absent_attr(), Generation(0))
             }
             Err(e) => reply.error(errno(&e)),
         }

@@ -35,7 +35,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use citronfs_core::client::FsClient;
 use citronfs_core::types::{Attr, Caller, FileKind, Ino, SetAttr, Timestamp};
@@ -145,6 +145,29 @@ fn fuse_attr(a: &Attr) -> FileAttr {
         uid: a.uid,
         gid: a.gid,
         rdev: a.rdev,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+/// What a `LOOKUP` answer carries for a name that is not there: node id
+/// zero, which the kernel caches as a negative entry for the entry TTL
+/// (no attributes are read from it).
+fn absent_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
         blksize: 4096,
         flags: 0,
     }

@@ -47,6 +47,14 @@ pub fn create_counted(m: &TestMount, rel: &str) -> (RpcCounts, RpcCounts) {
     (opened, close(m, f))
 }
 
+/// Whether `rel` is missing on mount `m`, with the calls to the
+/// meta-server and the FUSE requests that `stat` cost.
+pub fn missing_cost(m: &TestMount, rel: &str) -> (bool, RpcCounts, u64) {
+    let (calls, requests) = (m.client.rpc_counts(), m.requests.snapshot().total());
+    let gone = missing(m, rel);
+    (gone, m.client.rpc_counts() - calls, m.requests.snapshot().total() - requests)
+}
+
 /// The calls to the meta-server and the FUSE requests one `stat` on `m`
 /// costs.
 pub fn stat_cost(m: &TestMount, rel: &str) -> (fs::Metadata, RpcCounts, u64) {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_core::types::Ino;
 use citronfs_mount::{FuseOp, MountOptions};
-use citronfs_tests::coherence::{close, create_counted, eventually, missing, stat_cost};
+use citronfs_tests::coherence::{close, create_counted, eventually, missing, missing_cost, stat_cost};
 use citronfs_tests::{TestCluster, TestMount};
 
 /// How the mounts of a test let their kernels cache.
@@ -503,6 +503,103 @@ fn a_cached_create_costs_three_calls_and_the_stat_of_its_directory_none() {
             calls.describe()
         );
     }
+}
+
+/// How a test makes a name on a mount.
+#[derive(Clone, Copy, Debug)]
+enum Maker {
+    Create,
+    Mkdir,
+    Mkfifo,
+    Symlink,
+    HardLink,
+    RenameTo,
+}
+
+impl Maker {
+    const ALL: [Maker; 6] =
+        [Maker::Create, Maker::Mkdir, Maker::Mkfifo, Maker::Symlink, Maker::HardLink, Maker::RenameTo];
+
+    /// Makes `rel` on `m`; `spare` is an existing regular file there that
+    /// a link or rename may use up (the caller makes a new one each time).
+    fn make(self, m: &TestMount, rel: &str, spare: &str) {
+        match self {
+            Maker::Create => fs::write(m.path(rel), b"made").unwrap(),
+            Maker::Mkdir => fs::create_dir(m.path(rel)).unwrap(),
+            Maker::Mkfifo => {
+                let path = std::ffi::CString::new(m.path(rel).into_os_string().into_encoded_bytes()).unwrap();
+                // SAFETY: `path` is a NUL-terminated string that outlives the call.
+                assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0, "mkfifo {rel}");
+            }
+            Maker::Symlink => std::os::unix::fs::symlink("anywhere", m.path(rel)).unwrap(),
+            Maker::HardLink => fs::hard_link(m.path(spare), m.path(rel)).unwrap(),
+            Maker::RenameTo => fs::rename(m.path(spare), m.path(rel)).unwrap(),
+        }
+    }
+}
+
+/// A lookup of a name that is not there is granted as the entry
+/// (meta-server `grants`, "Absent names"): B's kernel caches the absence,
+/// so B's stats of it cost no request at all; and whatever makes the name
+/// on A — create, mkdir, mkfifo, symlink, link, rename onto it — is seen
+/// by B's very next stat and listing, in a directory delegated to A and
+/// in one delegated to nobody (the root).
+#[test]
+fn an_absent_name_is_cached_until_another_mount_makes_it() {
+    let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    fs::create_dir(a.path("d")).unwrap();
+    for dir in ["d", ""] {
+        for (round, maker) in Maker::ALL.into_iter().enumerate() {
+            let rel = if dir.is_empty() { format!("m{round}") } else { format!("{dir}/m{round}") };
+            let spare = format!("{rel}-spare");
+            fs::write(a.path(&spare), b"spare").unwrap();
+            all_closed(&c);
+            assert!(missing(&b, &rel), "{maker:?}: {rel} is there before it is made");
+            let (gone, calls, requests) = missing_cost(&b, &rel);
+            assert!(gone);
+            assert_eq!(
+                (calls.operations(), requests),
+                (0, 0),
+                "{maker:?}: B's second stat of the absent {rel} sent {} in {requests} requests",
+                calls.describe()
+            );
+            maker.make(&a, &rel, &spare);
+            let on_b = fs::symlink_metadata(b.path(&rel))
+                .unwrap_or_else(|e| panic!("{maker:?}: B does not see {rel} that A made: {e}"));
+            assert_eq!(on_b.ino(), fs::symlink_metadata(a.path(&rel)).unwrap().ino(), "{maker:?}");
+            let listed = if dir.is_empty() { names(&b, ".") } else { names(&b, dir) };
+            assert!(listed.contains(&format!("m{round}")), "{maker:?}: B's listing misses {rel}");
+        }
+    }
+}
+
+/// The absence granted to the lookup the kernel sends before a create ends
+/// with the create (meta-server `grants`, "Absent names"): another mount's
+/// unlink of the new file calls the creator back for nothing. Here the
+/// creator never acknowledges, and the grant would last a minute: an
+/// unlink that waited for it would fail (the RPC's time-out) or trip the
+/// watchdog.
+#[test]
+fn a_creator_is_not_called_back_for_the_absence_its_create_ended() {
+    let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    fs::create_dir(b.path("s")).unwrap();
+    for i in 0..5 {
+        let rel = format!("s/f{i}");
+        assert!(missing(&a, &rel));
+        fs::write(a.path(&rel), b"x").unwrap();
+    }
+    all_closed(&c);
+    // A's grant of s's attributes (its creates' answers) goes while A
+    // still acknowledges: what is left of A's grants in s is what the
+    // creates ended, or should have.
+    fs::write(b.path("s/z"), b"").unwrap();
+    a.invalidations.stall(true);
+    let _hang = b.watchdog(Duration::from_secs(50));
+    for i in 0..5 {
+        fs::remove_file(b.path(&format!("s/f{i}"))).unwrap_or_else(|e| panic!("B's unlink of s/f{i}: {e}"));
+    }
+    a.invalidations.stall(false);
+    assert_eq!(names(&a, "s"), vec!["z".to_string()]);
 }
 
 /// A created file's attributes are granted to its creator only while it

@@ -24,6 +24,16 @@ pub struct Polled {
     pub renewed: bool,
 }
 
+/// What [`FsClient::lookup_granted`] found.
+#[derive(Debug)]
+pub enum Looked {
+    /// The name's inode, its attributes, and what of them is granted.
+    Found(Attr, Grant),
+    /// No such name, and its absence is granted: the kernel may cache it
+    /// for the TTL (whoever makes the name calls this client back first).
+    Absent,
+}
+
 impl FsClient {
     /// From now on the kernel of this client's mount caches what the
     /// meta-server grants, for `ttl` (zero: nothing). Whoever sets it must
@@ -40,9 +50,13 @@ impl FsClient {
     }
 
     /// A lookup, and what of its answer the kernel may cache (nothing
-    /// unless [`FsClient::set_caching`]).
-    pub fn lookup_granted(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(Attr, Grant), FsError> {
-        granted(self.call(&MetaRequest::Lookup { caller, parent, name: name.to_vec() })?)
+    /// unless [`FsClient::set_caching`]; then a name that is not there is
+    /// [`Looked::Absent`], not `FsError::NotFound`).
+    pub fn lookup_granted(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<Looked, FsError> {
+        match self.call(&MetaRequest::Lookup { caller, parent, name: name.to_vec() })? {
+            MetaResponse::Absent => Ok(Looked::Absent),
+            found => granted(found).map(|(attr, grant)| Looked::Found(attr, grant)),
+        }
     }
 
     /// A getattr, and whether the kernel may cache its answer.

@@ -37,7 +37,7 @@ mod tuning;
 
 pub use io::WriteMode;
 pub use locks::LockCall;
-pub use metadata::Polled;
+pub use metadata::{Looked, Polled};
 
 use endpoints::{join_server, Endpoints, ServerAddrs};
 use layouts::{CachedLayout, Written};
@@ -230,6 +230,7 @@ fn granted(r: MetaResponse) -> Result<(Attr, Grant), FsError> {
     match r {
         MetaResponse::Granted(a, g) => Ok((a, g)),
         MetaResponse::Attr(a) => Ok((a, Grant::default())),
+        MetaResponse::Absent => Err(FsError::NotFound),
         other => Err(unexpected(other)),
     }
 }
@@ -425,6 +426,7 @@ impl FsClient {
             // grant; callers that do not hand the answer to the kernel
             // ignore it (the meta-server may call back for nothing).
             MetaResponse::Attr(a) | MetaResponse::Granted(a, _) => a,
+            MetaResponse::Absent => return Err(FsError::NotFound),
             other => return Err(unexpected(other)),
         };
         Ok((attr, grant))

@@ -81,6 +81,19 @@ impl MetaService {
         MetaResponse::Granted(attr, grant)
     }
 
+    /// The caching changer's kernel learns entry `name` of `parent` anew
+    /// from the answer to its change (a create's new dentry; an unlink's
+    /// dentry dropped): its grant of the entry — the absence a lookup
+    /// before a create was granted, most often — ends without a callback,
+    /// so another client's later change of the name waits for nobody.
+    /// Called with the namespace mutex held, with the change: a lookup
+    /// after it is granted again ([`crate::grants`], "Absent names").
+    fn relearned(&self, caching: Option<(ClientId, Duration)>, parent: Ino, name: &[u8]) {
+        if let Some((client, _)) = caching {
+            self.grants.end(client, &Invalidation::Entry { parent, name: name.to_vec() });
+        }
+    }
+
     /// What a change of `dir`'s entries answers a caching changer: the
     /// directory's attributes after it, granted to the changer (whose
     /// grant a change never revokes, [`Grants::revoke`]), with `answer`;
@@ -260,8 +273,17 @@ impl MetaService {
             }
             R::Lookup { parent, name, .. } => {
                 let ns = self.ns.lock();
-                let attr = ns.lookup(parent, &name)?;
-                self.granted(caching, attr, Some(Entry { parent, name }))
+                match (ns.lookup(parent, &name), caching) {
+                    (Ok(attr), _) => self.granted(caching, attr, Some(Entry { parent, name })),
+                    // The name is not in the directory (which is there):
+                    // its absence is granted as the entry ([`crate::grants`],
+                    // "Absent names").
+                    (Err(FsError::NotFound), Some((client, ttl))) if ns.is_dir(parent) => {
+                        self.grants.grant(client, Entry { parent, name }, ttl);
+                        A::Absent
+                    }
+                    (Err(e), _) => return Err(e),
+                }
             }
             R::GetAttr { ino } => {
                 let ns = self.ns.lock();
@@ -289,7 +311,8 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
-                changed.keys.push(AttrOf(parent));
+                self.relearned(caching, parent, &name);
+                changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, Some(&attr))
             }
             R::Symlink { caller, parent, name, target } => {
@@ -298,7 +321,8 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
-                changed.keys.push(AttrOf(parent));
+                self.relearned(caching, parent, &name);
+                changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, Some(&attr))
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
@@ -306,7 +330,12 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, new_parent)?;
                 let attr = ns.link(ino, new_parent, &new_name)?;
-                changed.keys.extend([AttrOf(ino), AttrOf(new_parent)]);
+                self.relearned(caching, new_parent, &new_name);
+                changed.keys.extend([
+                    AttrOf(ino),
+                    AttrOf(new_parent),
+                    Entry { parent: new_parent, name: new_name },
+                ]);
                 A::Attr(attr)
             }
             R::Unlink { caller, parent, name } => {
@@ -315,6 +344,7 @@ impl MetaService {
                 // Looked up first so that the unlink's own error is answered.
                 let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
                 ns.unlink(parent, &name)?;
+                self.relearned(caching, parent, &name);
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
                 self.with_parent(&ns, caching, parent, A::Done, false, None)
@@ -326,6 +356,7 @@ impl MetaService {
                 }
                 let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
                 ns.rmdir(parent, &name)?;
+                self.relearned(caching, parent, &name);
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
                 self.with_parent(&ns, caching, parent, A::Done, false, None)
@@ -388,6 +419,10 @@ impl MetaService {
                     // Its size and mtime may now change one-sidedly.
                     self.grants.writing(client, attr.ino);
                     changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
+                }
+                if let A::Opened(..) = &opened {
+                    self.relearned(caching, parent, &name);
+                    changed.keys.push(Entry { parent, name: name.clone() });
                 }
                 let mut new = None;
                 if let (A::Opened(attr, _), Some((creator, ttl))) = (&opened, caching) {
