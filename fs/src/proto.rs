@@ -435,6 +435,13 @@ pub struct Grant {
     /// are held with it, for as long as it lasts (meta-server `grants`,
     /// "Delegations").
     pub held: bool,
+    /// A regular file open for writing somewhere, whose attributes are not
+    /// granted: all of them but the size, the mtime, the ctime and the
+    /// allocated bytes are (meta-server `grants`, "Written files"), to a
+    /// client that has the file open, until its last release of it. It
+    /// reads those four from the file's attribute slot and its layout each
+    /// time (one verb); its kernel caches nothing.
+    pub live: bool,
 }
 
 /// An entry of a `ReadDirPlus` answer: what a lookup of it would answer.

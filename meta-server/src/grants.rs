@@ -53,6 +53,21 @@
 //! revokes it; the changer's own later changes spare it, and its mount
 //! drops or replaces what it keeps itself (mount `attr_cache`).
 //!
+//! # Written files
+//!
+//! What a written file's answer does grant is the rest of its attributes
+//! (`Grant::live`): all but the size, the mtime, the ctime and the
+//! allocated bytes — the ones a write changes one-sidedly (the ctime
+//! follows the mtime, the allocated bytes the file's layout). The rest
+//! changes only through the meta-server, under the same `Attr` key, so
+//! it is revoked as any attribute grant. Granted only to a client that
+//! has the file open: its mount answers a `GETATTR` from it and reads the
+//! four from the slot and its layout (one verb instead of a round trip: a
+//! database's `fstat` of its own file at every transaction); its kernel
+//! caches nothing of it. So it ends, as a creator's, at the client's last
+//! release of the file, without a message ([`Grants::closed`]): the mount
+//! dropped it before it sent the release.
+//!
 //! # Absent names
 //!
 //! A lookup that finds no such name grants its absence as the entry
@@ -303,11 +318,12 @@ impl Grants {
         self.insert(client, key, ttl, false);
     }
 
-    /// Records that the mount of `client`, which just created regular file
-    /// `ino` and has it open, may answer its attributes for `ttl` or until
-    /// the client's last release of it, whichever comes first (see
-    /// "Creators" in the module header). Called with the namespace mutex
-    /// held, before the answer leaves.
+    /// Records that the mount of `client`, which has regular file `ino`
+    /// open (it just created it, or it is written), may answer its
+    /// attributes (those of a written file but what changes one-sidedly)
+    /// for `ttl` or until the client's last release of it, whichever comes
+    /// first (see "Creators" and "Written files" in the module header).
+    /// Called with the namespace mutex held, before the answer leaves.
     pub fn grant_until_closed(&self, client: ClientId, ino: Ino, ttl: Duration) {
         self.insert(client, Invalidation::Attr(ino), ttl, true);
     }

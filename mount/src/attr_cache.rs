@@ -83,6 +83,30 @@
 //! * **the TTL**: counted from when the request was sent, as a
 //!   directory's.
 //!
+//! # Written files
+//!
+//! A regular file open for writing anywhere has no attributes granted (its
+//! size and mtime change one-sidedly), but all the rest of them is
+//! (`Grant::live`, meta-server `grants`, "Written files"). For a file
+//! open on this mount they are kept here as a *base*: a `GETATTR` reads
+//! the size and mtime from the file's attribute slot and the allocated
+//! bytes from its layout (one verb, `FsClient::live_attr`) and answers
+//! them over the base with TTL zero — a database's `fstat` and `stat` of
+//! its own file at every transaction, which each cost a round trip.
+//! Each case:
+//!
+//! * **another mount's change** of the base (chmod, chown, utimes, link,
+//!   unlink, extended attributes, a truncate): called back, as a
+//!   directory's;
+//! * **its writes, anyone's**: nothing here changes; what they change is
+//!   read live;
+//! * **own changes of the base** — setattr, fallocate, link, extended
+//!   attributes, unlink, rename — drop it, as above; so does this mount's
+//!   release of the file (it may no longer have the slot's address);
+//! * **an answer overtaken by an invalidation**: installed only if the
+//!   inode's generation did not move since the request was sent
+//!   ([`AttrCache::ticket`]).
+//!
 //! Strict mounts (TTL zero) never install anything here: they ask the
 //! meta-server every time.
 
@@ -95,7 +119,7 @@ use citronfs_core::FsError;
 use fuser::ReplyAttr;
 use parking_lot::Mutex;
 
-use crate::{fuse_attr, CitronFuse};
+use crate::{errno, fuse_attr, CitronFuse};
 
 /// Generations per stripe of inodes: a collision only drops an answer.
 const STRIPES: usize = 1024;
@@ -115,6 +139,8 @@ struct State {
     attrs: HashMap<Ino, Cached>,
     /// New regular files' attributes (see "New files" above).
     files: HashMap<Ino, Cached>,
+    /// Written files' bases (see "Written files" above).
+    live: HashMap<Ino, Cached>,
     generations: Box<[u64; STRIPES]>,
     /// Drops ([`AttrCache::invalidate`]) so far, and the inodes of the last
     /// [`RECENT`] of them.
@@ -156,6 +182,7 @@ impl Default for AttrCache {
             state: Mutex::new(State {
                 attrs: HashMap::new(),
                 files: HashMap::new(),
+                live: HashMap::new(),
                 generations: Box::new([0; STRIPES]),
                 dropped: 0,
                 recent: VecDeque::with_capacity(RECENT),
@@ -190,6 +217,46 @@ impl AttrCache {
         s.attrs.insert(ticket.ino, Cached { attr, expires });
     }
 
+    /// Before a getattr whose answer may be kept: only an answer that no
+    /// invalidation or own change of `ino` overtook is.
+    pub fn ticket(&self, ino: Ino) -> Ticket {
+        let mut s = self.state.lock();
+        let generation = *s.generation(ino);
+        Ticket { ino, generation, sent: Instant::now() }
+    }
+
+    /// Keeps `base`, a written file's attributes but what changes
+    /// one-sidedly, granted for `ttl` from when the request of `ticket`
+    /// was sent, unless the inode was invalidated or changed since.
+    pub fn install_live(&self, ticket: Ticket, base: Attr, ttl: Duration) {
+        if base.ino != ticket.ino || base.kind != FileKind::File || ttl.is_zero() {
+            return;
+        }
+        let mut s = self.state.lock();
+        if *s.generation(ticket.ino) == ticket.generation {
+            s.live.insert(ticket.ino, Cached { attr: base, expires: ticket.sent + ttl });
+        }
+    }
+
+    /// Written file `ino`'s base, if kept and not expired.
+    pub fn live(&self, ino: Ino) -> Option<Attr> {
+        let mut s = self.state.lock();
+        let c = s.live.get(&ino)?;
+        if c.expires > Instant::now() {
+            return Some(c.attr.clone());
+        }
+        s.live.remove(&ino);
+        None
+    }
+
+    /// This mount's release of `ino`: what is kept of it as a new file
+    /// and as a written one goes.
+    pub fn released(&self, ino: Ino) {
+        let mut s = self.state.lock();
+        s.files.remove(&ino);
+        s.live.remove(&ino);
+    }
+
     /// Before a create whose answer may bring a new file's attributes.
     pub fn creating(&self) -> CreateTicket {
         CreateTicket { dropped: self.state.lock().dropped, sent: Instant::now() }
@@ -220,10 +287,17 @@ impl AttrCache {
         }
     }
 
-    /// Drops what is kept of every new file (an own unlink: the removed
-    /// inode is not in the request).
+    /// Drops what is kept of every new file and every written file's base
+    /// (an own unlink: the removed inode is not in the request).
     pub fn forget_files(&self) {
-        self.state.lock().files.clear();
+        let mut s = self.state.lock();
+        s.files.clear();
+        s.live.clear();
+        // Nor is a written file's base in flight kept (which inode changed
+        // is not known).
+        for g in s.generations.iter_mut() {
+            *g += 1;
+        }
     }
 
     /// Drops `ino`'s attributes, and every answer in flight that would
@@ -234,6 +308,7 @@ impl AttrCache {
         *s.generation(ino) += 1;
         s.attrs.remove(&ino);
         s.files.remove(&ino);
+        s.live.remove(&ino);
         s.dropped += 1;
         if s.recent.len() == RECENT {
             s.recent.pop_front();
@@ -249,6 +324,7 @@ impl AttrCache {
         }
         s.attrs.clear();
         s.files.clear();
+        s.live.clear();
         // No create in flight installs (more drops than remembered).
         s.dropped += RECENT as u64 + 1;
         s.recent.clear();
@@ -274,11 +350,11 @@ impl AttrCache {
         None
     }
 
-    /// Directories and new files held now, expired ones included (tests,
-    /// diagnostics).
+    /// Directories, new files and written files' bases held now, expired
+    /// ones included (tests, diagnostics).
     pub fn len(&self) -> usize {
         let s = self.state.lock();
-        s.attrs.len() + s.files.len()
+        s.attrs.len() + s.files.len() + s.live.len()
     }
 }
 
@@ -382,8 +458,23 @@ impl CitronFuse {
     /// delegated child's stay.
     pub(crate) fn file_released(&self, ino: Ino) {
         if self.caching() {
-            self.invalidations.attrs().forget_file(ino);
+            self.invalidations.attrs().released(ino);
         }
+    }
+
+    /// Answers a `GETATTR` of written file `ino` from its kept base and
+    /// what its slot says now (see "Written files"); `reply` back if no
+    /// base is kept or the file is not open here.
+    pub(crate) fn getattr_live(&self, ino: Ino, reply: ReplyAttr) -> Option<ReplyAttr> {
+        let Some(base) = self.caching().then(|| self.invalidations.attrs().live(ino)).flatten() else {
+            return Some(reply);
+        };
+        match self.client.live_attr(&base) {
+            Ok(Some(attr)) => reply.attr(&Duration::ZERO, &fuse_attr(&attr)),
+            Ok(None) => return Some(reply),
+            Err(e) => reply.error(errno(&e)),
+        }
+        None
     }
 
     /// An own unlink answered: what is kept of every new file goes (the

@@ -28,6 +28,7 @@ citronfs_core::counted_kinds! {
         Flush,
         Release,
         Fsync,
+        OpenDir,
         ReadDir,
         ReadDirPlus,
         StatFs,

@@ -16,7 +16,7 @@
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
 use citronfs_core::rpc_counts::MetaKind;
@@ -502,6 +502,82 @@ fn a_cached_create_costs_three_calls_and_the_stat_of_its_directory_none() {
             "round {round}: the stat of {name} after its create sent {}",
             calls.describe()
         );
+    }
+}
+
+/// What `stat` shows of a regular file that a write, a truncate or a
+/// chmod changes: mode, size, blocks, mtime and ctime.
+fn file_state(meta: &fs::Metadata) -> (u32, u64, u64, i64, i64, i64, i64) {
+    (meta.mode(), meta.len(), meta.blocks(), meta.mtime(), meta.mtime_nsec(), meta.ctime(), meta.ctime_nsec())
+}
+
+/// The same, as the meta-server answers it now.
+fn true_file_state(m: &TestMount, ino: Ino) -> (u32, u64, u64, i64, i64, i64, i64) {
+    let a = m.client.getattr(ino).unwrap();
+    let (mtime, ctime) = (a.mtime, a.ctime);
+    (
+        libc::S_IFREG | u32::from(a.perm),
+        a.size,
+        a.allocated.div_ceil(512),
+        mtime.secs,
+        i64::from(mtime.nanos),
+        ctime.secs,
+        i64::from(ctime.nanos),
+    )
+}
+
+/// A file open for writing on both mounts — a database — has no
+/// attributes granted, but all but its size, times and blocks are
+/// (`Grant::live`, meta-server `grants`, "Written files"): each mount that
+/// has it open answers its `fstat` and `stat` with one read of the file's
+/// attribute slot and no round trip, and still sees at once what the
+/// other mount's writes (growing it by a chunk too), truncate and chmod
+/// did.
+#[test]
+fn a_file_open_for_writing_on_two_mounts_is_stated_without_a_round_trip_and_seen_at_once() {
+    let (_c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    let open = |m: &TestMount| fs::OpenOptions::new().read(true).write(true).open(m.path("db")).unwrap();
+    fs::write(a.path("db"), [1u8; 100]).unwrap();
+    let (fa, fb) = (open(&a), open(&b));
+    let ino = Ino(fa.metadata().unwrap().ino());
+    for (m, f) in [(&a, &fa), (&b, &fb)] {
+        f.metadata().unwrap();
+        let calls = m.client.rpc_counts();
+        for _ in 0..3 {
+            assert_eq!(file_state(&f.metadata().unwrap()), true_file_state(m, ino));
+            assert_eq!(file_state(&fs::metadata(m.path("db")).unwrap()), true_file_state(m, ino));
+        }
+        // Three calls: true_file_state's own.
+        let spent = m.client.rpc_counts() - calls;
+        assert!(spent.operations() <= 6, "the stats of a written file sent {}", spent.describe());
+        let calls = m.client.rpc_counts();
+        f.metadata().unwrap();
+        fs::metadata(m.path("db")).unwrap();
+        assert_eq!((m.client.rpc_counts() - calls).operations(), 0, "a stat of the written file went out");
+    }
+    let chunk = a.client.chunk_size();
+    let changes: [(&str, &dyn Fn()); 5] = [
+        ("a write on A", &|| fa.write_all_at(&[2u8; 5000], 50).unwrap()),
+        ("a write on B past a chunk", &|| fb.write_all_at(&[3u8; 10], chunk + 7).unwrap()),
+        ("a chmod on A", &|| fs::set_permissions(a.path("db"), fs::Permissions::from_mode(0o600)).unwrap()),
+        ("a truncate on B", &|| fb.set_len(10).unwrap()),
+        ("a write on B", &|| fb.write_all_at(&[4u8; 3], 4096).unwrap()),
+    ];
+    for (what, change) in changes {
+        // Both mounts keep the base: the next stat costs nothing.
+        for (m, f) in [(&a, &fa), (&b, &fb)] {
+            f.metadata().unwrap();
+            let calls = m.client.rpc_counts();
+            f.metadata().unwrap();
+            assert_eq!((m.client.rpc_counts() - calls).operations(), 0, "before {what}: a stat went out");
+        }
+        std::thread::sleep(Duration::from_millis(5)); // a new mtime
+        change();
+        for (m, f) in [(&a, &fa), (&b, &fb)] {
+            let seen = file_state(&f.metadata().unwrap());
+            assert_eq!(seen, true_file_state(m, ino), "after {what}: fstat on one mount");
+            assert_eq!(file_state(&fs::metadata(m.path("db")).unwrap()), seen, "after {what}: stat");
+        }
     }
 }
 

@@ -289,3 +289,31 @@ fn rename_over_a_file_is_atomic_as_seen_from_the_other_mount() {
     });
     assert_eq!(fs::read(b.path("target")).unwrap(), b"version 0200");
 }
+
+/// fsync(2) of a file and opens of a directory have nothing to do here
+/// (writes reach the data servers' memory before they answer; listings
+/// keep no open state), so the mount answers the kernel's first FSYNC and
+/// OPENDIR with ENOSYS and the kernel sends no more: SQLite's fsyncs of
+/// its journal and of the journal's directory cost no request. Data and
+/// listings stay what they were.
+#[test]
+fn fsyncs_and_directory_opens_reach_the_daemon_at_most_once() {
+    use citronfs_mount::FuseOp;
+    let cluster = TestCluster::start(1, 64 << 20, CHUNK);
+    let (a, b) = (cluster.mount(), cluster.mount());
+    fs::create_dir(a.path("d")).unwrap();
+    let mut f = File::create(a.path("d/f")).unwrap();
+    for round in 0..5u8 {
+        f.write_all(&[round]).unwrap();
+        f.sync_data().unwrap();
+        f.sync_all().unwrap();
+        let dir = File::open(a.path("d")).unwrap();
+        dir.sync_all().unwrap();
+        let listed: Vec<_> = fs::read_dir(a.path("d")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(listed, vec![std::ffi::OsString::from("f")], "round {round}");
+        assert_eq!(fs::read(b.path("d/f")).unwrap(), (0..=round).collect::<Vec<u8>>(), "round {round}");
+    }
+    let requests = a.requests.snapshot();
+    assert!(requests.get(FuseOp::Fsync) <= 1, "{} FSYNC requests", requests.get(FuseOp::Fsync));
+    assert!(requests.get(FuseOp::OpenDir) <= 1, "{} OPENDIR requests", requests.get(FuseOp::OpenDir));
+}

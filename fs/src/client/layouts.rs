@@ -14,7 +14,7 @@ use super::endpoints::Endpoints;
 use super::{unexpected, FsClient};
 use crate::error::FsError;
 use crate::proto::{Allocated, AttrSlot, FileLayout, MetaRequest, MetaResponse};
-use crate::types::{ChunkIndex, ChunkLoc, Ino};
+use crate::types::{Attr, ChunkIndex, ChunkLoc, Ino, Timestamp};
 
 pub(super) struct CachedLayout {
     pub(super) slot: AttrSlot,
@@ -50,6 +50,8 @@ impl CachedLayout {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct SlotWords {
     pub(super) size: u64,
+    /// Nanoseconds since the epoch; zero until anyone wrote or set it.
+    pub(super) mtime: u64,
     pub(super) epoch: u64,
     pub(super) allocs: u64,
     pub(super) perm: u16,
@@ -144,6 +146,7 @@ impl FsClient {
             |off: u64| u64::from_le_bytes(b[off as usize..off as usize + 8].try_into().expect("8 bytes"));
         Ok(SlotWords {
             size: word(AttrSlot::SIZE),
+            mtime: word(AttrSlot::MTIME),
             epoch: word(AttrSlot::EPOCH),
             allocs: word(AttrSlot::ALLOCS),
             perm: word(AttrSlot::PERM) as u16,
@@ -174,6 +177,27 @@ impl FsClient {
     /// The size of a regular file as its slot says (one verb).
     pub fn file_size(&self, ino: Ino) -> Result<u64, FsError> {
         self.with_endpoints(|eps| Ok(self.current_layout(eps, ino)?.1.size))
+    }
+
+    /// The attributes of regular file `base.ino`, open here, with what
+    /// changes one-sidedly read now: the size and mtime from its slot (the
+    /// ctime moves with the mtime, as the meta-server answers it) and the
+    /// allocated bytes from its layout, refetched if anyone allocated or
+    /// freed since it was cached. One verb, unless refetched. `None` if the
+    /// file is not open here. `base`: the rest, granted (`Grant::live`).
+    pub fn live_attr(&self, base: &Attr) -> Result<Option<Attr>, FsError> {
+        if self.shared.opens.get(base.ino).is_none() {
+            return Ok(None);
+        }
+        let (layout, words) = self.with_endpoints(|eps| self.current_layout(eps, base.ino))?;
+        let mut attr = base.clone();
+        attr.size = words.size;
+        if words.mtime != 0 {
+            attr.mtime = Timestamp::from_nanos(words.mtime);
+            attr.ctime = attr.ctime.max(attr.mtime);
+        }
+        attr.allocated = layout.read().chunks.values().map(|c| c.capacity).sum();
+        Ok(Some(attr))
     }
 
     /// Reads bytes `offset..end` (within the size) with one batch per data

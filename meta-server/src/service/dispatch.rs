@@ -63,12 +63,21 @@ impl MetaService {
     /// Called with the namespace mutex held (see [`crate::grants`]).
     fn granted(
         &self,
+        ns: &crate::namespace::Namespace,
         caching: Option<(ClientId, Duration)>,
         attr: Attr,
         entry: Option<Invalidation>,
     ) -> MetaResponse {
         let Some((client, ttl)) = caching else { return MetaResponse::Attr(attr) };
-        let mut grant = Grant { entry: entry.is_some(), attr: self.attr_grantable(&attr), held: false };
+        let attr_granted = self.attr_grantable(&attr);
+        let mut grant = Grant {
+            entry: entry.is_some(),
+            attr: attr_granted,
+            held: false,
+            // What of a written file does not change one-sidedly, to a
+            // client that has it open ([`crate::grants`], "Written files").
+            live: !attr_granted && ns.is_open_by(attr.ino, client),
+        };
         if let Some(e) = entry {
             if let (true, Invalidation::Entry { parent, .. }) = (grant.attr, &e) {
                 grant.held = self.grants.hold_child(client, *parent, attr.ino);
@@ -77,6 +86,8 @@ impl MetaService {
         }
         if grant.attr {
             self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
+        } else if grant.live {
+            self.grants.grant_until_closed(client, attr.ino, ttl);
         }
         MetaResponse::Granted(attr, grant)
     }
@@ -153,7 +164,7 @@ impl MetaService {
                 let name = entry.name.clone();
                 self.grants.grant(client, Invalidation::Entry { parent: dir, name }, ttl);
                 self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
-                grant = Grant { entry: true, attr: true, held: false };
+                grant = Grant { entry: true, attr: true, ..Grant::default() };
             }
             out.push(EntryPlus { entry, attr, grant });
         }
@@ -274,7 +285,7 @@ impl MetaService {
             R::Lookup { parent, name, .. } => {
                 let ns = self.ns.lock();
                 match (ns.lookup(parent, &name), caching) {
-                    (Ok(attr), _) => self.granted(caching, attr, Some(Entry { parent, name })),
+                    (Ok(attr), _) => self.granted(&ns, caching, attr, Some(Entry { parent, name })),
                     // The name is not in the directory (which is there):
                     // its absence is granted as the entry ([`crate::grants`],
                     // "Absent names").
@@ -287,7 +298,7 @@ impl MetaService {
             }
             R::GetAttr { ino } => {
                 let ns = self.ns.lock();
-                self.granted(caching, ns.attr(ino)?, None)
+                self.granted(&ns, caching, ns.attr(ino)?, None)
             }
             R::SetAttr { caller, ino, set } => {
                 checks.setattr(&self.ns.lock(), caller, ino, &set)?;
