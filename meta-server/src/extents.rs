@@ -22,17 +22,22 @@
 //! chunk (a file past one chunk is a big file, and growing its every chunk
 //! through 4 KiB, 8 KiB, … would copy each one eight times), falling back to
 //! the smallest extent that fits when no whole chunk is free
-//! ([`ExtentAllocator::allocate`]). Waste is under half of a small file and
-//! under one chunk of a big one.
+//! ([`ExtentAllocator::allocate`]). Waste is under half of a small file
+//! written at once and under one chunk of a big one.
 //!
 //! Growth: a write past its extent's capacity, inside the chunk, moves the
 //! chunk to a bigger extent — allocate, copy, swap in the file's map, bump
 //! the file's layout epoch, free the old one — while the writer holds the
 //! file's inode mutex exclusive, so no I/O anywhere uses the old extent (every
 //! I/O takes the mutex shared and reads the epoch under it;
-//! `citronfs_core::client::io`). The meta-server does the copy (one RPC for
-//! the writer; the growth of one chunk copies less than the chunk, and a
-//! file that grows by doubling copies less than its final size in total).
+//! `citronfs_core::client::io`). The new extent has room for twice what the
+//! write needs ([`growth_capacity`]): a chunk that grew once is being
+//! appended to, and a database's journal written in a few pieces then moves
+//! once, not once per power of two it crosses (a file grown by appends
+//! wastes under three quarters of its extent). The meta-server does the
+//! copy (one RPC for the writer; the growth of one chunk copies less than
+//! the chunk, and a file that grows by doubling copies less than its final
+//! size in total).
 //!
 //! Why not the alternatives: packing small files into shared chunks would
 //! need a sub-chunk allocator anyway plus per-file offsets, and would tie
@@ -67,6 +72,13 @@ pub fn extent_capacity(chunk: ChunkIndex, end_in_chunk: u64, chunk_size: u64) ->
         return chunk_size;
     }
     fitting_capacity(end_in_chunk, chunk_size)
+}
+
+/// The capacity a chunk moves to when a write needs bytes `[0,
+/// end_in_chunk)` of it and its extent holds fewer (see "Growth" in the
+/// module comment): room for twice that, up to the whole chunk.
+pub fn growth_capacity(end_in_chunk: u64, chunk_size: u64) -> u64 {
+    fitting_capacity(end_in_chunk.saturating_mul(2), chunk_size)
 }
 
 /// The smallest extent capacity that holds `[0, end_in_chunk)`.
@@ -249,6 +261,10 @@ mod tests {
         assert_eq!(extent_capacity(ChunkIndex(0), 3901, CHUNK), 4096);
         assert_eq!(extent_capacity(ChunkIndex(0), CHUNK, CHUNK), CHUNK);
         assert_eq!(extent_capacity(ChunkIndex(1), 1, CHUNK), CHUNK, "later chunks are whole");
+        assert_eq!(growth_capacity(4612, CHUNK), 16384, "a journal's third piece");
+        assert_eq!(growth_capacity(4096, CHUNK), 8192);
+        assert_eq!(growth_capacity(CHUNK / 2 + 1, CHUNK), CHUNK, "never past the chunk");
+        assert_eq!(growth_capacity(CHUNK, CHUNK), CHUNK);
     }
 
     #[test]

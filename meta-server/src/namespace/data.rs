@@ -19,7 +19,7 @@ use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId, FsStats, Ino, Tim
 use citronfs_core::FsError;
 
 use super::Namespace;
-use crate::extents::{extent_capacity, fitting_capacity};
+use crate::extents::{extent_capacity, fitting_capacity, growth_capacity};
 use crate::reclaim::Cause;
 
 /// Memory of an extent that must be zeroed before the operation's answer is
@@ -139,7 +139,10 @@ impl Namespace {
                 Some(loc) => (Some(loc), Some(loc.server)),
                 None => (None, None),
             };
-            let want = extent_capacity(c, end, cs);
+            let want = match old {
+                Some(_) => growth_capacity(end, cs),
+                None => extent_capacity(c, end, cs),
+            };
             let Some(e) = self.extents.allocate(want, fitting_capacity(end, cs), near) else {
                 self.abandon_extents(plan);
                 return Err(FsError::NoSpace);
