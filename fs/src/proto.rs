@@ -501,6 +501,10 @@ pub enum MetaResponse {
     /// name calls the client back first, meta-server `grants`, "Absent
     /// names"). A lookup sent plainly answers `FsError::NotFound`.
     Absent,
+    /// The answer to an `Unlink`: the inode whose name it removed (its
+    /// link count and ctime changed; a caching changer drops what it kept
+    /// of it).
+    Removed(Ino),
     /// Invalidations numbered up to `through` (the next `acked`).
     /// `renewed`: the poll renewed the client's delegations when it arrived
     /// and `items` holds every invalidation queued before this answer (none

@@ -70,9 +70,9 @@
 //! * **a change the meta-server does not see or does not call this mount
 //!   back for** — its own write, fallocate, setattr, open, link (the size,
 //!   times or link count change) — drops them before or after it, before
-//!   its reply; its own unlink, rename or rmdir drops every file's
-//!   ([`AttrCache::forget_files`]: the removed inode is not in the
-//!   request);
+//!   its reply; its own unlink drops the removed inode's (its answer
+//!   names it, `MetaResponse::Removed`), its own rename or rmdir every
+//!   file's (the inodes they change are not in the request);
 //! * **a create's answer overtaken by an invalidation**: the new inode's
 //!   number is not known before the answer, so a create's ticket
 //!   ([`AttrCache::creating`]) is the count of drops so far, and the
@@ -288,7 +288,7 @@ impl AttrCache {
     }
 
     /// Drops what is kept of every new file and every written file's base
-    /// (an own unlink: the removed inode is not in the request).
+    /// (an own unlink whose answer did not name the removed inode).
     pub fn forget_files(&self) {
         let mut s = self.state.lock();
         s.files.clear();
@@ -477,8 +477,8 @@ impl CitronFuse {
         None
     }
 
-    /// An own unlink answered: what is kept of every new file goes (the
-    /// removed inode may be one; the request does not say).
+    /// An own unlink answered without naming the removed inode: what is
+    /// kept of every new and written file goes (it may be one).
     pub(crate) fn forget_files(&self) {
         if self.caching() {
             self.invalidations.attrs().forget_files();

@@ -207,9 +207,13 @@ impl Filesystem for CitronFuse {
         let ticket = self.dir_changing(Ino(parent.0));
         let r = self.client.unlink_granted(caller(req), Ino(parent.0), name(n));
         self.removed(Ino(parent.0), name(n), &r);
-        self.dir_changed(ticket, r.as_ref().ok());
-        // The removed file's link count changed: not kept as a new file.
-        self.forget_files();
+        self.dir_changed(ticket, r.as_ref().ok().map(|(grant, _)| grant));
+        // The removed inode's link count and ctime changed: what is kept of
+        // it goes (of every new and written file, if it is not known).
+        match &r {
+            Ok((_, Some(victim))) => self.attrs_changed(&[*victim]),
+            _ => self.forget_files(),
+        }
         done(reply, r.map(drop))
     }
 

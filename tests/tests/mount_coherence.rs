@@ -579,6 +579,19 @@ fn a_file_open_for_writing_on_two_mounts_is_stated_without_a_round_trip_and_seen
             assert_eq!(file_state(&fs::metadata(m.path("db")).unwrap()), seen, "after {what}: stat");
         }
     }
+    // An own unlink drops what A keeps of the inode it removed, and only
+    // of that one (its answer names it).
+    fs::write(a.path("other"), b"x").unwrap();
+    fs::hard_link(a.path("db"), a.path("db-link")).unwrap();
+    assert_eq!(fa.metadata().unwrap().nlink(), 2);
+    fs::remove_file(a.path("other")).unwrap();
+    let calls = a.client.rpc_counts();
+    fa.metadata().unwrap();
+    let spent = a.client.rpc_counts() - calls;
+    assert_eq!(spent.operations(), 0, "the unlink of another file dropped db's: {}", spent.describe());
+    fs::remove_file(a.path("db-link")).unwrap();
+    assert_eq!(fa.metadata().unwrap().nlink(), 1, "A's own unlink of a link to db is not seen by A");
+    assert_eq!(fb.metadata().unwrap().nlink(), 1, "A's unlink of a link to db is not seen by B");
 }
 
 /// How a test makes a name on a mount.

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::{granted, unexpected, ChangeGrant, FsClient};
+use super::{change_answer, granted, unexpected, ChangeGrant, FsClient};
 use crate::error::FsError;
 use crate::proto::{EntryPlus, Grant, Invalidation, MetaRequest, MetaResponse, RenameMode, XattrMode};
 use crate::types::{Attr, Caller, ClientId, DirEntry, FileKind, FsStats, Ino};
@@ -148,12 +148,22 @@ impl FsClient {
     }
 
     pub fn unlink(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {
-        self.call_done(&MetaRequest::Unlink { caller, parent, name: name.to_vec() })
+        self.unlink_granted(caller, parent, name).map(drop)
     }
 
-    /// [`FsClient::unlink`], and what a caching client was granted with it.
-    pub fn unlink_granted(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<ChangeGrant, FsError> {
-        self.call_change_done(&MetaRequest::Unlink { caller, parent, name: name.to_vec() })
+    /// [`FsClient::unlink`], what a caching client was granted with it, and
+    /// the inode whose name it removed (if the meta-server could tell).
+    pub fn unlink_granted(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+    ) -> Result<(ChangeGrant, Option<Ino>), FsError> {
+        match change_answer(self.call(&MetaRequest::Unlink { caller, parent, name: name.to_vec() })?) {
+            (MetaResponse::Removed(ino), grant) => Ok((grant, Some(ino))),
+            (MetaResponse::Done, grant) => Ok((grant, None)),
+            (other, _) => Err(unexpected(other)),
+        }
     }
 
     pub fn rmdir(&self, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {

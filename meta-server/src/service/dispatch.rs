@@ -358,7 +358,7 @@ impl MetaService {
                 self.relearned(caching, parent, &name);
                 changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
                 changed.keys.extend(victim.map(AttrOf));
-                self.with_parent(&ns, caching, parent, A::Done, false, None)
+                self.with_parent(&ns, caching, parent, victim.map_or(A::Done, A::Removed), false, None)
             }
             R::Rmdir { caller, parent, name } => {
                 let mut ns = self.ns.lock();
