@@ -91,8 +91,8 @@
 //! open on this mount they are kept here as a *base*: a `GETATTR` reads
 //! the size and mtime from the file's attribute slot and the allocated
 //! bytes from its layout (one verb, `FsClient::live_attr`) and answers
-//! them over the base with TTL zero — a database's `fstat` and `stat` of
-//! its own file at every transaction, which each cost a round trip.
+//! them over the base with TTL zero: a database's `fstat` and `stat` of
+//! its own file at every transaction cost no round trip.
 //! Each case:
 //!
 //! * **another mount's change** of the base (chmod, chown, utimes, link,
@@ -548,6 +548,32 @@ pub(crate) mod tests {
         assert!(c.get(Ino(8)).is_none());
         c.install(c.changing(Ino(9)), dir(9, 2), Duration::ZERO);
         assert!(c.get(Ino(9)).is_none());
+    }
+
+    #[test]
+    fn a_written_files_base_is_kept_until_released_invalidated_or_overtaken() {
+        let c = AttrCache::default();
+        let file = || attr(8, FileKind::File, 1);
+        c.install_live(c.ticket(Ino(8)), file(), TTL);
+        assert_eq!(c.live(Ino(8)).map(|a| a.ino), Some(Ino(8)));
+        c.forget_file(Ino(8));
+        assert!(c.live(Ino(8)).is_some(), "an own write dropped the base");
+        c.released(Ino(8));
+        assert!(c.live(Ino(8)).is_none(), "kept past the release");
+
+        let t = c.ticket(Ino(8));
+        c.invalidate(Ino(8));
+        c.install_live(t, file(), TTL);
+        assert!(c.live(Ino(8)).is_none(), "installed past a callback");
+        let t = c.ticket(Ino(8));
+        c.forget_files();
+        c.install_live(t, file(), TTL);
+        assert!(c.live(Ino(8)).is_none(), "installed past an own unlink of an inode not known");
+        c.install_live(c.ticket(Ino(8)), file(), TTL);
+        c.forget_files();
+        assert!(c.live(Ino(8)).is_none());
+        c.install_live(c.ticket(Ino(9)), dir(9, 2), TTL);
+        assert!(c.live(Ino(9)).is_none(), "a directory has no base");
     }
 
     #[test]

@@ -12,9 +12,10 @@
 //! stat'ed, read and unlinked through the next, so every phase after the
 //! first sees on one mount what another did. Two trees (`--trees`):
 //! `shared`, one directory for every process (mdtest's default), and
-//! `private`, a directory per process (mdtest -u). A phase's rate is the
-//! files of all processes over the wall time from the moment the phase was
-//! sent to every process until the last one answered.
+//! `private`, a directory per process (mdtest -u), made through the mount
+//! the process creates on, as each mdtest rank makes its own. A phase's
+//! rate is the files of all processes over the wall time from the moment
+//! the phase was sent to every process until the last one answered.
 //!
 //! CitronFS runs as an embedded meta-server and data server in this process
 //! with `--mounts` mounts of it (as `bench fcntl` starts them); its mounts'
@@ -259,8 +260,10 @@ fn measure(exe: &Path, t: &Target, args: &MetaArgs, processes: usize, tree: Tree
         Tree::Private => Path::new(&top).join(format!("p{i}")),
     };
     if tree == Tree::Private {
+        // Each through the mount its process creates on, as each of
+        // mdtest's ranks makes its own directory with -u.
         for i in 0..processes {
-            fs::create_dir(t.dirs[0].join(rel(i)))?;
+            fs::create_dir(t.mounts_of(i).0.join(rel(i)))?;
         }
     }
     let mut procs = Vec::new();
