@@ -662,6 +662,39 @@ fn an_absent_name_is_cached_until_another_mount_makes_it() {
     }
 }
 
+/// Lookups racing with another mount's creates and unlinks of the same
+/// name — three threads of B looking it up without pause, so grants of
+/// its absence and of its entry are made, revoked and overtaken all the
+/// time — never leave B a stale answer: right after A's create B sees the
+/// name, right after A's unlink it does not, round after round, in a
+/// directory delegated to A and in the root.
+#[test]
+fn lookups_racing_with_creates_and_unlinks_never_leave_a_stale_entry() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (_c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    fs::create_dir(a.path("r")).unwrap();
+    let _hang = a.watchdog(Duration::from_secs(120));
+    for rel in ["r/x", "x"] {
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = fs::symlink_metadata(b.path(rel));
+                    }
+                });
+            }
+            for round in 0..150 {
+                fs::write(a.path(rel), b"x").unwrap();
+                assert!(!missing(&b, rel), "round {round}: B misses {rel} right after A made it");
+                fs::remove_file(a.path(rel)).unwrap();
+                assert!(missing(&b, rel), "round {round}: B still sees {rel} right after A unlinked it");
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+}
+
 /// The absence granted to the lookup the kernel sends before a create ends
 /// with the create (meta-server `grants`, "Absent names"): another mount's
 /// unlink of the new file calls the creator back for nothing. Here the
