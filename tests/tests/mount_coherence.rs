@@ -594,6 +594,59 @@ fn a_file_open_for_writing_on_two_mounts_is_stated_without_a_round_trip_and_seen
     assert_eq!(fb.metadata().unwrap().nlink(), 1, "A's unlink of a link to db is not seen by B");
 }
 
+/// What an SQLite transaction in rollback-journal mode costs a caching
+/// mount, replayed call by call (the locks aside; `bench fcntl` runs the
+/// real thing): stats of `-journal` and `-wal` (absent: cached negative
+/// entries after the first), three stats of the open database (its
+/// written-file attributes: a slot read each), the journal's create, ten
+/// writes and fsyncs, the directory's fsync, the database's writes, the
+/// journal's close and unlink. Seven calls: the journal's lookup after its
+/// unlink, its create, first allocation, one growth, release, and the
+/// lookup and unlink (13 with stop 21's mount).
+#[test]
+fn a_rollback_journal_transaction_costs_seven_calls() {
+    let (_c, a, _b) = cluster(Mode::Cached(LONG_TTL));
+    let db = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(a.path("db"))
+        .unwrap();
+    db.write_all_at(&[1u8; 12288], 0).unwrap();
+    let pieces = [(0u64, 512usize), (512, 4), (516, 4096), (4612, 4), (4616, 4), (4620, 4096), (8716, 4)];
+    for round in 0..4 {
+        let calls = a.client.rpc_counts();
+        assert!(missing(&a, "db-journal") && missing(&a, "db-wal"));
+        for meta in
+            [db.metadata().unwrap(), fs::metadata(a.path("db")).unwrap(), fs::metadata(a.path("db")).unwrap()]
+        {
+            assert_eq!(meta.len(), 12288);
+        }
+        let journal = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(a.path("db-journal"))
+            .unwrap();
+        for (offset, len) in pieces {
+            journal.write_all_at(&vec![round as u8; len], offset).unwrap();
+        }
+        journal.sync_data().unwrap();
+        fs::File::open(a.path(".")).unwrap().sync_all().unwrap();
+        db.write_all_at(&[2u8; 8192], 0).unwrap();
+        db.sync_data().unwrap();
+        close(&a, journal);
+        fs::remove_file(a.path("db-journal")).unwrap();
+        let spent = a.client.rpc_counts() - calls;
+        // The first round looks the names up for the first time.
+        if round > 0 {
+            assert!(spent.operations() <= 7, "round {round}: a transaction sent {}", spent.describe());
+        }
+    }
+}
+
 /// How a test makes a name on a mount.
 #[derive(Clone, Copy, Debug)]
 enum Maker {
