@@ -748,6 +748,47 @@ fn lookups_racing_with_creates_and_unlinks_never_leave_a_stale_entry() {
     }
 }
 
+/// A's own rename moves its kernel's dentry to the new name; another
+/// mount's later unlink of that name — while the file is still open
+/// there, so the inode itself still answers a `GETATTR` — is seen by A's
+/// very next stat, and so is one of a name A swapped with
+/// `RENAME_EXCHANGE`.
+#[test]
+fn an_entry_renamed_on_one_mount_and_unlinked_on_the_other_is_gone_on_both() {
+    let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    fs::create_dir(b.path("d")).unwrap();
+    fs::write(b.path("d/a"), b"a").unwrap();
+    fs::write(b.path("d/x"), b"x").unwrap();
+    all_closed(&c);
+    fs::metadata(a.path("d/a")).unwrap();
+    fs::metadata(a.path("d/x")).unwrap();
+    fs::rename(a.path("d/a"), a.path("d/b")).unwrap();
+    assert_eq!(fs::read(a.path("d/b")).unwrap(), b"a");
+    let held = fs::File::open(b.path("d/b")).unwrap();
+    fs::remove_file(b.path("d/b")).unwrap();
+    assert!(missing(&a, "d/b"), "A still sees d/b, which B unlinked after A's rename");
+    drop(held);
+
+    // Exchanged: each name's grant goes with its dentry.
+    fs::write(b.path("d/y"), b"y").unwrap();
+    all_closed(&c);
+    fs::metadata(a.path("d/y")).unwrap();
+    let (from, to) = (
+        std::ffi::CString::new(a.path("d/x").into_os_string().into_encoded_bytes()).unwrap(),
+        std::ffi::CString::new(a.path("d/y").into_os_string().into_encoded_bytes()).unwrap(),
+    );
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let swapped = unsafe {
+        libc::renameat2(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::RENAME_EXCHANGE)
+    };
+    assert_eq!(swapped, 0, "renameat2: {}", std::io::Error::last_os_error());
+    let held = fs::File::open(b.path("d/x")).unwrap();
+    fs::remove_file(b.path("d/x")).unwrap();
+    assert!(missing(&a, "d/x"), "A still sees d/x, which B unlinked after A's exchange");
+    drop(held);
+    assert_eq!(fs::read(a.path("d/y")).unwrap(), b"x");
+}
+
 /// The absence granted to the lookup the kernel sends before a create ends
 /// with the create (meta-server `grants`, "Absent names"): another mount's
 /// unlink of the new file calls the creator back for nothing. Here the
