@@ -73,20 +73,18 @@ impl Filesystem for CitronFuse {
         // In a directory delegated to this mount: answered from its listing.
         let Some(reply) = self.lookup_delegated(Ino(parent.0), name(n), reply) else { return };
         let (sent, before) = (Instant::now(), self.invalidations.epochs().all());
-        match self.client.lookup_granted(caller(req), Ino(parent.0), name(n)) {
+        let looked = self.client.lookup_granted(caller(req), Ino(parent.0), name(n));
+        let ttl = self.granted_ttl(sent, before, self.invalidations.epochs().all());
+        match looked {
             Ok(Looked::Found(a, grant)) => {
                 self.lookup_answered(Ino(parent.0), name(n), &a, &grant);
-                let ttl = self.granted_ttl(sent, before, self.invalidations.epochs().all());
                 let entry_ttl = if grant.entry { ttl } else { self.options.attr_ttl };
                 let attr_ttl = if grant.attr { ttl } else { self.options.attr_ttl };
                 reply.entry_with_ttls(&attr_ttl, &entry_ttl, &fuse_attr(&a), Generation(0))
             }
             // A negative entry, cached by the kernel for the grant's time:
             // another mount's create of the name calls this one back first.
-            Ok(Looked::Absent) => {
-                let ttl = self.granted_ttl(sent, before, self.invalidations.epochs().all());
-                reply.entry_with_ttls(&ttl, &ttl, &absent_attr(), Generation(0))
-            }
+            Ok(Looked::Absent) => reply.entry_with_ttls(&ttl, &ttl, &absent_attr(), Generation(0)),
             Err(e) => reply.error(errno(&e)),
         }
     }

@@ -606,13 +606,11 @@ fn a_file_open_for_writing_on_two_mounts_is_stated_without_a_round_trip_and_seen
 #[test]
 fn a_rollback_journal_transaction_costs_seven_calls() {
     let (_c, a, _b) = cluster(Mode::Cached(LONG_TTL));
-    let db = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(a.path("db"))
-        .unwrap();
+    // As SQLite opens its files: read-write, made if missing, kept if not.
+    let open = |rel: &str| {
+        fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(a.path(rel)).unwrap()
+    };
+    let db = open("db");
     db.write_all_at(&[1u8; 12288], 0).unwrap();
     let pieces = [(0u64, 512usize), (512, 4), (516, 4096), (4612, 4), (4616, 4), (4620, 4096), (8716, 4)];
     for round in 0..4 {
@@ -623,13 +621,7 @@ fn a_rollback_journal_transaction_costs_seven_calls() {
         {
             assert_eq!(meta.len(), 12288);
         }
-        let journal = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(a.path("db-journal"))
-            .unwrap();
+        let journal = open("db-journal");
         for (offset, len) in pieces {
             journal.write_all_at(&vec![round as u8; len], offset).unwrap();
         }

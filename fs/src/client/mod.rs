@@ -230,7 +230,6 @@ fn granted(r: MetaResponse) -> Result<(Attr, Grant), FsError> {
     match r {
         MetaResponse::Granted(a, g) => Ok((a, g)),
         MetaResponse::Attr(a) => Ok((a, Grant::default())),
-        MetaResponse::Absent => Err(FsError::NotFound),
         other => Err(unexpected(other)),
     }
 }

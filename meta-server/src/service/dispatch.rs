@@ -92,17 +92,27 @@ impl MetaService {
         MetaResponse::Granted(attr, grant)
     }
 
-    /// The caching changer's kernel learns entry `name` of `parent` anew
-    /// from the answer to its change (a create's new dentry; an unlink's
-    /// dentry dropped): its grant of the entry — the absence a lookup
-    /// before a create was granted, most often — ends without a callback,
-    /// so another client's later change of the name waits for nobody.
-    /// Called with the namespace mutex held, with the change: a lookup
-    /// after it is granted again ([`crate::grants`], "Absent names").
-    fn relearned(&self, caching: Option<(ClientId, Duration)>, parent: Ino, name: &[u8]) {
+    /// The request made or removed entry `name` of `parent`: every other
+    /// client's grant of it is called back (`changed`), and the caching
+    /// changer's own ends at once, without a callback — its kernel learns
+    /// the entry anew from the answer (a create's new dentry; an unlink's
+    /// dentry dropped), and the grant, most often the absence granted to
+    /// the lookup before a create, would make another client's later
+    /// change of the name wait for it. Called with the namespace mutex
+    /// held, with the change: a lookup after it is granted again
+    /// ([`crate::grants`], "Absent names").
+    fn entry_changed(
+        &self,
+        caching: Option<(ClientId, Duration)>,
+        changed: &mut Changed,
+        parent: Ino,
+        name: Vec<u8>,
+    ) {
+        let key = Invalidation::Entry { parent, name };
         if let Some((client, _)) = caching {
-            self.grants.end(client, &Invalidation::Entry { parent, name: name.to_vec() });
+            self.grants.end(client, &key);
         }
+        changed.keys.push(key);
     }
 
     /// What a change of `dir`'s entries answers a caching changer: the
@@ -322,8 +332,8 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
-                self.relearned(caching, parent, &name);
-                changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
+                self.entry_changed(caching, changed, parent, name);
+                changed.keys.push(AttrOf(parent));
                 self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, Some(&attr))
             }
             R::Symlink { caller, parent, name, target } => {
@@ -332,8 +342,8 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
-                self.relearned(caching, parent, &name);
-                changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
+                self.entry_changed(caching, changed, parent, name);
+                changed.keys.push(AttrOf(parent));
                 self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, Some(&attr))
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
@@ -341,12 +351,8 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, new_parent)?;
                 let attr = ns.link(ino, new_parent, &new_name)?;
-                self.relearned(caching, new_parent, &new_name);
-                changed.keys.extend([
-                    AttrOf(ino),
-                    AttrOf(new_parent),
-                    Entry { parent: new_parent, name: new_name },
-                ]);
+                self.entry_changed(caching, changed, new_parent, new_name);
+                changed.keys.extend([AttrOf(ino), AttrOf(new_parent)]);
                 A::Attr(attr)
             }
             R::Unlink { caller, parent, name } => {
@@ -355,8 +361,8 @@ impl MetaService {
                 // Looked up first so that the unlink's own error is answered.
                 let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
                 ns.unlink(parent, &name)?;
-                self.relearned(caching, parent, &name);
-                changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
+                self.entry_changed(caching, changed, parent, name);
+                changed.keys.push(AttrOf(parent));
                 changed.keys.extend(victim.map(AttrOf));
                 self.with_parent(&ns, caching, parent, victim.map_or(A::Done, A::Removed), false, None)
             }
@@ -367,8 +373,8 @@ impl MetaService {
                 }
                 let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
                 ns.rmdir(parent, &name)?;
-                self.relearned(caching, parent, &name);
-                changed.keys.extend([Entry { parent, name }, AttrOf(parent)]);
+                self.entry_changed(caching, changed, parent, name);
+                changed.keys.push(AttrOf(parent));
                 changed.keys.extend(victim.map(AttrOf));
                 self.with_parent(&ns, caching, parent, A::Done, false, None)
             }
@@ -432,8 +438,7 @@ impl MetaService {
                     changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
                 }
                 if let A::Opened(..) = &opened {
-                    self.relearned(caching, parent, &name);
-                    changed.keys.push(Entry { parent, name: name.clone() });
+                    self.entry_changed(caching, changed, parent, name);
                 }
                 let mut new = None;
                 if let (A::Opened(attr, _), Some((creator, ttl))) = (&opened, caching) {
