@@ -97,6 +97,10 @@ pub struct FileLayout {
     pub locks: Option<LockArea>,
 }
 
+/// The most chunks one `AllocChunks` may ask to have allocated ahead of a
+/// sequential writer (16 MiB at the default chunk size).
+pub const MAX_AHEAD_CHUNKS: usize = 16;
+
 /// The extents an allocation answered (`AllocChunks`, `GrowExtents`), and
 /// where its commit took the file's layout: a client whose cached layout
 /// was exactly the one of `epoch_before` at generation `allocs_before`
@@ -321,9 +325,16 @@ pub enum MetaRequest {
     /// Gives each chunk of `chunks` that has none an extent holding bytes
     /// `[0, end)` of it (`(chunk, end)`: a write into holes), and answers
     /// every one of them as it is (an existing extent may be smaller).
+    /// `ahead`: whole chunks the writer expects to fill next (a file
+    /// extended sequentially), given extents while the data servers have
+    /// room to spare and answered among `chunks`; those still past the end
+    /// of the file at its last close anywhere are freed then (see
+    /// `meta-server/src/extents.rs`, "Allocation ahead"). At most
+    /// [`MAX_AHEAD_CHUNKS`].
     AllocChunks {
         ino: Ino,
         chunks: Vec<(ChunkIndex, u64)>,
+        ahead: Vec<ChunkIndex>,
     },
     /// As `AllocChunks`, and moves a chunk whose extent is smaller than
     /// `end` to a bigger one. The caller holds the file's inode mutex

@@ -14,8 +14,9 @@
 //!   waits-for table, the lock host's area, the Citron tree host's arena).
 //! * [`Access::opened`] / [`Access::closed`]: a client's grants of one open
 //!   file (attribute slot, lock area and record blocks, chunks) begin at its
-//!   first open and end at its last close; [`Access::file_grew`] and
-//!   [`Access::file_changed`] follow the file's memory while it is open
+//!   first open and end at its last close; [`Access::file_grew`],
+//!   [`Access::file_moved`] and [`Access::file_changed`] follow the file's
+//!   memory while it is open
 //!   (chunks allocated or freed, record blocks added) for every client that
 //!   has it open.
 //! * [`Access::revoke_everyone`]: before memory is reused, nobody keeps a
@@ -283,20 +284,28 @@ impl Access {
     /// had are ignored): its openers are granted what is new. Costs what
     /// `memory` holds, not what the file does.
     pub fn file_grew(&self, ino: Ino, memory: Vec<Placed>) {
+        self.file_moved(ino, memory, Vec::new());
+    }
+
+    /// `ino` gained `gained` and lost `lost` (an allocation that moved a
+    /// chunk to a bigger extent): its openers are granted what is new to
+    /// them and lose what they had of `lost`. Costs what the two lists
+    /// hold, not what the file does, so a writer that extends a file chunk
+    /// by chunk pays the same for its thousandth chunk as for its first.
+    pub fn file_moved(&self, ino: Ino, gained: Vec<Placed>, lost: Vec<Placed>) {
         if !self.enforcing() {
             return;
         }
-        let (openers, fresh) = {
+        let (openers, fresh, gone) = {
             let mut ledger = self.ledger.lock();
             let Some(file) = ledger.files.get_mut(&ino) else { return };
-            let fresh: Vec<Placed> = memory.into_iter().filter(|p| file.extents.insert(*p)).collect();
-            (file.openers.iter().map(|(c, w)| (*c, *w)).collect::<Vec<_>>(), fresh)
+            let gone: Vec<Placed> = lost.into_iter().filter(|p| file.extents.remove(p)).collect();
+            let fresh: Vec<Placed> = gained.into_iter().filter(|p| file.extents.insert(*p)).collect();
+            (file.openers.iter().map(|(c, w)| (*c, *w)).collect::<Vec<_>>(), fresh, gone)
         };
-        if fresh.is_empty() {
-            return;
-        }
         for (c, w) in openers {
             self.grant(c, &fresh, w);
+            self.revoke(c, &gone);
         }
     }
 

@@ -54,12 +54,31 @@
 //! returns the memory to the host and reads zero after) — done when a freed
 //! block has merged into a whole chunk.
 //!
+//! Allocation ahead: a writer that extends a file chunk by chunk would
+//! make one meta-server call per chunk, each paid in the write's latency
+//! (a third of a 1 MiB write's time on shm). Its client asks for the
+//! chunks it expects to fill next along with the one it needs
+//! (`AllocChunks::ahead`, as many as the file already has, up to
+//! `MAX_AHEAD_CHUNKS`), so calls grow logarithmically up to one per 16
+//! chunks. The meta-server takes them only while [`AHEAD_RESERVE`] of the
+//! data servers' memory stays free (a nearly full cluster gives its last
+//! memory to writes, not guesses), marks them, and at the file's last close
+//! frees those still wholly past its end. So the speculation never
+//! outlives the writer: a file closed everywhere holds what its size needs
+//! (and what `fallocate` asked for), as without it. While it is open, its
+//! allocated bytes (`st_blocks`) include the chunks ahead, as XFS's
+//! speculative preallocation does.
+//!
 //! Every free goes through the reclamation point ([`crate::reclaim`]).
 
 use citron_lock::rdma::{RegionId, RemoteAddr};
 use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId};
 
 use crate::buddy::Buddy;
+
+/// The share of the data servers' memory that chunks allocated ahead of a
+/// writer never take (see the module comment).
+pub const AHEAD_RESERVE: f64 = 0.25;
 
 /// The smallest extent: one page.
 pub const MIN_EXTENT: u64 = 4096;

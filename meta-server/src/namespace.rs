@@ -16,7 +16,7 @@ mod opens;
 
 pub use data::{ExtentPlan, ExtentStep, ZeroRange};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
@@ -58,6 +58,10 @@ struct RegularFile {
     opens: HashMap<ClientId, u32>,
     /// Lock memory, while the file is open somewhere or holds lock records.
     locks: Option<FileLockMemory>,
+    /// Chunks of `chunks` allocated ahead of a sequential writer and not
+    /// asked for since: freed at the last close if still past the end
+    /// ([`Namespace::trim_ahead`]).
+    ahead: BTreeSet<ChunkIndex>,
 }
 
 enum Content {
@@ -379,6 +383,7 @@ impl Namespace {
                 epoch: 0,
                 opens: HashMap::new(),
                 locks: None,
+                ahead: BTreeSet::new(),
             }),
             FileKind::Symlink => {
                 let target =

@@ -68,7 +68,8 @@ use crate::lock_areas::{FileLockMemory, LockAreas};
 /// Why memory is given back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cause {
-    /// The file's last open closed (lock memory).
+    /// The file's last open closed (lock memory, chunks allocated ahead
+    /// of a writer and left past the end).
     Idle,
     /// The inode was freed (unlinked, closed everywhere).
     InodeFreed,

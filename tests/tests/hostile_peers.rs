@@ -138,7 +138,7 @@ fn meta_requests(aim: &Aim) -> Vec<Vec<u8>> {
             rdev: 0,
         },
         MetaRequest::Link { caller: root, ino: aim.honest, new_parent: Ino::ROOT, new_name: b"l".to_vec() },
-        MetaRequest::AllocChunks { ino: aim.honest, chunks: vec![(ChunkIndex(5), 4096)] },
+        MetaRequest::AllocChunks { ino: aim.honest, chunks: vec![(ChunkIndex(5), 4096)], ahead: Vec::new() },
         MetaRequest::GrowExtents { ino: aim.honest, chunks: vec![(ChunkIndex(0), 1 << 20)] },
         MetaRequest::DataServerLeaves { id: citronfs_core::types::DataServerId(1) },
         MetaRequest::ClientLeaves { client: aim.other },

@@ -314,13 +314,15 @@ fn sqlite_on_a_near_and_a_far_mount_keeps_every_row() {
 }
 
 /// A direct write of several MiB into new space through a mount reaches
-/// the daemon in max_write pieces, each new chunk costs one call, the
-/// writer alone never refetches its layout (nothing but the 8
-/// allocations), and every byte reads back on the other mount.
+/// the daemon in max_write pieces; its client asks for chunks ahead as the
+/// file grows (chunks 1, 3 and 7 each bring the next 1, 3 and 7), so 8 new
+/// chunks cost 3 calls and the writer alone never refetches its layout;
+/// the chunks asked ahead and never written are given back at the close,
+/// and every byte reads back on the other mount.
 #[test]
-fn a_big_direct_write_costs_one_call_per_new_chunk() {
+fn a_big_direct_write_allocates_ahead_and_gives_back_the_rest_at_close() {
     use citronfs_core::rpc_counts::MetaKind;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     const MIB: usize = 1 << 20;
     let (_c, a, b) = two_mounts(LockChoice::default());
     let data: Vec<u8> = (0..8 * MIB).map(|i| (i / 4096 % 251) as u8 + 1).collect();
@@ -345,9 +347,15 @@ fn a_big_direct_write_costs_one_call_per_new_chunk() {
         (8 * MIB as u64).div_ceil(citronfs_mount::MAX_WRITE.into()),
         "the kernel cut the write into max_write pieces"
     );
-    assert_eq!(spent.get(MetaKind::AllocChunks), 8, "one call per new chunk: {}", spent.describe());
-    assert_eq!(spent.total(), 8, "8 new chunks, written alone: {}", spent.describe());
+    assert_eq!(spent.get(MetaKind::AllocChunks), 3, "chunks 1, 3 and 7 asked: {}", spent.describe());
+    assert_eq!(spent.total(), 3, "8 new chunks, written alone: {}", spent.describe());
+    // Chunks 8 to 14 came with chunk 7, ahead of the writer.
+    let open_blocks = f.metadata().unwrap().blocks() * 512;
+    assert_eq!(open_blocks, 15 * MIB as u64, "while open, the chunks ahead count");
     drop(f);
+    let closed = std::fs::metadata(b.path("big")).unwrap();
+    assert_eq!(closed.len(), 9 * MIB as u64);
+    assert_eq!(closed.blocks() * 512, 9 * MIB as u64, "closed, the file holds what its size needs");
     let back = std::fs::read(b.path("big")).unwrap();
     assert!(
         back[..MIB].iter().all(|b| *b == 0) && back[MIB..] == data[..],

@@ -13,7 +13,7 @@ use parking_lot::RwLock;
 use super::endpoints::Endpoints;
 use super::{unexpected, FsClient};
 use crate::error::FsError;
-use crate::proto::{Allocated, AttrSlot, FileLayout, MetaRequest, MetaResponse};
+use crate::proto::{Allocated, AttrSlot, FileLayout, MetaRequest, MetaResponse, MAX_AHEAD_CHUNKS};
 use crate::types::{Attr, ChunkIndex, ChunkLoc, Ino, Timestamp};
 
 pub(super) struct CachedLayout {
@@ -295,7 +295,8 @@ impl FsClient {
                 let request = if may_grow {
                     MetaRequest::GrowExtents { ino, chunks: asks }
                 } else {
-                    MetaRequest::AllocChunks { ino, chunks: asks }
+                    let ahead = chunks_ahead(&layout.read(), &asks);
+                    MetaRequest::AllocChunks { ino, chunks: asks, ahead }
                 };
                 match self.call(&request)? {
                     MetaResponse::Chunks(allocated) => {
@@ -336,4 +337,22 @@ impl FsClient {
             None => Ok(Written::HoldExpired),
         }
     }
+}
+
+/// The chunks to have allocated ahead of a writer that extends the file
+/// chunk by chunk (see "Allocation ahead" in the meta-server's `extents`
+/// module): when the last chunk `c` a write needs follows one the file
+/// has (or the write also needs), the `min(c, MAX_AHEAD_CHUNKS)` chunks
+/// after it, up to the first that has an extent. A writer thus calls for
+/// chunks 1, 3, 7, 15, 31 and then one call per 17 chunks, instead of one
+/// per chunk; a write into a hole far from the rest of the file asks for
+/// nothing more.
+fn chunks_ahead(layout: &CachedLayout, asks: &[(ChunkIndex, u64)]) -> Vec<ChunkIndex> {
+    let Some(last) = asks.iter().map(|(c, _)| *c).max() else { return Vec::new() };
+    let Some(before) = last.0.checked_sub(1).map(ChunkIndex) else { return Vec::new() };
+    if !layout.chunks.contains_key(&before) && !asks.iter().any(|(c, _)| *c == before) {
+        return Vec::new();
+    }
+    let n = last.0.min(MAX_AHEAD_CHUNKS as u64);
+    (last.0 + 1..=last.0 + n).map(ChunkIndex).take_while(|c| !layout.chunks.contains_key(c)).collect()
 }

@@ -14,12 +14,12 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::SeqCst;
 
-use citronfs_core::proto::{Allocated, FileLayout};
+use citronfs_core::proto::{Allocated, FileLayout, MAX_AHEAD_CHUNKS};
 use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId, FsStats, Ino, Timestamp, MAX_FILE_SIZE};
 use citronfs_core::FsError;
 
 use super::Namespace;
-use crate::extents::{extent_capacity, fitting_capacity, growth_capacity};
+use crate::extents::{extent_capacity, fitting_capacity, growth_capacity, AHEAD_RESERVE};
 use crate::reclaim::Cause;
 
 /// Memory of an extent that must be zeroed before the operation's answer is
@@ -45,6 +45,8 @@ pub struct ExtentStep {
     /// Whether `new`'s memory past `copy` may hold old bytes and must be
     /// zeroed before the commit.
     pub zero: bool,
+    /// Allocated ahead of a sequential writer ([`Namespace::plan_ahead`]).
+    pub ahead: bool,
 }
 
 /// Extents taken for one request, to be filled and then committed.
@@ -148,9 +150,63 @@ impl Namespace {
                 return Err(FsError::NoSpace);
             };
             let copy = old.map_or(0, |o| o.capacity);
-            plan.steps.push(ExtentStep { chunk: c, old, new: e.loc, copy, zero: e.dirty });
+            plan.steps.push(ExtentStep { chunk: c, old, new: e.loc, copy, zero: e.dirty, ahead: false });
         }
         Ok(plan)
+    }
+
+    /// Adds to `plan` whole extents for the chunks of `ahead` that have
+    /// none, while the data servers keep [`AHEAD_RESERVE`] of their memory
+    /// free after it: a sequential writer's next chunks, taken in the same
+    /// request as the one it needs now (see "Allocation ahead" in
+    /// [`crate::extents`]). Best effort: stops at the first chunk that
+    /// does not fit, and never fails.
+    pub fn plan_ahead(&mut self, plan: &mut ExtentPlan, ahead: &[ChunkIndex]) {
+        let cs = self.geometry.chunk_size();
+        let max_chunk = MAX_FILE_SIZE / cs;
+        let reserve = (self.extents.total_bytes() as f64 * AHEAD_RESERVE) as u64;
+        for &c in ahead.iter().take(MAX_AHEAD_CHUNKS) {
+            let planned = plan.ready.iter().any(|(r, _)| *r == c) || plan.steps.iter().any(|s| s.chunk == c);
+            let has = self.file(plan.ino).map_or(true, |f| f.chunks.contains_key(&c));
+            if c.0 >= max_chunk || planned || has {
+                continue;
+            }
+            if self.extents.free_bytes() < reserve + cs {
+                break;
+            }
+            let Some(e) = self.extents.allocate(cs, cs, None) else { break };
+            plan.steps.push(ExtentStep { chunk: c, old: None, new: e.loc, copy: 0, zero: e.dirty, ahead: true });
+        }
+    }
+
+    /// Frees the chunks of `ino` allocated ahead of a writer that are still
+    /// past the end of the file, once no client has it open (`cause`: why
+    /// the last open ended). Nobody holds the file's layout then, so no
+    /// I/O can use those extents; the epoch still moves, as for a truncate.
+    pub(super) fn trim_ahead(&mut self, ino: Ino, cause: Cause) {
+        let cs = self.geometry.chunk_size();
+        let Ok(f) = self.file_mut(ino) else { return };
+        if !f.opens.is_empty() || f.ahead.is_empty() {
+            return;
+        }
+        let slot = f.slot;
+        let size = self.slots.word(slot.size()).load(SeqCst);
+        let f = self.file_mut(ino).expect("checked above");
+        let past: Vec<ChunkLoc> = std::mem::take(&mut f.ahead)
+            .into_iter()
+            .filter(|c| c.0 * cs >= size)
+            .filter_map(|c| f.chunks.remove(&c))
+            .collect();
+        if past.is_empty() {
+            return;
+        }
+        f.allocated -= past.iter().map(|l| l.capacity).sum::<u64>();
+        f.epoch += 1;
+        let epoch = f.epoch;
+        for loc in past {
+            self.reclaim.extent(&mut self.extents, loc, cause);
+        }
+        self.slots.word(slot.epoch()).store(epoch, SeqCst);
     }
 
     /// Gives back the extents of a plan that will not be committed.
@@ -172,6 +228,11 @@ impl Namespace {
             }
             return Err(FsError::NotFound);
         }
+        // A chunk asked for by name is no longer speculative.
+        let f = self.file_mut(ino).expect("checked above");
+        for (c, _) in &ready {
+            f.ahead.remove(c);
+        }
         let mut out = ready;
         let (mut grew, mut moved) = (false, false);
         for s in steps {
@@ -186,6 +247,11 @@ impl Namespace {
             }
             f.chunks.insert(s.chunk, s.new);
             f.allocated += s.new.capacity;
+            if s.ahead {
+                f.ahead.insert(s.chunk);
+            } else {
+                f.ahead.remove(&s.chunk);
+            }
             grew = true;
             out.push((s.chunk, s.new));
             if let Some(old) = s.old {
@@ -242,6 +308,7 @@ impl Namespace {
             let keep = self.geometry.chunks_for_size(size);
             let f = self.file_mut(ino)?;
             let freed: Vec<ChunkLoc> = f.chunks.split_off(&ChunkIndex(keep)).into_values().collect();
+            f.ahead.retain(|c| c.0 < keep);
             f.allocated -= freed.iter().map(|l| l.capacity).sum::<u64>();
             if !size.is_multiple_of(cs) {
                 if let Some(loc) = f.chunks.get(&ChunkIndex(size / cs)) {

@@ -59,6 +59,7 @@ impl Namespace {
             }
         }
         self.maybe_idle(ino, Cause::Idle);
+        self.trim_ahead(ino, Cause::Idle);
         self.maybe_free(ino);
         Ok(())
     }
@@ -92,6 +93,7 @@ impl Namespace {
                 f.opens.remove(&client);
             }
             self.maybe_idle(ino, Cause::Fenced(client));
+            self.trim_ahead(ino, Cause::Fenced(client));
             self.maybe_free(ino);
         }
     }
@@ -130,6 +132,7 @@ impl Namespace {
             }
         }
         self.maybe_idle(ino, cause);
+        self.trim_ahead(ino, cause);
         self.maybe_free(ino);
     }
 

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use citron_lock::rdma::RegionId;
 use citronfs_core::proto::{Allocated, DataServerInfo, MetaResponse};
-use citronfs_core::types::{DataServerId, Ino};
+use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId, Ino};
 use citronfs_core::FsError;
 
 use crate::access::Placed;
 use crate::data_link::DataServerLink;
-use crate::namespace::{ExtentPlan, Namespace, ZeroRange};
+use crate::namespace::{extent_memory, ExtentPlan, Namespace, ZeroRange};
 
 use super::{server_credentials, MetaService};
 
@@ -111,13 +111,24 @@ impl MetaService {
             self.ns.lock().abandon_extents(plan);
             return Err(e);
         }
+        // What each step would change, to tell openers only that (not the
+        // whole file's memory at every chunk a writer adds).
+        let steps: Vec<(ChunkIndex, ChunkLoc, Option<ChunkLoc>)> =
+            plan.steps.iter().map(|s| (s.chunk, s.new, s.old)).collect();
         let mut ns = self.ns.lock();
         let allocated = ns.commit_extents(plan)?;
+        drop(ns);
         if self.access.enforcing() {
-            // Openers gain the new extents and lose a moved chunk's old one.
-            let memory = ns.file_memory(ino);
-            drop(ns);
-            self.access.file_changed(ino, memory);
+            // Openers gain the new extents and lose a moved chunk's old one;
+            // a step that lost its race committed nothing.
+            let (mut gained, mut lost) = (Vec::new(), Vec::new());
+            for (chunk, new, old) in steps {
+                if allocated.chunks.contains(&(chunk, new)) {
+                    gained.push(extent_memory(new));
+                    lost.extend(old.map(extent_memory));
+                }
+            }
+            self.access.file_moved(ino, gained, lost);
         }
         Ok(allocated)
     }

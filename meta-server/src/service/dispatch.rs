@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use citron_rpc::auth::{Credential, KeyOptions};
 use citronfs_core::proto::{
     ClientInfo, ClusterInfo, Delegated, EntryPlus, Grant, Invalidation, MetaRequest, MetaResponse,
+    MAX_AHEAD_CHUNKS,
 };
 use citronfs_core::session::SessionKeys;
 use citronfs_core::types::{Attr, ClientId, FileKind, Ino};
@@ -504,9 +505,17 @@ impl MetaService {
                     .map(|(id, l)| ClientInfo { id: *id, hostname: l.hostname.clone(), pid: l.pid })
                     .collect(),
             ),
-            R::AllocChunks { ino, chunks } => {
+            R::AllocChunks { ino, chunks, ahead } => {
                 must_hold(ino, true)?;
-                A::Chunks(self.with_extents(ino, |ns| ns.plan_extents(ino, &chunks, false))?)
+                if ahead.len() > MAX_AHEAD_CHUNKS {
+                    let asked = ahead.len();
+                    return Err(FsError::Invalid(format!("{asked} chunks asked ahead, at most {MAX_AHEAD_CHUNKS}")));
+                }
+                A::Chunks(self.with_extents(ino, |ns| {
+                    let mut plan = ns.plan_extents(ino, &chunks, false)?;
+                    ns.plan_ahead(&mut plan, &ahead);
+                    Ok(plan)
+                })?)
             }
             R::GrowExtents { ino, chunks } => {
                 must_hold(ino, true)?;

@@ -1,7 +1,9 @@
 //! `citronfs bench io`: the file system beside what users would pick instead,
 //! measured in one run on this machine:
-//! * citronfs: an embedded cluster, written through one mount and read
-//!   through another (two clients);
+//! * citronfs: an embedded cluster with a key, as `citronfs mount` starts
+//!   one (so the NICs enforce per-client grants and every allocation pays
+//!   for them), written through one mount and read through another (two
+//!   clients);
 //! * bindfs over tmpfs: a passthrough FUSE file system (Debian's bindfs,
 //!   single-threaded as its default) — the cost of FUSE itself;
 //! * tmpfs: the kernel's own in-memory file system — no FUSE at all.
@@ -15,9 +17,11 @@ use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use citron_rpc::auth::Keyring;
 use citronfs_core::client::{ClientConfig, FsClient};
 use citronfs_meta_server::{DataServer, MetaServer, MetaServerConfig};
 use citronfs_mount::{BackgroundSession, CitronFuse, MountOptions};
@@ -125,20 +129,24 @@ pub fn run(args: IoArgs) -> Result<()> {
     let room = args.size.0 + (256 << 20);
     let mut targets = Vec::new();
 
-    // citronfs: embedded cluster, two mounts.
+    // citronfs: embedded cluster with a key, two mounts.
+    let keyring = Arc::new(Keyring::generate("cluster")?);
     let mut cfg = MetaServerConfig::new("127.0.0.1:0".parse()?);
     cfg.slot_bytes = 16 << 20;
+    cfg.keyring = Some(keyring.clone());
     let tag = std::process::id();
     if args.transport == TransportChoice::Shm {
         cfg.shm = Some(format!("bench-meta-{tag}"));
     }
     let shm_data = (args.transport == TransportChoice::Shm).then(|| format!("bench-data-{tag}"));
     let meta = MetaServer::start(cfg)?;
-    let data = DataServer::start(
+    let data = DataServer::start_with(
         "127.0.0.1:0".parse()?,
         meta.local_addr(),
         room.next_multiple_of(1 << 20),
         shm_data.as_deref(),
+        None,
+        Some(keyring.clone()),
     )?;
     let meta_addr = meta.local_addr();
     mounts._cluster = Some((meta, data));
@@ -148,6 +156,7 @@ pub fn run(args: IoArgs) -> Result<()> {
         fs::create_dir_all(&dir)?;
         let mut config = ClientConfig::new(meta_addr);
         config.timeout = Duration::from_secs(10);
+        config.key = Some(keyring.first().clone());
         let client = FsClient::connect(config)?;
         let attr_ttl = Duration::try_from_secs_f64(args.attr_ttl).context("--attr-ttl")?;
         let options = MountOptions { attr_ttl, threads: args.threads, ..MountOptions::default() };
