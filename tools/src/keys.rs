@@ -153,7 +153,8 @@ impl EmbeddedKey {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
                 .with_context(|| format!("cannot restrict {}", dir.display()))?;
         }
-        let path = dir.join(format!("cluster-{}.key", std::process::id()));
+        sweep_dead_keys(&dir);
+        let path = dir.join(key_file_name(std::process::id()));
         let _ = std::fs::remove_file(&path); // a dead process's file under a reused pid
         let keyring = Arc::new(Keyring::generate("cluster")?);
         keyring.save_new(&path).with_context(|| format!("cannot create {}", path.display()))?;
@@ -176,6 +177,36 @@ impl Drop for EmbeddedKey {
 
 /// Where an embedded cluster's key lives: `$XDG_RUNTIME_DIR/citronfs`,
 /// `/run/citronfs` for root, else the temporary directory.
+/// The name of the key file of the embedded cluster of process `pid`.
+fn key_file_name(pid: u32) -> String {
+    format!("cluster-{pid}.key")
+}
+
+/// Removes the key files that embedded clusters of processes no longer
+/// running left in `dir` (a mount killed or crashed never removes its
+/// own): the next mount on this host cleans up. A file whose pid was
+/// reused by another process stays until that one is gone too.
+fn sweep_dead_keys(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("cluster-")?.strip_suffix(".key")) else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<libc::pid_t>() else { continue };
+        // SAFETY: signal 0 sends nothing; it only asks whether the process
+        // exists (ESRCH if not).
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => log::info!("removed {}, left by process {pid}, which is gone", entry.path().display()),
+                Err(e) => log::warn!("cannot remove {}: {e}", entry.path().display()),
+            }
+        }
+    }
+}
+
 fn runtime_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
         return PathBuf::from(d).join("citronfs");

@@ -22,8 +22,18 @@ impl Mount {
     /// Starts `citronfs mount DIR extra...` and reads what it prints until
     /// the line that starts with `until` (or its first line if none).
     fn start(extra: &[&str], until: Option<&str>) -> Result<Self, String> {
+        Self::start_in(None, extra, until)
+    }
+
+    /// As [`Mount::start`], with `runtime` as its XDG_RUNTIME_DIR (where an
+    /// embedded cluster's key file goes).
+    fn start_in(runtime: Option<&std::path::Path>, extra: &[&str], until: Option<&str>) -> Result<Self, String> {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(EXE)
+        let mut command = Command::new(EXE);
+        if let Some(runtime) = runtime {
+            command.env("XDG_RUNTIME_DIR", runtime);
+        }
+        let mut child = command
             .arg("mount")
             .arg(dir.path())
             .arg("--foreground")
@@ -188,4 +198,29 @@ fn key_new_writes_a_private_file_and_never_overwrites() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// An embedded mount killed outright cannot remove its key file; the next
+/// mount on the host does, and leaves a running mount's alone.
+#[test]
+fn a_killed_mounts_key_file_is_removed_by_the_next_mount() {
+    let runtime = tempfile::tempdir().unwrap();
+    let key_of = |m: &Mount| {
+        let line = m.lines.iter().find_map(|l| l.strip_prefix("cluster key: ")).expect("a key line").to_string();
+        std::path::PathBuf::from(line.split(" (").next().unwrap())
+    };
+    let running = Mount::start_in(Some(runtime.path()), &[], Some("cluster key:")).unwrap();
+    let mut killed = Mount::start_in(Some(runtime.path()), &[], Some("cluster key:")).unwrap();
+    let (running_key, killed_key) = (key_of(&running), key_of(&killed));
+    assert!(killed_key.starts_with(runtime.path()), "{}", killed_key.display());
+    killed.child.kill().unwrap();
+    killed.child.wait().unwrap();
+    assert!(killed_key.exists(), "a killed mount cannot remove its own key file");
+    let next = Mount::start_in(Some(runtime.path()), &[], Some("cluster key:")).unwrap();
+    assert!(!killed_key.exists(), "the next mount removes the key file of a process that is gone");
+    assert!(running_key.exists(), "a running mount's key file stays");
+    assert!(key_of(&next).exists());
+    drop(next);
+    drop(running);
+    drop(killed);
 }
