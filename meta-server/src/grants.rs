@@ -355,6 +355,18 @@ impl Grants {
         }
     }
 
+    /// As [`Grants::grant`] for each of `keys` (a listing's entries and
+    /// attributes), under one lock and one reading of the clock.
+    pub fn grant_all(&self, client: ClientId, keys: Vec<Key>, ttl: Duration) {
+        let expires = Instant::now() + ttl + GRANT_MARGIN;
+        let grant = Grant { expires, revoking: None, until_closed: false };
+        let mut s = self.state.lock();
+        s.grants.reserve(keys.len());
+        for key in keys {
+            s.grants.entry(key).or_default().insert(client, grant);
+        }
+    }
+
     fn insert(&self, client: ClientId, key: Key, ttl: Duration, until_closed: bool) {
         let expires = Instant::now() + ttl + GRANT_MARGIN;
         let mut s = self.state.lock();

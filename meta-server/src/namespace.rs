@@ -45,7 +45,9 @@ const FIRST_COOKIE: u64 = 3;
 struct Dir {
     parent: Ino,
     by_name: HashMap<Vec<u8>, (u64, Ino)>,
-    by_cookie: BTreeMap<u64, Vec<u8>>,
+    /// The same entries in listing order, each with its inode, so a
+    /// listing looks nothing up by name.
+    by_cookie: BTreeMap<u64, (Vec<u8>, Ino)>,
 }
 
 struct RegularFile {
@@ -287,7 +289,10 @@ impl Namespace {
 
     /// The attributes, with a regular file's size and mtime read from its slot.
     pub fn attr(&self, ino: Ino) -> Result<Attr, FsError> {
-        let inode = self.inode(ino)?;
+        Ok(self.attr_of(self.inode(ino)?))
+    }
+
+    fn attr_of(&self, inode: &Inode) -> Attr {
         let mut attr = inode.attr.clone();
         match &inode.content {
             Content::File(f) => {
@@ -307,7 +312,7 @@ impl Namespace {
             Content::Symlink(t) => attr.size = t.len() as u64,
             Content::Special => {}
         }
-        Ok(attr)
+        attr
     }
 
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, FsError> {
@@ -328,7 +333,7 @@ impl Namespace {
         self.next_cookie += 1;
         let dir = self.dir_mut(parent)?;
         dir.by_name.insert(name.to_vec(), (cookie, ino));
-        dir.by_cookie.insert(cookie, name.to_vec());
+        dir.by_cookie.insert(cookie, (name.to_vec(), ino));
         Ok(())
     }
 
@@ -645,21 +650,47 @@ impl Namespace {
     /// Entries with cookies greater than `after`, at most `max`, with "." and
     /// ".." first (cookies 1 and 2).
     pub fn readdir(&self, ino: Ino, after: u64, max: u32) -> Result<Vec<DirEntry>, FsError> {
+        Ok(self.listing(ino, after, max, |_, _| ())?.into_iter().map(|(e, ())| e).collect())
+    }
+
+    /// As [`Namespace::readdir`], each entry with its attributes (found
+    /// with the same inode lookup).
+    pub fn readdir_plus(&self, ino: Ino, after: u64, max: u32) -> Result<Vec<(DirEntry, Attr)>, FsError> {
+        let listed = self.listing(ino, after, max, |ns, inode| inode.map(|i| ns.attr_of(i)))?;
+        // An entry whose inode is gone cannot be listed with attributes
+        // (never happens under the namespace mutex; answered as before).
+        listed.into_iter().map(|(e, attr)| attr.map(|a| (e, a)).ok_or(FsError::NotFound)).collect()
+    }
+
+    /// Entries of `ino` after cookie `after`, at most `max`, each with what
+    /// `with` makes of its inode.
+    fn listing<T>(
+        &self,
+        ino: Ino,
+        after: u64,
+        max: u32,
+        with: impl Fn(&Self, Option<&Inode>) -> T,
+    ) -> Result<Vec<(DirEntry, T)>, FsError> {
         let dir = self.dir(ino)?;
         let mut out = Vec::new();
+        let dot = |cookie, entry_ino, name: &[u8], out: &mut Vec<_>| {
+            let inode = self.inode(entry_ino).ok();
+            let entry = DirEntry { cookie, ino: entry_ino, kind: FileKind::Dir, name: name.to_vec() };
+            out.push((entry, with(self, inode)));
+        };
         if after < 1 {
-            out.push(DirEntry { cookie: 1, ino, kind: FileKind::Dir, name: b".".to_vec() });
+            dot(1, ino, b".", &mut out);
         }
         if after < 2 {
-            out.push(DirEntry { cookie: 2, ino: dir.parent, kind: FileKind::Dir, name: b"..".to_vec() });
+            dot(2, dir.parent, b"..", &mut out);
         }
-        for (&cookie, name) in dir.by_cookie.range(after.max(2) + 1..) {
+        for (&cookie, (name, child)) in dir.by_cookie.range(after.max(2) + 1..) {
             if out.len() >= max as usize {
                 break;
             }
-            let child = dir.by_name[name].1;
-            let kind = self.inode(child).map(|i| i.attr.kind).unwrap_or(FileKind::File);
-            out.push(DirEntry { cookie, ino: child, kind, name: name.clone() });
+            let inode = self.inode(*child).ok();
+            let kind = inode.map_or(FileKind::File, |i| i.attr.kind);
+            out.push((DirEntry { cookie, ino: *child, kind, name: name.clone() }, with(self, inode)));
         }
         out.truncate(max as usize);
         Ok(out)

@@ -212,6 +212,9 @@ pub struct CitronFuse {
     requests: FuseCounters,
     /// The invalidation thread of coherent caching, and its counters.
     invalidations: InvalidationControl,
+    /// Entries the kernel's last full `READDIRPLUS` buffer took (see
+    /// [`listing`]).
+    plus_fit: listing::PlusFit,
 }
 
 impl Drop for CitronFuse {
@@ -233,6 +236,7 @@ impl CitronFuse {
             coherence: coherence::Coherence::start().expect("start the coherence threads"),
             requests: FuseCounters::default(),
             invalidations: InvalidationControl::default(),
+            plus_fit: listing::PlusFit::default(),
         }
     }
 

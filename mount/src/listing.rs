@@ -19,12 +19,20 @@
 //! fuser does not tell the kernel's buffer size (one page, about 25
 //! entries, on older kernels; recent ones size it from the caller's
 //! `getdents` buffer, 32 KiB from glibc: 6.18 here lists a directory of 100
-//! entries in one request), and an entry fetched but not fitting is granted for
-//! nothing (a needless callback later, never a stale answer): READDIRPLUS
-//! pages start small and double while the buffer takes them.
+//! entries in one request), and an entry fetched but not fitting is
+//! fetched and granted for nothing (meta-server work, and a needless
+//! callback later, never a stale answer). So the mount learns it: the
+//! first page asks for as many entries as the last full buffer took
+//! ([`PlusFit`], [`PLUS_FIRST_PAGE`] at first), and a buffer that still has
+//! room asks for a small page more. A listing of a big directory then
+//! costs one meta-server call per kernel request, and fetches a few
+//! entries per request in vain instead of up to half of them (measured on
+//! a `find` of 10,000 files: 62 requests took 124 calls before).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use citronfs_core::types::{Caller, Ino};
@@ -36,9 +44,40 @@ use crate::{errno, file_type, fuse_attr, CitronFuse};
 /// 4096), and at most by one page of `readdirplus`.
 const READDIR_PAGE: u32 = 512;
 
-/// The first page of a `readdirplus` (an entry takes 152 bytes and its
-/// name, padded to 8): two pages fill a 32 KiB kernel buffer.
+/// The first page of a `readdirplus` until a kernel buffer was seen full
+/// (an entry takes 152 bytes and its name, padded to 8).
 const PLUS_FIRST_PAGE: u32 = 64;
+
+/// The least page asked for when a buffer still has room after a page:
+/// names vary in length, so a buffer that took N entries last time may
+/// take a few more.
+const PLUS_TOP_UP: u32 = 16;
+
+/// How many entries the kernel's last full `READDIRPLUS` buffer took: the
+/// next request's first page. Buffers differ by caller (`getdents` sizes)
+/// and names by length, so it is a guess, corrected at every full buffer.
+#[derive(Debug)]
+pub(crate) struct PlusFit(AtomicU32);
+
+impl Default for PlusFit {
+    fn default() -> Self {
+        Self(AtomicU32::new(PLUS_FIRST_PAGE))
+    }
+}
+
+impl PlusFit {
+    fn first_page(&self) -> u32 {
+        // Relaxed: a hint; any value is correct, only the cost differs.
+        self.0.load(Relaxed).clamp(1, READDIR_PAGE)
+    }
+
+    /// A buffer was full after `entries`: the next asks for one more, so
+    /// that a buffer taking as many again is filled by the first page
+    /// (the one more does not fit) instead of a page more.
+    fn filled(&self, entries: u32) {
+        self.0.store(entries + 1, Relaxed);
+    }
+}
 
 impl CitronFuse {
     /// `READDIR`: entries after cookie `offset` until the buffer is full or
@@ -70,7 +109,8 @@ impl CitronFuse {
     /// attributes and the TTL the meta-server granted them.
     pub(crate) fn list_plus(&self, caller: Caller, ino: Ino, offset: u64, mut reply: ReplyDirectoryPlus) {
         let epochs = self.invalidations.epochs();
-        let (mut after, mut page) = (offset, PLUS_FIRST_PAGE);
+        let (mut after, mut page) = (offset, self.plus_fit.first_page());
+        let mut added = 0u32;
         loop {
             let (sent, before) = (Instant::now(), epochs.all());
             let entries = match self.client.readdir_plus(caller, ino, after, page) {
@@ -93,14 +133,18 @@ impl CitronFuse {
                     &fuse_attr(&e.attr),
                     Generation(0),
                 ) {
+                    self.plus_fit.filled(added);
                     return reply.ok();
                 }
+                added += 1;
                 after = e.entry.cookie;
             }
             if last {
                 break;
             }
-            page = (page * 2).min(READDIR_PAGE);
+            // Room left: a small page more, growing if the guess was far
+            // off (another caller's bigger buffer).
+            page = (added / 2).clamp(PLUS_TOP_UP, READDIR_PAGE);
         }
         reply.ok()
     }

@@ -358,7 +358,15 @@ fn a_listing_caches_what_it_lists_and_changes_are_still_seen_at_once() {
     assert!(missing(&b, "d/f2"), "B still sees d/f2 after A unlinked it");
     let ino = fs::metadata(a.path("d/f3")).unwrap().ino();
     fs::rename(a.path("d/f3"), a.path("d/g3")).unwrap();
+    let (calls, requests) = (b.client.rpc_counts(), b.requests.snapshot().get(FuseOp::ReadDirPlus));
     let listed = names(&b, "d");
+    // The directory changed, so the kernel lists it anew, and the mount
+    // learned at the first listing how many entries a kernel buffer takes:
+    // one meta-server call per request.
+    let (calls, requests) =
+        (b.client.rpc_counts() - calls, b.requests.snapshot().get(FuseOp::ReadDirPlus) - requests);
+    assert!(requests >= 2, "{FILES} entries take several kernel buffers: {requests} requests");
+    assert_eq!(calls.get(MetaKind::ReadDirPlus), requests, "{requests} requests: {}", calls.describe());
     assert!(!listed.contains(&"f2".to_string()) && !listed.contains(&"f3".to_string()), "B lists old names");
     assert!(listed.contains(&"g3".to_string()) && listed.len() == FILES - 1, "B misses the renamed name");
     assert!(missing(&b, "d/f3"), "B still sees d/f3 after A renamed it");

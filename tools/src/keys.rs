@@ -200,7 +200,9 @@ fn sweep_dead_keys(dir: &Path) {
             && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
         if gone {
             match std::fs::remove_file(entry.path()) {
-                Ok(()) => log::info!("removed {}, left by process {pid}, which is gone", entry.path().display()),
+                Ok(()) => {
+                    log::info!("removed {}, left by process {pid}, which is gone", entry.path().display())
+                }
                 Err(e) => log::warn!("cannot remove {}: {e}", entry.path().display()),
             }
         }

@@ -27,7 +27,11 @@ impl Mount {
 
     /// As [`Mount::start`], with `runtime` as its XDG_RUNTIME_DIR (where an
     /// embedded cluster's key file goes).
-    fn start_in(runtime: Option<&std::path::Path>, extra: &[&str], until: Option<&str>) -> Result<Self, String> {
+    fn start_in(
+        runtime: Option<&std::path::Path>,
+        extra: &[&str],
+        until: Option<&str>,
+    ) -> Result<Self, String> {
         let dir = tempfile::tempdir().unwrap();
         let mut command = Command::new(EXE);
         if let Some(runtime) = runtime {
@@ -206,7 +210,8 @@ fn key_new_writes_a_private_file_and_never_overwrites() {
 fn a_killed_mounts_key_file_is_removed_by_the_next_mount() {
     let runtime = tempfile::tempdir().unwrap();
     let key_of = |m: &Mount| {
-        let line = m.lines.iter().find_map(|l| l.strip_prefix("cluster key: ")).expect("a key line").to_string();
+        let line =
+            m.lines.iter().find_map(|l| l.strip_prefix("cluster key: ")).expect("a key line").to_string();
         std::path::PathBuf::from(line.split(" (").next().unwrap())
     };
     let running = Mount::start_in(Some(runtime.path()), &[], Some("cluster key:")).unwrap();

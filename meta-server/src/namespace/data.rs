@@ -175,7 +175,14 @@ impl Namespace {
                 break;
             }
             let Some(e) = self.extents.allocate(cs, cs, None) else { break };
-            plan.steps.push(ExtentStep { chunk: c, old: None, new: e.loc, copy: 0, zero: e.dirty, ahead: true });
+            plan.steps.push(ExtentStep {
+                chunk: c,
+                old: None,
+                new: e.loc,
+                copy: 0,
+                zero: e.dirty,
+                ahead: true,
+            });
         }
     }
 

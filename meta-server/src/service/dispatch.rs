@@ -165,19 +165,21 @@ impl MetaService {
         after: u64,
         max: u32,
     ) -> Result<MetaResponse, FsError> {
-        let entries = ns.readdir(dir, after, max.min(MAX_READDIR))?;
+        let entries = ns.readdir_plus(dir, after, max.min(MAX_READDIR))?;
         let mut out = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let attr = ns.attr(entry.ino)?;
+        let mut keys = Vec::new();
+        for (entry, attr) in entries {
             let mut grant = Grant::default();
             let dots = entry.name == b"." || entry.name == b"..";
-            if let Some((client, ttl)) = caching.filter(|_| !dots && self.attr_grantable(&attr)) {
-                let name = entry.name.clone();
-                self.grants.grant(client, Invalidation::Entry { parent: dir, name }, ttl);
-                self.grants.grant(client, Invalidation::Attr(attr.ino), ttl);
+            if caching.is_some() && !dots && self.attr_grantable(&attr) {
+                keys.push(Invalidation::Entry { parent: dir, name: entry.name.clone() });
+                keys.push(Invalidation::Attr(attr.ino));
                 grant = Grant { entry: true, attr: true, ..Grant::default() };
             }
             out.push(EntryPlus { entry, attr, grant });
+        }
+        if let Some((client, ttl)) = caching {
+            self.grants.grant_all(client, keys, ttl);
         }
         Ok(MetaResponse::EntriesPlus(out))
     }
@@ -509,7 +511,9 @@ impl MetaService {
                 must_hold(ino, true)?;
                 if ahead.len() > MAX_AHEAD_CHUNKS {
                     let asked = ahead.len();
-                    return Err(FsError::Invalid(format!("{asked} chunks asked ahead, at most {MAX_AHEAD_CHUNKS}")));
+                    return Err(FsError::Invalid(format!(
+                        "{asked} chunks asked ahead, at most {MAX_AHEAD_CHUNKS}"
+                    )));
                 }
                 A::Chunks(self.with_extents(ino, |ns| {
                     let mut plan = ns.plan_extents(ino, &chunks, false)?;
