@@ -125,6 +125,28 @@ pub fn plan(req: &Request, records: &[Located], guard: ByteRange) -> Plan {
     Plan::Apply(changes(req, &own, list_position(req, records)))
 }
 
+/// The bytes an unlock `req` must range-lock: the part of `req.range`
+/// where its owner holds locks in `records` (the hull of those), or `None`
+/// if it holds none there and the unlock changes nothing. An unlock does
+/// nothing where its owner holds nothing, so the narrowed request is the
+/// same request; but a whole-file unlock (SQLite's at the end of every
+/// transaction) would otherwise range-lock the whole file — the Citron
+/// tree's root, which waits T_wait before it looks at its descendants
+/// (Citron Algorithm 1, line 34) — to drop a lock on a few bytes.
+///
+/// `records` may be read without any range lock: only the owner's own
+/// requests change its records, and one of another thread of the owner
+/// that is not written yet is one this unlock comes before.
+pub fn unlock_reach(req: &Request, records: &[Located]) -> Option<ByteRange> {
+    debug_assert!(req.mode.is_none(), "only an unlock can be narrowed");
+    records
+        .iter()
+        .filter(|l| l.record.is_own(req.owner, req.flavor) && l.record.range.overlaps(req.range))
+        .map(|l| l.record.range)
+        .reduce(ByteRange::hull)
+        .and_then(|reach| reach.intersection(req.range))
+}
+
 /// Where `req.owner`'s locks stand in the file's lock list: where its held
 /// locks are (the earliest, should two of its records disagree after a
 /// race between its own threads), or, if it holds none, after every owner
@@ -251,7 +273,7 @@ mod tests {
     use crate::locks::types::{LockOwner, OFFSET_MAX};
     use crate::types::ClientId;
     use proptest::prelude::*;
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn key(o: u64) -> OwnerKey {
         OwnerKey { client: ClientId(1 + o % 2), owner: LockOwner(o) }
@@ -266,7 +288,7 @@ mod tests {
     }
 
     /// A table in memory that applies plans the way the protocol does.
-    #[derive(Default)]
+    #[derive(Clone, Default)]
     struct Table {
         slots: BTreeMap<u32, Located>,
         next: u32,
@@ -508,6 +530,52 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The held locks of a table, by owner, range and mode.
+    fn held(t: &Table) -> BTreeSet<(u64, u64, u64, bool)> {
+        t.records()
+            .iter()
+            .map(|l| {
+                (
+                    l.record.owner.owner.0,
+                    l.record.range.start,
+                    l.record.range.last,
+                    l.record.mode == LockMode::Write,
+                )
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// An unlock to the end of the file narrowed to its owner's reach
+        /// (as the protocol sends it) leaves exactly the locks the whole
+        /// unlock leaves, and is skipped exactly when that changes nothing.
+        #[test]
+        fn a_narrowed_unlock_to_the_end_is_the_whole_unlock(
+            ops in proptest::collection::vec((0u64..4, 0u8..3, 0u64..40, 0u64..12), 1..40),
+            owner in 0u64..4,
+            start in 0u64..50,
+        ) {
+            let mut t = Table::default();
+            for (o, m, s, len) in ops {
+                let mode = match m { 0 => None, 1 => Some(LockMode::Read), _ => Some(LockMode::Write) };
+                let _ = t.request(&req(o, mode, r(s, s + len)));
+            }
+            let whole = req(owner, None, ByteRange::to_eof(start));
+            let mut expected = t.clone();
+            expected.request(&whole).unwrap();
+            let mut narrowed = t.clone();
+            match unlock_reach(&whole, &t.records()) {
+                None => prop_assert_eq!(held(&t), held(&expected), "skipped, yet the whole unlock changed something"),
+                Some(reach) => {
+                    prop_assert!(whole.range.contains(reach));
+                    prop_assert!(reach.last < OFFSET_MAX, "narrowed to what the owner holds");
+                    narrowed.request(&Request { range: reach, ..whole }).unwrap();
+                }
+            }
+            prop_assert_eq!(held(&narrowed), held(&expected));
         }
     }
 }

@@ -29,10 +29,10 @@ use serde::{Deserialize, Serialize};
 
 use super::area::LockArea;
 use super::guard::{LockTiming, RangeHold};
-use super::plan::{first_conflict, plan, Changes, Located, Plan, Request, SlotIndex};
+use super::plan::{first_conflict, plan, unlock_reach, Changes, Located, Plan, Request, SlotIndex};
 use super::record::{Generation, ListSeq, LockRecord, RecordState};
 use super::table::{self, Snapshot, TableGrowth};
-use super::types::{ByteRange, LockFlavor, LockMode, OwnerKey};
+use super::types::{ByteRange, LockFlavor, LockMode, OwnerKey, OFFSET_MAX};
 use super::waits_for::{Published, Waiting, WaitsFor};
 use crate::error::FsError;
 use crate::types::{ClientId, Ino};
@@ -106,6 +106,22 @@ enum Step {
 impl FileLocks<'_> {
     /// Takes, converts or releases (`req.mode == None`) a lock.
     pub fn set(&self, req: &Request, wait: Option<WaitSpec>) -> Result<Outcome, FsError> {
+        // An unlock to the end of the file range-locks only where its owner
+        // holds locks ([`unlock_reach`]): one table read first, instead of
+        // a lock on the whole file.
+        let narrowed;
+        let req = match req.mode {
+            None if wait.is_none() && req.range.last == OFFSET_MAX => {
+                match unlock_reach(req, &table::read(self.ep, self.table)?.records()) {
+                    None => return Ok(Outcome::Granted),
+                    Some(range) => {
+                        narrowed = Request { range, ..*req };
+                        &narrowed
+                    }
+                }
+            }
+            _ => req,
+        };
         let mut guard = req.range.widened();
         loop {
             let hold = RangeHold::acquire(self.ep, &self.area, self.timing, guard)?;
