@@ -16,9 +16,8 @@
 //!   file (attribute slot, lock area and record blocks, chunks) begin at its
 //!   first open and end at its last close; [`Access::file_grew`],
 //!   [`Access::file_moved`] and [`Access::file_changed`] follow the file's
-//!   memory while it is open
-//!   (chunks allocated or freed, record blocks added) for every client that
-//!   has it open.
+//!   memory while it is open (chunks allocated or freed, record blocks
+//!   added) for every client that has it open.
 //! * [`Access::revoke_everyone`]: before memory is reused, nobody keeps a
 //!   grant on it. Synchronous.
 //! * [`Access::fence`]: a client is gone: its grants and admission end at
