@@ -25,9 +25,10 @@
 //! first page asks for as many entries as the last full buffer took
 //! ([`PlusFit`], [`PLUS_FIRST_PAGE`] at first), and a buffer that still has
 //! room asks for a small page more. A listing of a big directory then
-//! costs one meta-server call per kernel request, and fetches a few
-//! entries per request in vain instead of up to half of them (measured on
-//! a `find` of 10,000 files: 62 requests took 124 calls before).
+//! costs one meta-server call per kernel request (pages of 64 and then
+//! 128, as before, took two for a 32 KiB buffer of about 190 entries),
+//! and fetches one entry per request in vain instead of up to 60% of them
+//! (39 of 64 for a one-page buffer of 25).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
