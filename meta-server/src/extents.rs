@@ -56,8 +56,9 @@
 //!
 //! Allocation ahead: a writer that extends a file chunk by chunk would
 //! make one meta-server call per chunk, each paid in the write's latency
-//! (a third of a 1 MiB write's time on shm). Its client asks for the
-//! chunks it expects to fill next along with the one it needs
+//! (1 GiB in 1 MiB O_DIRECT writes through a shm mount: 745 MB/s with a
+//! call per chunk, 930–950 MB/s with the calls below). Its client asks
+//! for the chunks it expects to fill next along with the one it needs
 //! (`AllocChunks::ahead`, as many as the file already has, up to
 //! `MAX_AHEAD_CHUNKS`), so calls grow logarithmically up to one per 16
 //! chunks. The meta-server takes them only while [`AHEAD_RESERVE`] of the
