@@ -399,14 +399,21 @@ impl Filesystem for CitronFuse {
     }
 
     /// A directory keeps no open state here (listings are paged by
-    /// cookie): ENOSYS makes the kernel open directories without a request
-    /// from now on, and send no RELEASEDIR (its zero-message opendir,
-    /// `FUSE_NO_OPENDIR_SUPPORT`, kernel 5.1). `FSYNCDIR` is fuser's
-    /// ENOSYS already: a directory's fsync(2) — SQLite's after each
-    /// journal it deletes — then costs no request at all.
+    /// cookie), yet OPENDIR is answered, with no flags. ENOSYS would make
+    /// the kernel open directories itself from then on, with
+    /// `FOPEN_CACHE_DIR` (`fuse_do_open`'s default without opendir): it
+    /// would answer a directory stream kept open and rewound
+    /// (`rewinddir`, a spool poller's loop) from its own copy of the
+    /// listing, checked against an mtime it does not refresh, and another
+    /// mount's create would stay unseen on either kind of mount
+    /// (`a_directory_kept_open_sees_the_other_mounts_changes_at_each_rewind`).
+    /// It costs an OPENDIR and a RELEASEDIR per stream, answered here
+    /// without a round trip. `FSYNCDIR` is fuser's ENOSYS: a directory's
+    /// fsync(2) — SQLite's after each journal it deletes — costs no
+    /// request after the first.
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         self.requests.count(FuseOp::OpenDir);
-        reply.error(Errno::ENOSYS)
+        reply.opened(FileHandle(0), FopenFlags::empty())
     }
 
     fn readdir(&self, req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, reply: ReplyDirectory) {

@@ -71,6 +71,7 @@ both_modes!(
     only_the_last_close_on_a_mount_reaches_the_meta_server,
     big_directories_are_listed_whole_on_the_other_mount,
     a_directory_changed_on_either_mount_is_seen_at_once_by_the_other,
+    a_directory_kept_open_sees_the_other_mounts_changes_at_each_rewind,
 );
 
 fn names(m: &TestMount, dir: &str) -> Vec<String> {
@@ -321,6 +322,74 @@ fn concurrent_unlinks_in_one_directory_on_two_mounts_wait_for_no_grant() {
             assert!(missing(m, &format!("d/f{i}")), "f{i} is still seen");
         }
     }
+}
+
+/// A directory stream kept open and listed from its start again each
+/// time (`rewinddir`), as a mail-spool poller does.
+struct KeptDir(*mut libc::DIR);
+
+impl KeptDir {
+    fn open(path: &std::path::Path) -> Self {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: `c` is NUL-terminated.
+        let dir = unsafe { libc::opendir(c.as_ptr()) };
+        assert!(!dir.is_null(), "opendir {}", path.display());
+        Self(dir)
+    }
+
+    /// The names from the start, without "." and "..", sorted.
+    fn names(&mut self) -> Vec<String> {
+        // SAFETY: `self.0` is an open stream that only this value uses.
+        unsafe { libc::rewinddir(self.0) };
+        let mut names = Vec::new();
+        loop {
+            // SAFETY: as above; each entry is read before the next call.
+            let entry = unsafe { libc::readdir(self.0) };
+            if entry.is_null() {
+                break;
+            }
+            // SAFETY: `d_name` of an entry readdir returned is NUL-terminated.
+            let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
+            let name = name.to_string_lossy().into_owned();
+            if name != "." && name != ".." {
+                names.push(name);
+            }
+        }
+        names.sort();
+        names
+    }
+}
+
+impl Drop for KeptDir {
+    fn drop(&mut self) {
+        // SAFETY: the stream is open and closed only here.
+        unsafe { libc::closedir(self.0) };
+    }
+}
+
+/// The kernel caches a directory's listing in an open directory stream
+/// (the mount answers OPENDIR with ENOSYS, so the kernel opens it with
+/// `FOPEN_CACHE_DIR`): a stream B keeps open and rewinds still sees every
+/// create, unlink and rename A makes in the directory at once.
+fn a_directory_kept_open_sees_the_other_mounts_changes_at_each_rewind(mode: Mode) {
+    let (_c, a, b) = cluster(mode);
+    fs::create_dir(a.path("spool")).unwrap();
+    fs::write(a.path("spool/m1"), b"x").unwrap();
+    let mut kept = KeptDir::open(&b.path("spool"));
+    assert_eq!(kept.names(), ["m1"]);
+    assert_eq!(kept.names(), ["m1"], "listed again unchanged");
+    fs::write(a.path("spool/m2"), b"y").unwrap();
+    assert_eq!(kept.names(), ["m1", "m2"], "B's kept stream misses A's create");
+    fs::remove_file(a.path("spool/m1")).unwrap();
+    assert_eq!(kept.names(), ["m2"], "B's kept stream still lists what A unlinked");
+    fs::rename(a.path("spool/m2"), a.path("spool/m3")).unwrap();
+    assert_eq!(kept.names(), ["m3"], "B's kept stream misses A's rename");
+    // And B's own change, seen by a stream A keeps.
+    let mut kept_a = KeptDir::open(&a.path("spool"));
+    assert_eq!(kept_a.names(), ["m3"]);
+    fs::write(b.path("spool/m4"), b"z").unwrap();
+    assert_eq!(kept_a.names(), ["m3", "m4"], "A's kept stream misses B's create");
 }
 
 /// READDIRPLUS (caching mounts): B's listing of a directory brings each
