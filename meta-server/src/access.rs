@@ -14,10 +14,10 @@
 //!   waits-for table, the lock host's area, the Citron tree host's arena).
 //! * [`Access::opened`] / [`Access::closed`]: a client's grants of one open
 //!   file (attribute slot, lock area and record blocks, chunks) begin at its
-//!   first open and end at its last close; [`Access::file_grew`],
-//!   [`Access::file_moved`] and [`Access::file_changed`] follow the file's
-//!   memory while it is open (chunks allocated or freed, record blocks
-//!   added) for every client that has it open.
+//!   first open and end at its last close; [`Access::file_allocated`] and
+//!   [`Access::file_changed`] follow the file's memory while it is open
+//!   (chunks allocated or freed, record blocks added) for every client that
+//!   has it open.
 //! * [`Access::revoke_everyone`]: before memory is reused, nobody keeps a
 //!   grant on it. Synchronous.
 //! * [`Access::fence`]: a client is gone: its grants and admission end at
@@ -279,19 +279,13 @@ impl Access {
         }
     }
 
-    /// `ino` gained `memory` (chunks allocated for it; extents it already
-    /// had are ignored): its openers are granted what is new. Costs what
-    /// `memory` holds, not what the file does.
-    pub fn file_grew(&self, ino: Ino, memory: Vec<Placed>) {
-        self.file_moved(ino, memory, Vec::new());
-    }
-
-    /// `ino` gained `gained` and lost `lost` (an allocation that moved a
-    /// chunk to a bigger extent): its openers are granted what is new to
-    /// them and lose what they had of `lost`. Costs what the two lists
-    /// hold, not what the file does, so a writer that extends a file chunk
-    /// by chunk pays the same for its thousandth chunk as for its first.
-    pub fn file_moved(&self, ino: Ino, gained: Vec<Placed>, lost: Vec<Placed>) {
+    /// An allocation gave `ino` the extents `gained` and took `lost` (the
+    /// old extent of a chunk it moved to a bigger one): its openers are
+    /// granted what is new to them and lose what they had of `lost`. Costs
+    /// what the two lists hold, not what the file does, so a writer that
+    /// extends a file chunk by chunk pays the same for its thousandth
+    /// chunk as for its first.
+    pub fn file_allocated(&self, ino: Ino, gained: Vec<Placed>, lost: Vec<Placed>) {
         if !self.enforcing() {
             return;
         }

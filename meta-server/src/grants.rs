@@ -315,7 +315,7 @@ impl Grants {
     /// Records that `client`'s kernel may cache `key` for `ttl`. Called
     /// with the namespace mutex held, before the answer leaves.
     pub fn grant(&self, client: ClientId, key: Key, ttl: Duration) {
-        self.insert(client, key, ttl, false);
+        self.insert(client, [key], ttl, false);
     }
 
     /// Records that the mount of `client`, which has regular file `ino`
@@ -325,7 +325,7 @@ impl Grants {
     /// first (see "Creators" and "Written files" in the module header).
     /// Called with the namespace mutex held, before the answer leaves.
     pub fn grant_until_closed(&self, client: ClientId, ino: Ino, ttl: Duration) {
-        self.insert(client, Invalidation::Attr(ino), ttl, true);
+        self.insert(client, [Invalidation::Attr(ino)], ttl, true);
     }
 
     /// Delegates directory `dir`, which `client` just made, to it for
@@ -358,19 +358,21 @@ impl Grants {
     /// As [`Grants::grant`] for each of `keys` (a listing's entries and
     /// attributes), under one lock and one reading of the clock.
     pub fn grant_all(&self, client: ClientId, keys: Vec<Key>, ttl: Duration) {
-        let expires = Instant::now() + ttl + GRANT_MARGIN;
-        let grant = Grant { expires, revoking: None, until_closed: false };
+        self.insert(client, keys, ttl, false);
+    }
+
+    fn insert(
+        &self,
+        client: ClientId,
+        keys: impl IntoIterator<Item = Key>,
+        ttl: Duration,
+        until_closed: bool,
+    ) {
+        let grant = Grant { expires: Instant::now() + ttl + GRANT_MARGIN, revoking: None, until_closed };
         let mut s = self.state.lock();
-        s.grants.reserve(keys.len());
         for key in keys {
             s.grants.entry(key).or_default().insert(client, grant);
         }
-    }
-
-    fn insert(&self, client: ClientId, key: Key, ttl: Duration, until_closed: bool) {
-        let expires = Instant::now() + ttl + GRANT_MARGIN;
-        let mut s = self.state.lock();
-        s.grants.entry(key).or_default().insert(client, Grant { expires, revoking: None, until_closed });
     }
 
     /// Revokes every live grant of `keys` held by clients other than

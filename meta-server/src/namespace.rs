@@ -650,50 +650,36 @@ impl Namespace {
     /// Entries with cookies greater than `after`, at most `max`, with "." and
     /// ".." first (cookies 1 and 2).
     pub fn readdir(&self, ino: Ino, after: u64, max: u32) -> Result<Vec<DirEntry>, FsError> {
-        Ok(self.listing(ino, after, max, |_, _| ())?.into_iter().map(|(e, ())| e).collect())
+        Ok(self.listing(ino, after, max)?.into_iter().map(|(entry, _)| entry).collect())
     }
 
     /// As [`Namespace::readdir`], each entry with its attributes (found
     /// with the same inode lookup).
     pub fn readdir_plus(&self, ino: Ino, after: u64, max: u32) -> Result<Vec<(DirEntry, Attr)>, FsError> {
-        let listed = self.listing(ino, after, max, |ns, inode| inode.map(|i| ns.attr_of(i)))?;
         // An entry whose inode is gone cannot be listed with attributes
-        // (never happens under the namespace mutex; answered as before).
-        listed.into_iter().map(|(e, attr)| attr.map(|a| (e, a)).ok_or(FsError::NotFound)).collect()
+        // (never happens under the namespace mutex).
+        self.listing(ino, after, max)?
+            .into_iter()
+            .map(|(entry, inode)| Ok((entry, self.attr_of(inode.ok_or(FsError::NotFound)?))))
+            .collect()
     }
 
-    /// Entries of `ino` after cookie `after`, at most `max`, each with what
-    /// `with` makes of its inode.
-    fn listing<T>(
-        &self,
-        ino: Ino,
-        after: u64,
-        max: u32,
-        with: impl Fn(&Self, Option<&Inode>) -> T,
-    ) -> Result<Vec<(DirEntry, T)>, FsError> {
+    /// Entries of `ino` after cookie `after`, at most `max`, each with its
+    /// inode (`None` if it is gone).
+    fn listing(&self, ino: Ino, after: u64, max: u32) -> Result<Vec<(DirEntry, Option<&Inode>)>, FsError> {
         let dir = self.dir(ino)?;
-        let mut out = Vec::new();
-        let dot = |cookie, entry_ino, name: &[u8], out: &mut Vec<_>| {
-            let inode = self.inode(entry_ino).ok();
-            let entry = DirEntry { cookie, ino: entry_ino, kind: FileKind::Dir, name: name.to_vec() };
-            out.push((entry, with(self, inode)));
-        };
-        if after < 1 {
-            dot(1, ino, b".", &mut out);
-        }
-        if after < 2 {
-            dot(2, dir.parent, b"..", &mut out);
-        }
-        for (&cookie, (name, child)) in dir.by_cookie.range(after.max(2) + 1..) {
-            if out.len() >= max as usize {
-                break;
-            }
+        let dots = [(1, ino, &b"."[..]), (2, dir.parent, &b".."[..])]
+            .into_iter()
+            .filter(|(cookie, ..)| after < *cookie)
+            .map(|(cookie, ino, name)| {
+                (DirEntry { cookie, ino, kind: FileKind::Dir, name: name.to_vec() }, self.inode(ino).ok())
+            });
+        let children = dir.by_cookie.range(after.max(2) + 1..).map(|(&cookie, (name, child))| {
             let inode = self.inode(*child).ok();
             let kind = inode.map_or(FileKind::File, |i| i.attr.kind);
-            out.push((DirEntry { cookie, ino: *child, kind, name: name.clone() }, with(self, inode)));
-        }
-        out.truncate(max as usize);
-        Ok(out)
+            (DirEntry { cookie, ino: *child, kind, name: name.clone() }, inode)
+        });
+        Ok(dots.chain(children).take(max as usize).collect())
     }
 
     fn file(&self, ino: Ino) -> Result<&RegularFile, FsError> {

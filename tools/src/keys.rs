@@ -193,12 +193,8 @@ fn sweep_dead_keys(dir: &Path) {
         let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("cluster-")?.strip_suffix(".key")) else {
             continue;
         };
-        let Ok(pid) = pid.parse::<libc::pid_t>() else { continue };
-        // SAFETY: signal 0 sends nothing; it only asks whether the process
-        // exists (ESRCH if not).
-        let gone = unsafe { libc::kill(pid, 0) } != 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        if gone {
+        let Ok(pid) = pid.parse::<u64>() else { continue };
+        if !citron_lock::rdma::atomicity::process_exists(pid) {
             match std::fs::remove_file(entry.path()) {
                 Ok(()) => {
                     log::info!("removed {}, left by process {pid}, which is gone", entry.path().display())

@@ -180,7 +180,9 @@ impl Drop for NicGuard<'_> {
     }
 }
 
-fn process_exists(pid: u64) -> bool {
+/// Whether process `pid` of this host still exists (a pid that may have
+/// been reused counts as existing).
+pub fn process_exists(pid: u64) -> bool {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
     // SAFETY: kill with signal 0 sends nothing; it only checks that the
     // process exists (ESRCH if not). No memory is involved.

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::SeqCst;
 
-use citronfs_core::proto::{Allocated, FileLayout, MAX_AHEAD_CHUNKS};
+use citronfs_core::proto::{Allocated, FileLayout};
 use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId, FsStats, Ino, Timestamp, MAX_FILE_SIZE};
 use citronfs_core::FsError;
 
@@ -160,12 +160,13 @@ impl Namespace {
     /// free after it: a sequential writer's next chunks, taken in the same
     /// request as the one it needs now (see "Allocation ahead" in
     /// [`crate::extents`]). Best effort: stops at the first chunk that
-    /// does not fit, and never fails.
+    /// does not fit, and never fails. The dispatcher refuses more than
+    /// `MAX_AHEAD_CHUNKS` before anything is planned.
     pub fn plan_ahead(&mut self, plan: &mut ExtentPlan, ahead: &[ChunkIndex]) {
         let cs = self.geometry.chunk_size();
         let max_chunk = MAX_FILE_SIZE / cs;
         let reserve = (self.extents.total_bytes() as f64 * AHEAD_RESERVE) as u64;
-        for &c in ahead.iter().take(MAX_AHEAD_CHUNKS) {
+        for &c in ahead {
             let planned = plan.ready.iter().any(|(r, _)| *r == c) || plan.steps.iter().any(|s| s.chunk == c);
             let has = self.file(plan.ino).map_or(true, |f| f.chunks.contains_key(&c));
             if c.0 >= max_chunk || planned || has {
@@ -192,28 +193,35 @@ impl Namespace {
     /// I/O can use those extents; the epoch still moves, as for a truncate.
     pub(super) fn trim_ahead(&mut self, ino: Ino, cause: Cause) {
         let cs = self.geometry.chunk_size();
-        let Ok(f) = self.file_mut(ino) else { return };
+        let Ok(f) = self.file(ino) else { return };
         if !f.opens.is_empty() || f.ahead.is_empty() {
             return;
         }
-        let slot = f.slot;
-        let size = self.slots.word(slot.size()).load(SeqCst);
-        let f = self.file_mut(ino).expect("checked above");
+        let size = self.slots.word(f.slot.size()).load(SeqCst);
+        let f = self.file_mut(ino).expect("found above");
         let past: Vec<ChunkLoc> = std::mem::take(&mut f.ahead)
             .into_iter()
             .filter(|c| c.0 * cs >= size)
             .filter_map(|c| f.chunks.remove(&c))
             .collect();
-        if past.is_empty() {
-            return;
+        if !past.is_empty() {
+            self.give_back_chunks(ino, past, cause).expect("found above");
         }
-        f.allocated -= past.iter().map(|l| l.capacity).sum::<u64>();
+    }
+
+    /// Gives back `freed`, extents already taken out of `ino`'s chunks (a
+    /// truncate's, or chunks ahead left past the end), and moves the
+    /// layout epoch so that clients refetch the layout.
+    fn give_back_chunks(&mut self, ino: Ino, freed: Vec<ChunkLoc>, cause: Cause) -> Result<(), FsError> {
+        let f = self.file_mut(ino)?;
+        f.allocated -= freed.iter().map(|l| l.capacity).sum::<u64>();
         f.epoch += 1;
-        let epoch = f.epoch;
-        for loc in past {
+        let (slot, epoch) = (f.slot, f.epoch);
+        for loc in freed {
             self.reclaim.extent(&mut self.extents, loc, cause);
         }
         self.slots.word(slot.epoch()).store(epoch, SeqCst);
+        Ok(())
     }
 
     /// Gives back the extents of a plan that will not be committed.
@@ -316,7 +324,6 @@ impl Namespace {
             let f = self.file_mut(ino)?;
             let freed: Vec<ChunkLoc> = f.chunks.split_off(&ChunkIndex(keep)).into_values().collect();
             f.ahead.retain(|c| c.0 < keep);
-            f.allocated -= freed.iter().map(|l| l.capacity).sum::<u64>();
             if !size.is_multiple_of(cs) {
                 if let Some(loc) = f.chunks.get(&ChunkIndex(size / cs)) {
                     let from = size % cs;
@@ -325,12 +332,7 @@ impl Namespace {
                     }
                 }
             }
-            f.epoch += 1;
-            let epoch = f.epoch;
-            for loc in freed {
-                self.reclaim.extent(&mut self.extents, loc, Cause::Truncated);
-            }
-            self.slots.word(slot.epoch()).store(epoch, SeqCst);
+            self.give_back_chunks(ino, freed, Cause::Truncated)?;
         }
         self.slots.word(slot.size()).store(size, SeqCst);
         self.slots.word(slot.mtime()).store(Timestamp::now().as_nanos(), SeqCst);

@@ -113,12 +113,10 @@ impl MetaService {
         }
         // What each step would change, to tell openers only that (not the
         // whole file's memory at every chunk a writer adds).
-        let steps: Vec<(ChunkIndex, ChunkLoc, Option<ChunkLoc>)> =
-            plan.steps.iter().map(|s| (s.chunk, s.new, s.old)).collect();
-        let mut ns = self.ns.lock();
-        let allocated = ns.commit_extents(plan)?;
-        drop(ns);
-        if self.access.enforcing() {
+        let steps: Option<Vec<(ChunkIndex, ChunkLoc, Option<ChunkLoc>)>> =
+            self.access.enforcing().then(|| plan.steps.iter().map(|s| (s.chunk, s.new, s.old)).collect());
+        let allocated = self.ns.lock().commit_extents(plan)?;
+        if let Some(steps) = steps {
             // Openers gain the new extents and lose a moved chunk's old one;
             // a step that lost its race committed nothing.
             let (mut gained, mut lost) = (Vec::new(), Vec::new());
@@ -128,7 +126,7 @@ impl MetaService {
                     lost.extend(old.map(extent_memory));
                 }
             }
-            self.access.file_moved(ino, gained, lost);
+            self.access.file_allocated(ino, gained, lost);
         }
         Ok(allocated)
     }
