@@ -150,6 +150,11 @@ pub struct ClusterInfo {
     pub incarnation: u64,
 }
 
+/// The listing cookie of `.` in every directory.
+pub const DOT_COOKIE: u64 = 1;
+/// The listing cookie of `..`; a directory's names come after it.
+pub const DOTDOT_COOKIE: u64 = 2;
+
 /// A registered client, as `citronfs locks` and `status` show it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientInfo {
@@ -257,6 +262,9 @@ pub enum MetaRequest {
         new_name: Vec<u8>,
         flags: RenameMode,
     },
+    /// Entries of `ino` after cookie `after`, in cookie order: `.` is
+    /// [`DOT_COOKIE`], `..` [`DOTDOT_COOKIE`], then every name by the
+    /// cookie it got when it was linked (rising, never reused).
     ReadDir {
         caller: Caller,
         ino: Ino,
@@ -431,6 +439,11 @@ pub struct Delegated {
     /// delegation of its directory, which the changer holds: they stay
     /// valid as long as the delegation, past the creator's release.
     pub child: bool,
+    /// With `child`: the new entry's cookie in its directory's listing, so
+    /// that the delegation's holder can list the directory itself in the
+    /// meta-server's order (a listing it began can go on at the
+    /// meta-server after a revocation).
+    pub cookie: Option<u64>,
 }
 
 /// What of an answer to a [`MetaRequest::Caching`] request the kernel may

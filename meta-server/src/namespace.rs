@@ -25,7 +25,7 @@ use citron_lock::citron::host::LockMemoryHost;
 use citron_lock::rdma::{RegionMemory, RemoteAddr};
 use citronfs_core::layout::ChunkGeometry;
 use citronfs_core::locks::LockArea;
-use citronfs_core::proto::{AttrSlot, RenameMode, XattrMode};
+use citronfs_core::proto::{AttrSlot, RenameMode, XattrMode, DOTDOT_COOKIE, DOT_COOKIE};
 use citronfs_core::types::{
     perm_without_setid, Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, Ino,
     SetAttr, Timestamp, NAME_MAX, SYMLINK_MAX, XATTR_SIZE_MAX,
@@ -39,8 +39,8 @@ use crate::reclaim::{Cause, Reclamation};
 mod memory;
 pub use memory::extent_memory;
 
-/// Cookies 1 and 2 are "." and ".." in listings; entries start after them.
-const FIRST_COOKIE: u64 = 3;
+/// Names' cookies start after those of "." and "..".
+const FIRST_COOKIE: u64 = DOTDOT_COOKIE + 1;
 
 struct Dir {
     parent: Ino,
@@ -326,6 +326,11 @@ impl Namespace {
             _ => dir.by_name.get(name).ok_or(FsError::NotFound)?.1,
         };
         self.attr(ino)
+    }
+
+    /// The cookie of `name` in directory `dir`'s listing, if it is there.
+    pub fn cookie(&self, dir: Ino, name: &[u8]) -> Option<u64> {
+        self.dir(dir).ok()?.by_name.get(name).map(|&(cookie, _)| cookie)
     }
 
     fn link_entry(&mut self, parent: Ino, name: &[u8], ino: Ino) -> Result<(), FsError> {
@@ -668,13 +673,13 @@ impl Namespace {
     /// inode (`None` if it is gone).
     fn listing(&self, ino: Ino, after: u64, max: u32) -> Result<Vec<(DirEntry, Option<&Inode>)>, FsError> {
         let dir = self.dir(ino)?;
-        let dots = [(1, ino, &b"."[..]), (2, dir.parent, &b".."[..])]
+        let dots = [(DOT_COOKIE, ino, &b"."[..]), (DOTDOT_COOKIE, dir.parent, &b".."[..])]
             .into_iter()
             .filter(|(cookie, ..)| after < *cookie)
             .map(|(cookie, ino, name)| {
                 (DirEntry { cookie, ino, kind: FileKind::Dir, name: name.to_vec() }, self.inode(ino).ok())
             });
-        let children = dir.by_cookie.range(after.max(2) + 1..).map(|(&cookie, (name, child))| {
+        let children = dir.by_cookie.range(after.max(DOTDOT_COOKIE) + 1..).map(|(&cookie, (name, child))| {
             let inode = self.inode(*child).ok();
             let kind = inode.map_or(FileKind::File, |i| i.attr.kind);
             (DirEntry { cookie, ino: *child, kind, name: name.clone() }, inode)

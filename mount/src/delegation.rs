@@ -68,7 +68,7 @@
 //! it is dropped (it is no longer complete) and its directory is answered
 //! by the meta-server from then on.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use citronfs_core::proto::{Delegated, Grant};
@@ -80,12 +80,28 @@ use parking_lot::Mutex;
 use crate::invalidation::Sample;
 use crate::{fuse_attr, CitronFuse};
 
-/// Most names all listings of a mount hold (about 100 bytes each).
+mod page;
+pub use page::Page;
+
+/// Most names all listings of a mount hold (about 150 bytes each).
 pub const MAX_NAMES: usize = 1 << 20;
+
+/// A name in a listing's order.
+struct Placed {
+    name: Vec<u8>,
+    ino: Ino,
+    kind: FileKind,
+}
 
 /// A delegated directory's entries.
 struct Listing {
-    names: HashMap<Vec<u8>, Ino>,
+    /// Each name's inode and, if its answer said, its cookie.
+    names: HashMap<Vec<u8>, (Ino, Option<u64>)>,
+    /// The names by cookie while every one is known (the meta-server's
+    /// order, [`page`]); `None` once a name came without one.
+    order: Option<BTreeMap<u64, Placed>>,
+    /// The directory's parent (its `..`).
+    parent: Ino,
     valid_until: Instant,
     /// When the last entry handed to the kernel from it expires there (see
     /// "What the kernel gets"): a revocation before then must drop the
@@ -139,6 +155,39 @@ pub enum Found {
 }
 
 impl Listing {
+    fn new(parent: Ino, valid_until: Instant) -> Self {
+        Self { names: HashMap::new(), order: Some(BTreeMap::new()), parent, valid_until, handed_until: None }
+    }
+
+    fn get(&self, name: &[u8]) -> Option<Ino> {
+        self.names.get(name).map(|&(ino, _)| ino)
+    }
+
+    /// Adds or replaces `name`, with its cookie and kind if the answer
+    /// said; answers whether it is new. A name without a cookie ends the
+    /// listing's order.
+    fn insert(&mut self, name: &[u8], ino: Ino, placed: Option<(u64, FileKind)>) -> bool {
+        let old = self.names.insert(name.to_vec(), (ino, placed.map(|(cookie, _)| cookie)));
+        if let (Some(order), Some((_, Some(c)))) = (self.order.as_mut(), old) {
+            order.remove(&c);
+        }
+        match (self.order.as_mut(), placed) {
+            (Some(order), Some((cookie, kind))) => {
+                order.insert(cookie, Placed { name: name.to_vec(), ino, kind });
+            }
+            _ => self.order = None,
+        }
+        old.is_none()
+    }
+
+    fn remove(&mut self, name: &[u8]) -> Option<Ino> {
+        let (ino, cookie) = self.names.remove(name)?;
+        if let (Some(order), Some(c)) = (self.order.as_mut(), cookie) {
+            order.remove(&c);
+        }
+        Some(ino)
+    }
+
     /// An entry goes to the kernel with `ttls`.
     fn handing(&mut self, now: Instant, ttls: Ttls) {
         let until = now + ttls.entry;
@@ -180,8 +229,8 @@ impl Delegations {
         let mut s = self.state.lock();
         let listing = s.listing(dir, now)?;
         let left = listing.valid_until - now;
-        let Some(ino) = listing.names.get(name) else { return Some(Found::Absent) };
-        let attr = s.held.get(ino)?.1.clone();
+        let Some(ino) = listing.get(name) else { return Some(Found::Absent) };
+        let attr = s.held.get(&ino)?.1.clone();
         let ttls = Ttls::of(&attr, left);
         s.listings.get_mut(&dir)?.handing(now, ttls);
         Some(Found::Present(attr, ttls))
@@ -216,8 +265,7 @@ impl Delegations {
         let now = Instant::now();
         let mut s = self.state.lock();
         if delegated.dir && s.revocations == ticket.revocations && s.names < MAX_NAMES {
-            let listing =
-                Listing { names: HashMap::new(), valid_until: ticket.sent + ttl, handed_until: None };
+            let listing = Listing::new(dir, ticket.sent + ttl);
             if s.listings.insert(attr.ino, listing).is_some() {
                 log::warn!("directory {} delegated twice", attr.ino.0);
             }
@@ -228,7 +276,7 @@ impl Delegations {
         if let Some(ttls) = ttls {
             listing.handing(now, ttls);
         }
-        if listing.names.insert(name.to_vec(), attr.ino).is_none() {
+        if listing.insert(name, attr.ino, delegated.cookie.map(|c| (c, attr.kind))) {
             s.names += 1;
         }
         if s.names > MAX_NAMES {
@@ -257,7 +305,7 @@ impl Delegations {
     pub fn held(&self, dir: Ino, name: &[u8], attr: &Attr) {
         let mut s = self.state.lock();
         let Some(listing) = s.listings.get(&dir) else { return };
-        if listing.names.get(name) == Some(&attr.ino) {
+        if listing.get(name) == Some(attr.ino) {
             s.held.insert(attr.ino, (dir, attr.clone()));
         }
     }
@@ -266,7 +314,7 @@ impl Delegations {
     pub fn removed(&self, dir: Ino, name: &[u8]) {
         let mut s = self.state.lock();
         let Some(listing) = s.listings.get_mut(&dir) else { return };
-        if let Some(ino) = listing.names.remove(name) {
+        if let Some(ino) = listing.remove(name) {
             s.names -= 1;
             s.held.remove(&ino);
             // A removed directory's own listing goes with it (the kernel
@@ -280,8 +328,8 @@ impl Delegations {
     /// can no longer tell what it holds under the new name and goes.
     pub fn renamed(&self, from: (Ino, &[u8]), to: (Ino, &[u8]), exchange: bool) {
         let mut s = self.state.lock();
-        let moved = s.listings.get(&from.0).and_then(|l| l.names.get(from.1).copied());
-        let replaced = s.listings.get(&to.0).and_then(|l| l.names.get(to.1).copied());
+        let moved = s.listings.get(&from.0).and_then(|l| l.get(from.1));
+        let replaced = s.listings.get(&to.0).and_then(|l| l.get(to.1));
         // The moved and replaced inodes' change times moved.
         for ino in moved.iter().chain(replaced.iter()) {
             s.held.remove(ino);
@@ -294,18 +342,20 @@ impl Delegations {
             return;
         }
         let Some(moved) = moved else { return }; // nothing was there: the rename failed
+                                                 // The answer carries no cookie for the names it made: neither
+                                                 // listing can be listed here any more (`Listing::insert`).
         if let Some(l) = s.listings.get_mut(&from.0) {
-            l.names.remove(from.1);
+            l.remove(from.1);
         }
         s.names -= 1;
         if let Some(l) = s.listings.get_mut(&to.0) {
-            if l.names.insert(to.1.to_vec(), moved).is_none() {
+            if l.insert(to.1, moved, None) {
                 s.names += 1;
             }
         }
         if let (true, Some(replaced)) = (exchange, replaced) {
             if let Some(l) = s.listings.get_mut(&from.0) {
-                l.names.insert(from.1.to_vec(), replaced);
+                l.insert(from.1, replaced, None);
                 s.names += 1;
             }
         } else if let Some(replaced) = replaced {
@@ -457,6 +507,22 @@ impl CitronFuse {
         None
     }
 
+    /// Up to `max` entries of `dir`'s listing after cookie `after` from
+    /// its delegation, if this mount lists it itself ([`Page`]); each
+    /// entry's TTLs are zero if an invalidation was processed while it was
+    /// read (see [`crate::invalidation`]).
+    pub(crate) fn page_delegated(&self, dir: Ino, after: u64, max: usize, plus: bool) -> Option<Page> {
+        let d = self.delegations()?;
+        let epochs = self.invalidations.epochs();
+        let before = epochs.all();
+        let mut page = d.page(dir, after, max, plus)?;
+        let read = epochs.all();
+        for e in &mut page.entries {
+            e.ttls = e.ttls.unless_overtaken(before, read);
+        }
+        Some(page)
+    }
+
     /// A lookup the meta-server answered: `grant.held` attributes are
     /// kept with this mount's delegation of `parent`.
     pub(crate) fn lookup_answered(&self, parent: Ino, name: &[u8], attr: &Attr, grant: &Grant) {
@@ -541,22 +607,22 @@ impl CitronFuse {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use citronfs_core::types::FileKind;
 
     use super::*;
 
-    fn attr(ino: u64, kind: FileKind) -> Attr {
+    pub(crate) fn attr(ino: u64, kind: FileKind) -> Attr {
         crate::attr_cache::tests::attr(ino, kind, 1)
     }
 
-    const TTL: Duration = Duration::from_secs(60);
+    pub(crate) const TTL: Duration = Duration::from_secs(60);
     const ROOT: Ino = Ino(1);
-    const DIR: Delegated = Delegated { dir: true, child: false };
-    const CHILD: Delegated = Delegated { dir: false, child: true };
+    const DIR: Delegated = Delegated { dir: true, child: false, cookie: Some(20) };
+    pub(crate) const CHILD: Delegated = Delegated { dir: false, child: true, cookie: None };
 
     /// A mount that made directory 2 in the root.
-    fn with_dir() -> Delegations {
+    pub(crate) fn with_dir() -> Delegations {
         let d = Delegations::default();
         d.made(d.ticket(), ROOT, b"d", &attr(2, FileKind::Dir), DIR, TTL);
         d
@@ -644,7 +710,7 @@ mod tests {
         d.renamed((Ino(2), b"f"), (Ino(3), b"g"), false);
         assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent));
         assert_eq!(d.lookup(Ino(3), b"g"), None, "the moved file's attributes are held still");
-        assert_eq!(d.state.lock().listings[&Ino(3)].names.get(&b"g"[..]), Some(&Ino(4)));
+        assert_eq!(d.state.lock().listings[&Ino(3)].get(b"g"), Some(Ino(4)));
         // Into a directory this mount does not know: the source goes.
         d.renamed((Ino(3), b"g"), (ROOT, b"x"), false);
         assert_eq!(d.lookup(Ino(3), b"g"), None);

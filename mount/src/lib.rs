@@ -173,6 +173,12 @@ fn absent_attr() -> FileAttr {
     }
 }
 
+/// What a listing carries for `.` and `..` (directory `ino`): the kernel
+/// installs neither from a `READDIRPLUS`, so reads no attribute of them.
+fn dot_attr(ino: Ino) -> FileAttr {
+    FileAttr { ino: INodeNo(ino.0), kind: fuser::FileType::Directory, ..absent_attr() }
+}
+
 fn caller(req: &Request) -> Caller {
     Caller { uid: req.uid(), gid: req.gid(), pid: req.pid() }
 }

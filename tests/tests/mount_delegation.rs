@@ -10,8 +10,9 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
-use citronfs_core::rpc_counts::MetaKind;
-use citronfs_mount::MountOptions;
+use citronfs_core::rpc_counts::{MetaKind, RpcCounts};
+
+use citronfs_mount::{FuseOp, MountOptions};
 use citronfs_tests::coherence::{close, create_counted, eventually, missing, stat_cost};
 use citronfs_tests::{TestCluster, TestMount};
 
@@ -98,6 +99,77 @@ fn a_directory_made_here_answers_its_lookups_and_stats_without_a_round_trip() {
     on_a.sort();
     on_b.sort();
     assert_eq!(on_a, on_b);
+}
+
+/// `ls -l` of `rel` on `m`: each name with its inode, size and mode,
+/// sorted, and the calls it cost.
+fn long_listing(m: &TestMount, rel: &str) -> (Vec<(String, u64, u64, u32)>, RpcCounts) {
+    let calls = m.client.rpc_counts();
+    let mut listed: Vec<_> = fs::read_dir(m.path(rel))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let meta = fs::symlink_metadata(e.path()).unwrap();
+            (e.file_name().into_string().unwrap(), meta.ino(), meta.len(), meta.mode())
+        })
+        .collect();
+    listed.sort();
+    (listed, m.client.rpc_counts() - calls)
+}
+
+/// A mount lists a directory it made from its delegation, in the
+/// meta-server's order and with its cookies, over several kernel buffers
+/// (`delegation::page`); it asks the meta-server for what it does not
+/// hold, and lists at the meta-server once another mount's change revoked
+/// the delegation or an own rename left a name without its cookie.
+#[test]
+fn a_directory_made_here_is_listed_without_a_round_trip_until_it_cannot_be() {
+    let (_c, a, b) = cluster(LONG_TTL);
+    fs::create_dir(a.path("d")).unwrap();
+    fs::create_dir(a.path("d/sub")).unwrap();
+    // Names of 40 bytes: 300 take two 32 KiB READDIRPLUS buffers.
+    for i in 0..300 {
+        close(&a, fs::File::create(a.path(&format!("d/{i:040}"))).unwrap());
+    }
+    let mut w = fs::OpenOptions::new().write(true).open(a.path(&format!("d/{:040}", 7))).unwrap();
+    w.write_all(b"written").unwrap();
+    close(&a, w);
+    let requests = a.requests.snapshot().get(FuseOp::ReadDirPlus);
+    let (listed, spent) = long_listing(&a, "d");
+    assert!(a.requests.snapshot().get(FuseOp::ReadDirPlus) - requests >= 2, "one kernel buffer held it all");
+    assert_eq!(spent.operations(), 0, "A's listing of its own directory sent {}", spent.describe());
+    assert_eq!(listed.len(), 301);
+    assert_eq!(listed, long_listing(&b, "d").0, "A lists what B does not");
+    assert_eq!(listed.iter().find(|l| l.0.ends_with("07")).map(|l| l.2), Some(7));
+
+    // Written and open: its attributes are not held, so the meta-server
+    // lists from it on (granting nothing of it), and the size is right.
+    let mut w = fs::OpenOptions::new().append(true).open(a.path(&format!("d/{:040}", 9))).unwrap();
+    w.write_all(b"nine").unwrap();
+    let (listed, spent) = long_listing(&a, "d");
+    assert!(
+        spent.get(MetaKind::ReadDirPlus) >= 1,
+        "listed attributes it does not hold: {}",
+        spent.describe()
+    );
+    assert_eq!(listed.iter().find(|l| l.0.ends_with("09")).map(|l| l.2), Some(4));
+    close(&a, w);
+    assert_eq!(long_listing(&a, "d").1.operations(), 0, "the release held the attributes again");
+
+    // An own rename: the new name's cookie is not known here.
+    fs::rename(a.path(&format!("d/{:040}", 1)), a.path("d/renamed")).unwrap();
+    let (listed, spent) = long_listing(&a, "d");
+    assert!(spent.get(MetaKind::ReadDirPlus) >= 1, "listed a name without its cookie here");
+    assert_eq!(listed, long_listing(&b, "d").0);
+
+    // Another mount's create revokes A's delegation of d2 before it
+    // answers; A's next listing has it.
+    fs::create_dir(a.path("d2")).unwrap();
+    close(&a, fs::File::create(a.path("d2/mine")).unwrap());
+    assert_eq!(long_listing(&a, "d2").1.operations(), 0);
+    close(&b, fs::File::create(b.path("d2/theirs")).unwrap());
+    let names: Vec<_> = long_listing(&a, "d2").0.into_iter().map(|l| l.0).collect();
+    assert_eq!(names, ["mine", "theirs"], "A listed d2 from a revoked delegation");
 }
 
 /// What another mount does in a directory A made, and how A sees it.

@@ -121,9 +121,10 @@ impl MetaService {
     /// grant a change never revokes, [`Grants::revoke`]), with `answer`;
     /// `created`: the created file's attributes in `answer` were granted to
     /// the changer until its release ([`crate::grants`], "Creators");
-    /// `new`: the inode the change made, held with the changer's
-    /// delegation of `dir` if it has one, and delegated to it if a
-    /// directory ([`crate::grants`], "Delegations"). Called
+    /// `new`: the inode the change made and its name, held with the
+    /// changer's delegation of `dir` if it has one (with the entry's
+    /// cookie), and delegated to it if a directory ([`crate::grants`],
+    /// "Delegations"). Called
     /// with the namespace mutex held, as [`Self::granted`], so a change of
     /// `dir` by another client either came before (and is in the answer)
     /// or comes after and revokes this grant.
@@ -136,14 +137,17 @@ impl MetaService {
         dir: Ino,
         answer: MetaResponse,
         created: bool,
-        new: Option<&Attr>,
+        new: Option<(&Attr, &[u8])>,
     ) -> MetaResponse {
         let Some((client, ttl)) = caching else { return answer };
         let Ok(parent) = ns.attr(dir) else { return answer };
         self.grants.grant(client, Invalidation::Attr(dir), ttl);
         let mut delegated = Delegated::default();
-        if let Some(new) = new {
+        if let Some((new, name)) = new {
             delegated.child = self.grants.hold_child(client, dir, new.ino);
+            if delegated.child {
+                delegated.cookie = ns.cookie(dir, name);
+            }
             if new.kind == FileKind::Dir {
                 self.grants.delegate(client, new.ino, ttl);
                 delegated.dir = true;
@@ -335,9 +339,11 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
+                let new = Some((&attr, &name[..]));
+                let answer = self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, new);
                 self.entry_changed(caching, changed, parent, name);
                 changed.keys.push(AttrOf(parent));
-                self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, Some(&attr))
+                answer
             }
             R::Symlink { caller, parent, name, target } => {
                 let new =
@@ -345,9 +351,11 @@ impl MetaService {
                 let mut ns = self.ns.lock();
                 checks.add_entry(&ns, caller, parent)?;
                 let attr = ns.create(caller, parent, &name, new)?;
+                let new = Some((&attr, &name[..]));
+                let answer = self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, new);
                 self.entry_changed(caching, changed, parent, name);
                 changed.keys.push(AttrOf(parent));
-                self.with_parent(&ns, caching, parent, A::Attr(attr.clone()), false, Some(&attr))
+                answer
             }
             R::ReadLink { ino } => A::Target(self.ns.lock().readlink(ino)?),
             R::Link { caller, ino, new_parent, new_name } => {
@@ -440,9 +448,6 @@ impl MetaService {
                     self.grants.writing(client, attr.ino);
                     changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
                 }
-                if let A::Opened(..) = &opened {
-                    self.entry_changed(caching, changed, parent, name);
-                }
                 let mut new = None;
                 if let (A::Opened(attr, _), Some((creator, ttl))) = (&opened, caching) {
                     // The new file's attributes, granted to its creator, its
@@ -451,7 +456,19 @@ impl MetaService {
                     self.grants.grant_until_closed(creator, attr.ino, ttl);
                     new = Some(attr.clone());
                 }
-                self.with_parent(&ns, caching, parent, opened, new.is_some(), new.as_ref())
+                let made = matches!(opened, A::Opened(..));
+                let answer = self.with_parent(
+                    &ns,
+                    caching,
+                    parent,
+                    opened,
+                    new.is_some(),
+                    new.as_ref().map(|a| (a, &name[..])),
+                );
+                if made {
+                    self.entry_changed(caching, changed, parent, name);
+                }
+                answer
             }
             R::KillSuidGid { ino, groups } => {
                 // Sent by a writer in the middle of its write: its kernel

@@ -101,6 +101,10 @@ pub struct MetaArgs {
     /// Skip bindfs over tmpfs.
     #[arg(long)]
     no_bindfs: bool,
+    /// Measure no rates on the strictly coherent cluster (its cost tables
+    /// are still printed): a shorter run that compares caching mounts.
+    #[arg(long)]
+    no_strict: bool,
     /// Another file system to measure in this run, as NAME=DIR_A,DIR_B:
     /// two mounts of one volume (e.g. moosefs=/mnt/mfsA,/mnt/mfsB).
     /// Repeatable.
@@ -499,8 +503,10 @@ pub fn run(args: MetaArgs) -> Result<()> {
     let latency_table = latencies(&cluster, args.cost_samples.max(1) * 20)?;
     latency_table.print();
 
-    let mut targets =
-        vec![Target { name: citron.clone(), dirs: cluster.dirs.clone(), counters: Some(counters) }];
+    let mut targets = Vec::new();
+    if !args.no_strict {
+        targets.push(Target { name: citron.clone(), dirs: cluster.dirs.clone(), counters: Some(counters) });
+    }
     let coherent_ttl = Duration::try_from_secs_f64(args.coherent_ttl).context("--coherent-ttl")?;
     let coherent = match coherent_ttl.is_zero() {
         true => None,
@@ -563,6 +569,8 @@ what one call costs on {citron}-coherent{secs}s:"
     let table = rows_table(&rows);
     println!();
     table.print();
+    println!("\nwhat each CitronFS phase's calls were, per file:");
+    calls_table(&rows).print();
     // Each CitronFS configuration (the ones with counters) against every
     // other file system of the run.
     let peers: Vec<&str> = targets.iter().filter(|t| t.counters.is_none()).map(|t| t.name.as_str()).collect();
@@ -609,6 +617,24 @@ fn rows_table(rows: &[Row]) -> Table {
             rpcs,
             fuse,
         ]);
+    }
+    table
+}
+
+/// The meta-server calls and FUSE requests of each CitronFS row, by kind.
+fn calls_table(rows: &[Row]) -> Table {
+    let mut table = Table::new(&["fs", "processes", "tree", "phase", "rpcs_per_op", "fuse_per_op"]);
+    for r in rows {
+        if let Some(s) = &r.spent {
+            table.push(vec![
+                r.fs.clone(),
+                r.processes.to_string(),
+                r.tree.name().into(),
+                r.phase.name().into(),
+                scaled(&s.rpcs.describe(), r.ops),
+                scaled(&s.fuse.describe(), r.ops),
+            ]);
+        }
     }
     table
 }
