@@ -140,6 +140,25 @@ impl State {
         dropped
     }
 
+    /// An own rename moved the inode under a name in `from` (`moved`, if
+    /// known here) to `to`: if it is a directory listed here, its `..`
+    /// follows. Not known, any listing whose `..` is `from` may be it, and
+    /// stops listing itself ([`page`]).
+    fn reparent(&mut self, moved: Option<Ino>, from: Ino, to: Ino) {
+        match moved {
+            Some(ino) => {
+                if let Some(l) = self.listings.get_mut(&ino) {
+                    l.parent = to;
+                }
+            }
+            None => {
+                for l in self.listings.values_mut().filter(|l| l.parent == from) {
+                    l.order = None;
+                }
+            }
+        }
+    }
+
     fn listing(&self, dir: Ino, now: Instant) -> Option<&Listing> {
         self.listings.get(&dir).filter(|l| l.valid_until > now)
     }
@@ -334,6 +353,11 @@ impl Delegations {
         for ino in moved.iter().chain(replaced.iter()) {
             s.held.remove(ino);
         }
+        // A moved directory's `..` is now the other one.
+        s.reparent(moved, from.0, to.0);
+        if exchange {
+            s.reparent(replaced, to.0, from.0);
+        }
         let both = s.listings.contains_key(&from.0) && s.listings.contains_key(&to.0);
         // Own changes: the kernel updates its cache from their answers.
         if !both || (exchange && (moved.is_none() || replaced.is_none())) {
@@ -342,8 +366,9 @@ impl Delegations {
             return;
         }
         let Some(moved) = moved else { return }; // nothing was there: the rename failed
-                                                 // The answer carries no cookie for the names it made: neither
-                                                 // listing can be listed here any more (`Listing::insert`).
+
+        // The answer carries no cookie for the names it made: neither
+        // listing can be listed here any more (`Listing::insert`).
         if let Some(l) = s.listings.get_mut(&from.0) {
             l.remove(from.1);
         }

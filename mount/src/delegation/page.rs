@@ -159,4 +159,36 @@ mod tests {
         d.renamed((Ino(2), b"a"), (Ino(2), b"b"), false);
         assert_eq!(d.page(Ino(2), 0, 10, true), None);
     }
+
+    #[test]
+    fn a_moved_directory_lists_its_new_parent_as_dot_dot() {
+        let d = with_dir(); // 2, made in the root (1)
+        d.made(
+            d.ticket(),
+            Ino(2),
+            b"sub",
+            &attr(5, FileKind::Dir),
+            Delegated { dir: true, ..child(10) },
+            TTL,
+        );
+        d.made(
+            d.ticket(),
+            Ino(2),
+            b"other",
+            &attr(6, FileKind::Dir),
+            Delegated { dir: true, ..child(11) },
+            TTL,
+        );
+        let dot_dot = |d: &Delegations, dir: u64| d.page(Ino(dir), 1, 1, false).map(|p| p.entries[0].ino);
+        assert_eq!(dot_dot(&d, 5), Some(Ino(2)));
+        // Moved by name from a listing: its `..` follows.
+        d.renamed((Ino(2), b"sub"), (Ino(6), b"sub"), false);
+        assert_eq!(dot_dot(&d, 5), Some(Ino(6)));
+        assert_eq!(d.page(Ino(6), 0, 10, false), None, "6 got a name without its cookie");
+        // Moved from a directory not listed here (the root): which one
+        // moved is not known, so the root's listed children stop listing.
+        d.renamed((Ino(1), b"d"), (Ino(6), b"d"), false);
+        assert_eq!(d.page(Ino(2), 0, 10, false), None, "2 may have moved: its `..` is not known");
+        assert_eq!(dot_dot(&d, 5), Some(Ino(6)), "5's parent was not the root");
+    }
 }
