@@ -15,10 +15,10 @@
 //! READDIR, which makes the kernel build no inode per name: asking for
 //! READDIRPLUS every time (until stop 23) made such a `find` over 10,000
 //! files take 40–49 ms instead of 28–31 on the mount that made them (all
-//! listed here), and 96–105 instead of 38–54 on another. A caller that reads a whole big directory
-//! first and stats afterwards pays a `LOOKUP` per entry past the first
-//! buffer (answered here in a delegated directory). A mount without
-//! caching never asks for READDIRPLUS.
+//! listed here), and 96–105 instead of 38–54 on another. A caller that
+//! reads a whole big directory first and stats afterwards pays a `LOOKUP`
+//! per entry past the first buffer (answered here in a delegated
+//! directory). A mount without caching never asks for READDIRPLUS.
 //!
 //! Races, as for lookups ([`crate::invalidation`]): a page whose RPC an
 //! invalidation overtook (the counter of all invalidations moved while it
