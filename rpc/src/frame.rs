@@ -89,70 +89,6 @@ pub fn poll_readable(stream: &std::net::TcpStream, budget: std::time::Duration) 
     }
 }
 
-/// Whether busy-polling has been paying off on one connection: decides
-/// each wait's budget for [`poll_readable`].
-///
-/// Polling wins when the peer answers within the budget — a loopback
-/// round trip on an idle machine, a pipelining client's next request —
-/// and loses when it does not: every miss burns the whole budget of CPU.
-/// On a machine whose cores are all busy (a benchmark's processes, the
-/// mounts' workers, the meta-server's threads on two cores) the peer is
-/// slow to run *because* of such spinning, and nearly every poll misses:
-/// measured with `bench meta`, four processes on two mounts, a
-/// meta-server that never polled for the next request created 14–36% and
-/// unlinked 27–68% more files per second in a shared directory (three
-/// runs each), while one process alone stat'ed 20–35% fewer. So each
-/// connection keeps a score: a catch raises it, a miss lowers it twice
-/// as much, and below [`PollGauge::FLOOR`] the connection stops polling,
-/// except one wait in [`PollGauge::PROBE_EVERY`], which polls to notice
-/// that the peer has become quick again. Against polling always (medians
-/// of five runs each, same sitting): one process 0.97–1.38× on every
-/// phase of `bench meta`, four processes 0.89–1.19× (shared-directory
-/// unlinks 1.19×) — on this machine's noise, a gain alone and no loss
-/// beyond it under load.
-#[derive(Debug)]
-pub struct PollGauge {
-    score: u8,
-    /// Waits since the last probe, while not polling.
-    idle_waits: u32,
-}
-
-impl Default for PollGauge {
-    fn default() -> Self {
-        Self { score: Self::MAX, idle_waits: 0 }
-    }
-}
-
-impl PollGauge {
-    const MAX: u8 = 16;
-    /// Polling goes on while the score is at least this: at most a third
-    /// of recent polls missed.
-    const FLOOR: u8 = 8;
-    const PROBE_EVERY: u32 = 16;
-
-    /// Polls `stream` for up to `budget` if polling pays on this
-    /// connection (see the type), then records whether it caught a byte.
-    pub fn poll(&mut self, stream: &std::net::TcpStream, budget: std::time::Duration) {
-        if self.score < Self::FLOOR {
-            self.idle_waits += 1;
-            if self.idle_waits < Self::PROBE_EVERY {
-                return;
-            }
-            self.idle_waits = 0;
-        }
-        if poll_readable(stream, budget) {
-            self.score = (self.score + 1).min(Self::MAX);
-        } else {
-            self.score = self.score.saturating_sub(2);
-        }
-    }
-
-    /// Whether the next wait polls, unless it probes (tests, diagnostics).
-    pub fn polling(&self) -> bool {
-        self.score >= Self::FLOOR
-    }
-}
-
 /// Appends one frame to `out` (a buffered writer or a byte vector).
 pub fn write_frame(out: &mut impl Write, seq: u64, body: &[u8]) -> io::Result<()> {
     let len = u32::try_from(body.len() + 8).map_err(|_| io::Error::other("frame too large"))?;
@@ -185,33 +121,6 @@ mod tests {
         buf.truncate(buf.len() - 2);
         assert!(matches!(read_frame(&mut buf.as_slice(), &mut body), Err(FrameError::Io(_))));
         assert!(matches!(read_frame(&mut &buf[..5], &mut body), Err(FrameError::Io(_))));
-    }
-
-    #[test]
-    fn a_connection_stops_polling_after_misses_and_probes_its_way_back() {
-        use std::net::{TcpListener, TcpStream};
-        use std::time::Duration;
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut server, _) = listener.accept().unwrap();
-        let mut gauge = PollGauge::default();
-        let budget = Duration::from_micros(10);
-        // Nothing ever comes: five misses take it from MAX under FLOOR.
-        for _ in 0..5 {
-            assert!(gauge.polling());
-            gauge.poll(&client, budget);
-        }
-        assert!(!gauge.polling(), "still polling after five misses");
-        // Bytes are there at every wait from now on: only probes poll, and
-        // each catch raises the score until polling resumes.
-        server.write_all(b"x").unwrap();
-        let mut waits = 0;
-        while !gauge.polling() {
-            gauge.poll(&client, budget);
-            waits += 1;
-            assert!(waits <= 4 * PollGauge::PROBE_EVERY, "never polled again");
-        }
-        assert_eq!(waits % PollGauge::PROBE_EVERY, 0, "polled outside a probe");
     }
 
     #[test]

@@ -243,12 +243,11 @@ fn serve<S: RpcService>(stream: TcpStream, peer: &Peer, shared: &Shared<S>) -> s
     let mut writer = BufWriter::with_capacity(256 * 1024, stream);
     let mut body = Vec::new();
     let mut out = Vec::new();
-    let mut gauge = frame::PollGauge::default();
     loop {
         if reader.buffer().is_empty() {
-            // Keep the thread on the CPU briefly, while that pays: a
-            // pipelining client's next request usually follows at once.
-            gauge.poll(reader.get_ref(), POLL_BUDGET);
+            // Keep the thread on the CPU briefly: a pipelining client's next
+            // request usually follows at once.
+            frame::poll_readable(reader.get_ref(), POLL_BUDGET);
         }
         let seq = match frame::read_frame(&mut reader, &mut body) {
             Ok(seq) => seq,
@@ -302,7 +301,6 @@ struct Conn {
     body: Vec<u8>,
     /// The version of the credentials its handshake proved.
     proved: u64,
-    gauge: frame::PollGauge,
 }
 
 impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
@@ -365,7 +363,6 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
             writer: BufWriter::with_capacity(64 * 1024, stream),
             body: Vec::new(),
             proved,
-            gauge: frame::PollGauge::default(),
         })
     }
 
@@ -389,7 +386,7 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         frame::write_frame(&mut conn.writer, seq, &codec::encode(request))?;
         conn.writer.flush()?;
         if conn.reader.buffer().is_empty() {
-            conn.gauge.poll(conn.reader.get_ref(), POLL_BUDGET);
+            frame::poll_readable(conn.reader.get_ref(), POLL_BUDGET);
         }
         let got = match frame::read_frame(&mut conn.reader, &mut conn.body) {
             Ok(s) => s,
