@@ -35,6 +35,15 @@ fn config(ep: &Endpoint) -> CitronConfig {
     // recovery 90 s later.
     config.give_up = Duration::from_secs(20);
     config.leaf_patience = 2;
+    // No request takes the root instead of its nodes after aborts (which,
+    // on a busy machine's shm with a 2 µs T_wait, happens: seen in CI,
+    // the other client of `a_leaf_given_up…` aborted 8 times and then
+    // waited at the root for the first client's [0, 4), while that client
+    // waited for it). Locking the root is correct — a request may always
+    // be granted more than it asked — but these scenarios have one client
+    // hold a range while another asks for a disjoint one, and count on
+    // the second not waiting for the first.
+    config.max_aborts = u32::MAX;
     config
 }
 
