@@ -6,7 +6,10 @@
 //!   — and marks it with `FUSE_LK_FLOCK`, which fuser does not pass on. The
 //!   caller is blocked inside the system call while we answer, so
 //!   `/proc/<tid>/syscall` names it: `flock`, or `fcntl` with `F_OFD_*` or
-//!   plain `F_*LK*` commands.
+//!   plain `F_*LK*` commands. The kernel names the call only while the
+//!   thread sleeps; one still on its way into FUSE's wait (the daemon read
+//!   the request first, or the caller was preempted, or a signal woke it
+//!   for a moment) shows as `running` and is read again until it sleeps.
 //!
 //!   When `/proc` does not say (the caller is outside the daemon's pid
 //!   namespace, so FUSE sends tid 0; or it is gone), the call is **refused
@@ -59,6 +62,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
 
 use citronfs_core::locks::LockFlavor;
 use parking_lot::Mutex;
@@ -76,23 +80,52 @@ pub struct SyscallFiles {
 /// Most files kept open (one per recently locking thread).
 const KEPT_FILES: usize = 64;
 
+/// How long a caller may show as running before its request is refused.
+/// The caller is inside the lock call until we answer, so it goes to sleep
+/// in FUSE's wait soon: it ran only because it had not reached the wait
+/// yet (the daemon read the request on the other core first, or the
+/// caller was preempted on the way, for as long as a busy machine keeps
+/// it off a core) or because a signal woke it for a moment.
+const RUNNING_BOUND: Duration = Duration::from_secs(10);
+/// The longest pause between two reads of a running caller.
+const RUNNING_PAUSE_MAX: Duration = Duration::from_millis(2);
+
+/// What one read of `/proc/<tid>/syscall` said.
+enum SyscallRead {
+    /// The thread sleeps in this call (the file's text).
+    Sleeping(File, usize),
+    /// The thread is on a core or runnable: the kernel only shows the call
+    /// of a sleeping thread.
+    Running(File),
+    /// The thread is gone.
+    Gone,
+}
+
 impl SyscallFiles {
     /// The flavour of the lock request the thread `tid` is making right now,
-    /// or `None` if `/proc` does not say (the thread is gone or not in a
-    /// call we know).
+    /// or `None` if `/proc` does not say (the thread is gone, is not in a
+    /// call we know, or ran for all of [`RUNNING_BOUND`]).
     pub fn lock_flavor(&self, tid: Tid) -> Option<LockFlavor> {
         if !tid.visible() {
             return None;
         }
-        let tid = tid.0;
         let mut buf = [0u8; 256];
-        let kept = self.files.lock().remove(&tid);
-        let (file, len) = match kept.and_then(|f| f.read_at(&mut buf, 0).ok().map(|n| (f, n))) {
-            Some(read) => read,
-            None => {
-                let f = File::open(format!("/proc/{tid}/syscall")).ok()?;
-                let n = f.read_at(&mut buf, 0).ok()?;
-                (f, n)
+        let mut kept = self.files.lock().remove(&tid.0);
+        let deadline = Instant::now() + RUNNING_BOUND;
+        let mut pause = Duration::from_micros(20);
+        let (file, len) = loop {
+            match Self::read(tid, kept.take(), &mut buf) {
+                SyscallRead::Sleeping(file, len) => break (file, len),
+                SyscallRead::Gone => return None,
+                SyscallRead::Running(file) => {
+                    if Instant::now() >= deadline {
+                        log::warn!("thread {} ran for {RUNNING_BOUND:?} inside a lock call", tid.0);
+                        return None;
+                    }
+                    kept = Some(file);
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(RUNNING_PAUSE_MAX);
+                }
             }
         };
         let flavor = flavor_of_syscall(std::str::from_utf8(&buf[..len]).ok()?);
@@ -100,8 +133,22 @@ impl SyscallFiles {
         if files.len() >= KEPT_FILES {
             files.clear();
         }
-        files.insert(tid, file);
+        files.insert(tid.0, file);
         flavor
+    }
+
+    /// One read of `tid`'s syscall file, through `kept` if it still reads.
+    fn read(tid: Tid, kept: Option<File>, buf: &mut [u8]) -> SyscallRead {
+        let read = kept.and_then(|f| f.read_at(buf, 0).ok().map(|n| (f, n))).or_else(|| {
+            let f = File::open(format!("/proc/{}/syscall", tid.0)).ok()?;
+            let n = f.read_at(buf, 0).ok()?;
+            Some((f, n))
+        });
+        match read {
+            None => SyscallRead::Gone,
+            Some((f, n)) if buf[..n].starts_with(b"running") => SyscallRead::Running(f),
+            Some((f, n)) => SyscallRead::Sleeping(f, n),
+        }
     }
 }
 
@@ -310,6 +357,45 @@ mod tests {
         assert_eq!(ofd(holder.as_raw_fd(), libc::F_OFD_SETLK, libc::F_UNLCK), 0);
         assert_eq!(waiter.join().unwrap(), 0);
         assert_eq!(files.lock_flavor(Tid(tid)), None, "a thread that exited reports nothing");
+    }
+
+    /// A caller that still runs when its request is read (it has not gone
+    /// to sleep in FUSE's wait yet: on a busy machine it may be preempted
+    /// there for a while, or a signal woke it for a moment) shows as
+    /// `running` in `/proc/<tid>/syscall`; its flavour is read once it
+    /// sleeps, not refused.
+    #[test]
+    fn a_caller_still_running_is_read_once_it_sleeps() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let holder = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let ofd = |fd: i32, cmd: i32, typ: i32| {
+            // SAFETY: an all-zero flock is valid; it outlives the call.
+            let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+            fl.l_type = typ as i16;
+            // SAFETY: fcntl on an open descriptor with a valid flock.
+            unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) }
+        };
+        assert_eq!(ofd(holder.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK), 0);
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            // Running, in no system call, for a while: as a caller that
+            // was preempted before it went to sleep.
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(200);
+            while std::time::Instant::now() < until {
+                std::hint::spin_loop();
+            }
+            ofd(f.as_raw_fd(), libc::F_OFD_SETLKW, libc::F_WRLCK)
+        });
+        let tid = Tid(rx.recv().unwrap());
+        assert_eq!(SyscallFiles::default().lock_flavor(tid), Some(LockFlavor::Ofd));
+        assert_eq!(ofd(holder.as_raw_fd(), libc::F_OFD_SETLK, libc::F_UNLCK), 0);
+        assert_eq!(waiter.join().unwrap(), 0);
     }
 
     fn state(own: u64, shared: u64, blocked: u64, caught: u64) -> SignalState {
