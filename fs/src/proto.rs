@@ -150,11 +150,6 @@ pub struct ClusterInfo {
     pub incarnation: u64,
 }
 
-/// The listing cookie of `.` in every directory.
-pub const DOT_COOKIE: u64 = 1;
-/// The listing cookie of `..`; a directory's names come after it.
-pub const DOTDOT_COOKIE: u64 = 2;
-
 /// A registered client, as `citronfs locks` and `status` show it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientInfo {
@@ -467,6 +462,11 @@ pub struct Grant {
     /// time (one verb); its kernel caches nothing.
     pub live: bool,
 }
+
+/// The listing cookie of `.` in every directory.
+pub const DOT_COOKIE: u64 = 1;
+/// The listing cookie of `..`; a directory's names come after it.
+pub const DOTDOT_COOKIE: u64 = 2;
 
 /// An entry of a `ReadDirPlus` answer: what a lookup of it would answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

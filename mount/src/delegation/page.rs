@@ -40,7 +40,7 @@ pub struct Listed {
 }
 
 /// A page listed here.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Page {
     pub entries: Vec<Listed>,
     /// The directory has no entry after these.
@@ -86,8 +86,12 @@ impl Delegations {
             handed = handed.max(ttls.entry);
             page.entries.push(Listed { cookie, name, ino, kind, attr: Some(attr.clone()), ttls });
         }
-        if let Some(listing) = s.listings.get_mut(&dir) {
-            listing.handing(now, Ttls::both(handed));
+        // A plain page hands the kernel no entry to cache (`handed` stays
+        // zero): nothing to record.
+        if handed > Duration::ZERO {
+            if let Some(listing) = s.listings.get_mut(&dir) {
+                listing.handing(now, Ttls::both(handed));
+            }
         }
         Some(page)
     }
@@ -163,22 +167,12 @@ mod tests {
     #[test]
     fn a_moved_directory_lists_its_new_parent_as_dot_dot() {
         let d = with_dir(); // 2, made in the root (1)
-        d.made(
-            d.ticket(),
-            Ino(2),
-            b"sub",
-            &attr(5, FileKind::Dir),
-            Delegated { dir: true, ..child(10) },
-            TTL,
-        );
-        d.made(
-            d.ticket(),
-            Ino(2),
-            b"other",
-            &attr(6, FileKind::Dir),
-            Delegated { dir: true, ..child(11) },
-            TTL,
-        );
+        let mkdir = |name: &[u8], ino: u64, cookie: u64| {
+            let delegated = Delegated { dir: true, ..child(cookie) };
+            d.made(d.ticket(), Ino(2), name, &attr(ino, FileKind::Dir), delegated, TTL);
+        };
+        mkdir(b"sub", 5, 10);
+        mkdir(b"other", 6, 11);
         let dot_dot = |d: &Delegations, dir: u64| d.page(Ino(dir), 1, 1, false).map(|p| p.entries[0].ino);
         assert_eq!(dot_dot(&d, 5), Some(Ino(2)));
         // Moved by name from a listing: its `..` follows.
