@@ -14,6 +14,7 @@ use citron_lock::citron::geometry::{SegmentedTree, TreeGeometry};
 use citron_lock::citron::host::{InstanceId, LockMemoryHost, RemoteTreeHost, TreeHost};
 use citron_lock::citron::lock::{CitronClient, CitronConfig, CitronLayout, CitronStats};
 use citron_lock::citron::tree::{NodeKey, TreeShape};
+use citron_lock::citron::tuning::TWaitPublisher;
 use citron_lock::citron::word::Internal;
 use citron_lock::dslr::{DslrConfig, DslrLock, DslrWord};
 use citron_lock::rdma::{Endpoint, RegionTable, RemoteAddr, Verb, VerbReply};
@@ -62,12 +63,55 @@ fn random_range(rng: &mut impl Rng, n: u64) -> (u64, u64) {
     }
 }
 
-/// Runs `iterations` random acquisitions on `ep`; panics on any overlap.
-pub fn run(ep: &Endpoint, iterations: u64, seed: u64) -> CitronStats {
+/// Where a test publishes the `T_wait` its clients share: unused memory of
+/// the test region, below the lock host's arena and above every oracle
+/// word (the scaling tests' included).
+pub const T_WAIT_AT: u64 = HOST_ARENA - 64;
+/// T_lease of every client of a stressed tree.
+pub const STRESS_LEASE: Duration = Duration::from_secs(1);
+
+/// Publishes the `T_wait` of the test's trees, from an RTT measured once,
+/// here. Citron's Inequation (1) holds only between clients that wait and
+/// budget with one value (`CitronConfig::t_wait` is the cluster's), and its
+/// recovery only between clients with one T_lease. Each client measuring
+/// its own RTT, a busy machine gave two of them values far apart, and they
+/// held one unit at once (a CI run of `overlapping_ranges_are_never_held_at_once`).
+/// So clients of [`run`] and [`test_config`] read the value published here
+/// at every attempt (§3.5.5, as a file system's clients read the
+/// meta-server's), and share [`STRESS_LEASE`]. Publish before any client
+/// starts: an unpublished word leaves each client its own value.
+///
+/// The RTT is the slowest of [`RTT_PROBES`] medians, not one sample: on a
+/// busy machine one median can come from a quiet moment, and a `T_wait`
+/// below what most round trips take makes nearly every attempt abort and
+/// lock the root (a tcp run then took minutes instead of seconds).
+pub fn publish_t_wait(ep: &Endpoint) -> TWaitPublisher {
+    let rtt = (0..RTT_PROBES).map(|_| ep.measure_rtt(unit_word(0), 5).expect("rtt")).max().unwrap();
+    TWaitPublisher::start(ep, t_wait_word(), CitronConfig::from_rtt(rtt).t_wait).expect("publish T_wait")
+}
+
+/// Medians of five round trips each that [`publish_t_wait`] takes the
+/// largest of.
+pub const RTT_PROBES: usize = 8;
+
+fn t_wait_word() -> RemoteAddr {
+    RemoteAddr::new(TEST_REGION, T_WAIT_AT)
+}
+
+/// The configuration every client of a stressed tree shares (see
+/// [`publish_t_wait`]), giving up after `give_up`.
+fn shared_config(ep: &Endpoint, give_up: Duration) -> CitronConfig {
     let rtt = ep.measure_rtt(unit_word(0), 5).expect("rtt");
     let mut config = CitronConfig::from_rtt(rtt);
-    config.give_up = Duration::from_secs(10);
-    run_with(ep, config, iterations, seed)
+    config.published_t_wait = Some(t_wait_word());
+    config.lease = STRESS_LEASE;
+    config.give_up = give_up;
+    config
+}
+
+/// Runs `iterations` random acquisitions on `ep`; panics on any overlap.
+pub fn run(ep: &Endpoint, iterations: u64, seed: u64) -> CitronStats {
+    run_with(ep, shared_config(ep, Duration::from_secs(10)), iterations, seed)
 }
 
 /// [`run`] with a given configuration (clients of one tree must share
@@ -155,12 +199,10 @@ pub fn tree_host(regions: Arc<RegionTable>) -> Arc<LockMemoryHost> {
     Arc::new(LockMemoryHost::new(regions, TEST_REGION, HOST_ARENA, SCALE_REGION))
 }
 
-/// A configuration for tests: the paper's, with bounded waits.
+/// A configuration for tests: the paper's, with bounded waits, and the
+/// `T_wait` and T_lease every client of the test shares ([`publish_t_wait`]).
 pub fn test_config(ep: &Endpoint) -> CitronConfig {
-    let rtt = ep.measure_rtt(unit_word(0), 5).expect("rtt");
-    let mut config = CitronConfig::from_rtt(rtt);
-    config.give_up = Duration::from_secs(20);
-    config
+    shared_config(ep, Duration::from_secs(20))
 }
 
 /// A client of `instance` on the tree host at `host` (tcp RPC, whatever the

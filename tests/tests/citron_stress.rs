@@ -9,6 +9,8 @@ use citronfs_tests::{citron_stress, spawn_worker, wait_all, TestFabric, BACKENDS
 fn overlapping_ranges_are_never_held_at_once() {
     for backend in BACKENDS {
         let fabric = TestFabric::new(backend, 1 << 20);
+        // One T_wait and T_lease for every client of the tree (see `publish_t_wait`).
+        let _t_wait = citron_stress::publish_t_wait(&Node::join(&fabric.addr).unwrap().endpoint().unwrap());
         let iterations = match backend {
             citronfs_tests::Backend::Shm => 400,
             citronfs_tests::Backend::Tcp | citronfs_tests::Backend::Ib => 150,
@@ -278,22 +280,27 @@ fn a_leaf_escalation_leaves_live_bits_alone_and_clears_dead_ones() {
 
         // A live late client's bits, rolled back 100 ms later.
         ep.write_u64(leaf_addr, late_bits).unwrap();
-        let rolled_back = AtomicBool::new(false);
+        // Set just before the roll-back, not after: set after it, a late
+        // thread preempted between the two let the acquisition, rightly
+        // granted once the bits were gone, see it unset (a CI failure). An
+        // acquisition that cleared the bits itself fails the late thread's
+        // own check instead.
+        let rolling_back = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
                 let late = node.endpoint().unwrap();
                 std::thread::sleep(Duration::from_millis(100));
+                rolling_back.store(true, Ordering::SeqCst);
                 let old = late.masked_cas(leaf_addr, late_bits, late_bits, 0, late_bits).unwrap();
                 assert_eq!(
                     old & late_bits,
                     late_bits,
                     "{backend:?}: the late client's bits were cleared by another"
                 );
-                rolled_back.store(true, Ordering::SeqCst);
             });
             let held = c.acquire(&ep, 15, 25).unwrap();
             assert!(
-                rolled_back.load(Ordering::SeqCst),
+                rolling_back.load(Ordering::SeqCst),
                 "{backend:?}: acquired while the late bits were set: {:?}",
                 c.stats()
             );
