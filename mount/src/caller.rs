@@ -320,24 +320,36 @@ mod tests {
         assert_eq!(flavor_of_syscall(&format!("{} 0x3 0x400", libc::SYS_fcntl)), None);
     }
 
+    /// A whole-file OFD lock call (`F_OFD_SETLK`, `F_OFD_SETLKW`) of type
+    /// `typ` on `fd`: fcntl's answer.
+    fn ofd(fd: i32, cmd: i32, typ: i32) -> i32 {
+        // SAFETY: an all-zero flock is valid; it outlives the call.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = typ as i16;
+        // SAFETY: fcntl on an open descriptor with a valid flock.
+        unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) }
+    }
+
+    /// A file `f` in a fresh directory, open and write-locked (OFD) through
+    /// the returned handle.
+    fn write_locked_file() -> (tempfile::TempDir, std::fs::File) {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let holder = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        assert_eq!(ofd(holder.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK), 0);
+        (dir, holder)
+    }
+
     /// A thread blocked in `F_OFD_SETLKW` is seen as making an OFD call, on
     /// the first read and through the kept file; once it has exited, its
     /// kept file fails and nothing is reported.
     #[test]
     fn a_blocked_thread_is_read_through_its_kept_file() {
         use std::os::fd::AsRawFd;
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, holder) = write_locked_file();
         let path = dir.path().join("f");
-        std::fs::write(&path, b"x").unwrap();
-        let holder = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
-        let ofd = |fd: i32, cmd: i32, typ: i32| {
-            // SAFETY: an all-zero flock is valid; it outlives the call.
-            let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-            fl.l_type = typ as i16;
-            // SAFETY: fcntl on an open descriptor with a valid flock.
-            unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) }
-        };
-        assert_eq!(ofd(holder.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK), 0);
         let (tx, rx) = std::sync::mpsc::channel();
         let path2 = path.clone();
         let waiter = std::thread::spawn(move || {
@@ -367,18 +379,8 @@ mod tests {
     #[test]
     fn a_caller_still_running_is_read_once_it_sleeps() {
         use std::os::fd::AsRawFd;
-        let dir = tempfile::tempdir().unwrap();
+        let (dir, holder) = write_locked_file();
         let path = dir.path().join("f");
-        std::fs::write(&path, b"x").unwrap();
-        let holder = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
-        let ofd = |fd: i32, cmd: i32, typ: i32| {
-            // SAFETY: an all-zero flock is valid; it outlives the call.
-            let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-            fl.l_type = typ as i16;
-            // SAFETY: fcntl on an open descriptor with a valid flock.
-            unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) }
-        };
-        assert_eq!(ofd(holder.as_raw_fd(), libc::F_OFD_SETLK, libc::F_WRLCK), 0);
         let f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let waiter = std::thread::spawn(move || {
