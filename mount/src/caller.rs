@@ -87,7 +87,9 @@ const KEPT_FILES: usize = 64;
 /// caller was preempted on the way, for as long as a busy machine keeps
 /// it off a core) or because a signal woke it for a moment.
 const RUNNING_BOUND: Duration = Duration::from_secs(10);
-/// The longest pause between two reads of a running caller.
+/// The first and the longest pause between two reads of a running caller
+/// (each pause doubles the last).
+const RUNNING_PAUSE_MIN: Duration = Duration::from_micros(20);
 const RUNNING_PAUSE_MAX: Duration = Duration::from_millis(2);
 
 /// What one read of `/proc/<tid>/syscall` said.
@@ -112,7 +114,7 @@ impl SyscallFiles {
         let mut buf = [0u8; 256];
         let mut kept = self.files.lock().remove(&tid.0);
         let deadline = Instant::now() + RUNNING_BOUND;
-        let mut pause = Duration::from_micros(20);
+        let mut pause = RUNNING_PAUSE_MIN;
         let (file, len) = loop {
             match Self::read(tid, kept.take(), &mut buf) {
                 SyscallRead::Sleeping(file, len) => break (file, len),

@@ -17,10 +17,10 @@ use citron_lock::citron::tree::{NodeKey, TreeShape};
 use citron_lock::citron::tuning::TWaitPublisher;
 use citron_lock::citron::word::Internal;
 use citron_lock::dslr::{DslrConfig, DslrLock, DslrWord};
-use citron_lock::rdma::{Endpoint, RegionTable, RemoteAddr, Verb, VerbReply};
+use citron_lock::rdma::{Endpoint, Node, RegionTable, RemoteAddr, Verb, VerbReply};
 use rand::{Rng, SeedableRng};
 
-use crate::TEST_REGION;
+use crate::{TestFabric, TEST_REGION};
 
 /// Tree depth of the stressed instance: N = 64 * 4^2 = 1024 units.
 pub const DEPTH: u32 = 2;
@@ -85,9 +85,10 @@ pub const STRESS_LEASE: Duration = Duration::from_secs(1);
 /// busy machine one median can come from a quiet moment, and a `T_wait`
 /// below what most round trips take makes nearly every attempt abort and
 /// lock the root (a tcp run then took minutes instead of seconds).
-pub fn publish_t_wait(ep: &Endpoint) -> TWaitPublisher {
+pub fn publish_t_wait(fabric: &TestFabric) -> TWaitPublisher {
+    let ep = Node::join(&fabric.addr).expect("join the fabric").endpoint().expect("endpoint");
     let rtt = (0..RTT_PROBES).map(|_| ep.measure_rtt(unit_word(0), 5).expect("rtt")).max().unwrap();
-    TWaitPublisher::start(ep, t_wait_word(), CitronConfig::from_rtt(rtt).t_wait).expect("publish T_wait")
+    TWaitPublisher::start(&ep, t_wait_word(), CitronConfig::from_rtt(rtt).t_wait).expect("publish T_wait")
 }
 
 /// Medians of five round trips each that [`publish_t_wait`] takes the

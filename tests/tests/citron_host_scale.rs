@@ -66,8 +66,7 @@ fn known_client(
 fn host_run_scale_ups_under_contention_keep_ranges_exclusive() {
     for backend in BACKENDS {
         let fabric = TestFabric::new(backend, SCALE_REGION);
-        // One T_wait and T_lease for every client of the tree (see `publish_t_wait`).
-        let _t_wait = citron_stress::publish_t_wait(&Node::join(&fabric.addr).unwrap().endpoint().unwrap());
+        let _t_wait = citron_stress::publish_t_wait(&fabric);
         let node = Node::join(&fabric.addr).unwrap();
         let host = scaling_host(&fabric, &node);
         let server = host.serve("127.0.0.1:0".parse().unwrap()).unwrap();

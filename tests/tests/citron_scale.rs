@@ -39,8 +39,7 @@ fn local_client(ep: &Endpoint, host: &Arc<dyn TreeHost>) -> CitronClient {
 fn scale_ups_under_contention_keep_ranges_exclusive() {
     for backend in BACKENDS {
         let fabric = TestFabric::new(backend, SCALE_REGION);
-        // One T_wait and T_lease for every client of the tree (see `publish_t_wait`).
-        let _t_wait = citron_stress::publish_t_wait(&Node::join(&fabric.addr).unwrap().endpoint().unwrap());
+        let _t_wait = citron_stress::publish_t_wait(&fabric);
         let host = citron_stress::tree_host(fabric.regions.clone());
         let server = host.serve("127.0.0.1:0".parse().unwrap()).unwrap();
         let (instance, _) = host.create(TreeShape::new(SCALE_FROM)).unwrap();

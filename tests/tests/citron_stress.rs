@@ -9,8 +9,7 @@ use citronfs_tests::{citron_stress, spawn_worker, wait_all, TestFabric, BACKENDS
 fn overlapping_ranges_are_never_held_at_once() {
     for backend in BACKENDS {
         let fabric = TestFabric::new(backend, 1 << 20);
-        // One T_wait and T_lease for every client of the tree (see `publish_t_wait`).
-        let _t_wait = citron_stress::publish_t_wait(&Node::join(&fabric.addr).unwrap().endpoint().unwrap());
+        let _t_wait = citron_stress::publish_t_wait(&fabric);
         let iterations = match backend {
             citronfs_tests::Backend::Shm => 400,
             citronfs_tests::Backend::Tcp | citronfs_tests::Backend::Ib => 150,
