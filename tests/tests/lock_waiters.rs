@@ -55,23 +55,30 @@ impl Gate {
     }
 }
 
-/// The retry hook is one per process: one test at a time holds it.
+/// The retry hook is one per process and names files by inode number,
+/// which each test's own cluster numbers alike: one test at a time runs,
+/// from its first lock call on (a retry of one test's wait on its `a`
+/// would stop at the other's hook).
 static HOOK: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    HOOK.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Unlocks `holder`'s write lock (owner 1) on `a`, so that a waiter
 /// thread retries the wait on it, and holds that retry in the hook until
-/// the returned gate opens; returns once it is held, with the hook's turn.
-fn stick_a_retry(holder: &FsClient, a: Ino) -> (std::sync::MutexGuard<'static, ()>, Arc<Gate>) {
-    let turn = HOOK.lock().unwrap_or_else(|e| e.into_inner());
+/// the returned gate opens; returns once it is held.
+fn stick_a_retry(holder: &FsClient, a: Ino) -> Arc<Gate> {
     let gate = Arc::new(Gate::default());
     let stuck = gate.hold_retries_on(a);
     holder.setlk(&call(a, 1, None)).unwrap();
     stuck.recv_timeout(LOST_AFTER).expect("a retry on a after its unlock");
-    (turn, gate)
+    gate
 }
 
 #[test]
 fn a_stuck_retry_on_one_file_does_not_hold_up_another_file() {
+    let _turn = one_at_a_time();
     let cluster = TestCluster::start(1, 64 << 20, 1 << 20);
     let meta = cluster.meta.local_addr();
     let holder = FsClient::connect(ClientConfig::new(meta)).unwrap();
@@ -86,7 +93,7 @@ fn a_stuck_retry_on_one_file_does_not_hold_up_another_file() {
     let on_a = setlkw(&waiter, call(a, 2, Some(LockMode::Write)));
     let on_b = setlkw(&waiter, call(b, 3, Some(LockMode::Write)));
 
-    let (_hook, gate) = stick_a_retry(&holder, a);
+    let gate = stick_a_retry(&holder, a);
     // A waiter thread is now stuck in a retry on `a`.
     holder.setlk(&call(b, 1, None)).unwrap();
     let granted_b = on_b.recv_timeout(LOST_AFTER);
@@ -106,6 +113,7 @@ fn a_stuck_retry_on_one_file_does_not_hold_up_another_file() {
 /// files paid a round trip to the thread even when it was idle).
 #[test]
 fn a_stuck_retry_does_not_hold_up_the_close_of_a_file_nobody_waits_on() {
+    let _turn = one_at_a_time();
     let cluster = TestCluster::start(1, 64 << 20, 1 << 20);
     let meta = cluster.meta.local_addr();
     let holder = FsClient::connect(ClientConfig::new(meta)).unwrap();
@@ -121,7 +129,7 @@ fn a_stuck_retry_does_not_hold_up_the_close_of_a_file_nobody_waits_on() {
     holder.setlk(&call(a, 1, Some(LockMode::Write))).unwrap();
     let on_a = setlkw(&waiter, call(a, 2, Some(LockMode::Write)));
 
-    let (_hook, gate) = stick_a_retry(&holder, a);
+    let gate = stick_a_retry(&holder, a);
     let (closed_tx, closed) = channel();
     {
         let waiter = waiter.clone();
