@@ -250,3 +250,29 @@ fn vanished_servers_give_errors_promptly() {
     });
     assert!(matches!(err, Err(FsError::Io(_))));
 }
+
+/// A client far from the servers (every round trip 80 ms longer, over tcp)
+/// spends longer joining the cluster than the 2 s lease (its 32 RTT probes
+/// alone take 2.6 s): its lease is renewed from its registration on, so it
+/// comes out of `connect` neither fenced nor registered again. (Before, the
+/// renewals started after the join: the lease of a client that far
+/// expired while it joined, the NICs cut the fenced client's connections,
+/// and `connect` failed with "the host closed the connection".)
+#[test]
+fn a_far_client_keeps_its_lease_while_it_joins() {
+    let cluster = Cluster::start(1, 1 << 20);
+    let far = FsClient::connect(ClientConfig {
+        timeout: Duration::from_secs(10),
+        transport: citronfs_core::client::Transport::Tcp,
+        added_rtt: Duration::from_millis(80),
+        ..ClientConfig::new(cluster.meta.local_addr())
+    })
+    .unwrap();
+    assert!(!far.is_fenced(), "fenced right after joining");
+    assert_eq!(far.registration(), 0, "had to register again");
+    let ino = new_file(&far, "f");
+    far.write(ino, 0, b"far", false).unwrap();
+    let near = cluster.client();
+    near.open(ino).unwrap();
+    assert_eq!(near.read(ino, 0, 3).unwrap(), b"far");
+}

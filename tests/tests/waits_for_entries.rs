@@ -5,8 +5,11 @@
 
 use citron_lock::rdma::{Endpoint, Node, RemoteAddr};
 use citronfs_core::locks::record::pack_addr;
-use citronfs_core::locks::record::{block_header, encode, Generation, LockRecord, RecordState, BLOCK_BYTES};
-use citronfs_core::locks::waits_for::{Waiting, WaitsForGrowth};
+use citronfs_core::locks::record::{
+    block_header, encode, Generation, LockRecord, RecordState, BLOCK_BYTES, BLOCK_HEADER_BYTES,
+    SLOTS_PER_BLOCK, SLOT_BYTES,
+};
+use citronfs_core::locks::waits_for::{Checker, Waiting, WaitsForGrowth};
 use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, LockOwner, OwnerKey, WaitsFor};
 use citronfs_core::types::ClientId;
 use citronfs_tests::{Backend, TestFabric, TEST_REGION};
@@ -21,11 +24,25 @@ fn owner(n: u64) -> OwnerKey {
 /// writing (in slot 0).
 fn table_with(ep: &Endpoint, at: RemoteAddr, holder: OwnerKey, range: ByteRange) {
     ep.write(at, &vec![0u8; BLOCK_BYTES as usize]).unwrap();
+    write_record(ep, at, 0, RecordState::Held, holder, range);
+    ep.write_u64(at, block_header(SLOTS_PER_BLOCK)).unwrap();
+}
+
+/// A POSIX write record of `owner` over `range` in `slot` of the
+/// one-block table at `at`.
+fn write_record(
+    ep: &Endpoint,
+    at: RemoteAddr,
+    slot: u64,
+    state: RecordState,
+    owner: OwnerKey,
+    range: ByteRange,
+) {
     let record = LockRecord {
-        state: RecordState::Held,
+        state,
         mode: LockMode::Write,
         flavor: LockFlavor::Posix,
-        owner: holder,
+        owner,
         range,
         pid: 1,
         fh: 1,
@@ -34,8 +51,7 @@ fn table_with(ep: &Endpoint, at: RemoteAddr, holder: OwnerKey, range: ByteRange)
     };
     let words = encode(&record, Generation(1));
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    ep.write(at + 64, &bytes).unwrap();
-    ep.write_u64(at, block_header(31)).unwrap();
+    ep.write(at + BLOCK_HEADER_BYTES + slot * SLOT_BYTES, &bytes).unwrap();
 }
 
 /// Blocks of the waits-for chain from a bump allocator in the test region
@@ -99,7 +115,7 @@ fn a_withdrawn_entry_is_not_followed_while_its_slot_is_reused() {
     let mut seen_cycle = None;
     let p = waits
         .publish_with(&ep, &stalled, &grow, || {
-            seen_cycle = Some(waits.closes_cycle(&ep, m, &[a]).unwrap());
+            seen_cycle = Some(waits.closes_cycle(&ep, m, &[a], Checker::Requesting).unwrap());
         })
         .unwrap();
     assert_eq!(seen_cycle, Some(false), "M followed A's withdrawn wait: a spurious EDEADLK");
@@ -119,9 +135,30 @@ fn a_real_cycle_is_found() {
     table_with(&ep, table, m, range);
     let pa = waits.publish(&ep, &Waiting { owner: a, table, range, mode: LockMode::Write }, &grow).unwrap();
     let pm = waits.publish(&ep, &Waiting { owner: m, table, range, mode: LockMode::Write }, &grow).unwrap();
-    assert!(waits.closes_cycle(&ep, m, &[a]).unwrap());
+    assert!(waits.closes_cycle(&ep, m, &[a], Checker::Requesting).unwrap());
     waits.withdraw(&ep, pa).unwrap();
-    assert!(!waits.closes_cycle(&ep, m, &[a]).unwrap(), "A's wait is gone");
+    assert!(!waits.closes_cycle(&ep, m, &[a], Checker::Requesting).unwrap(), "A's wait is gone");
+    waits.withdraw(&ep, pm).unwrap();
+}
+
+/// An owner already waiting follows only registered waiters: A has
+/// published its entry but is still in its own check (no waiting record
+/// yet), so A's wait closes a cycle for a requester M, not for an M that
+/// already waits. Once A's waiting record is in the table, it does for both.
+#[test]
+fn a_requester_still_in_its_check_closes_no_cycle_for_a_waiter() {
+    let (_fabric, ep, waits, table) = setup();
+    let grow = Bump::new(&ep, waits);
+    let (a, m) = (owner(1), owner(2));
+    let range = ByteRange::new(0, 9).unwrap();
+    table_with(&ep, table, m, range);
+    let pa = waits.publish(&ep, &Waiting { owner: a, table, range, mode: LockMode::Write }, &grow).unwrap();
+    let pm = waits.publish(&ep, &Waiting { owner: m, table, range, mode: LockMode::Write }, &grow).unwrap();
+    assert!(waits.closes_cycle(&ep, m, &[a], Checker::Requesting).unwrap());
+    assert!(!waits.closes_cycle(&ep, m, &[a], Checker::Waiting).unwrap(), "A is still in its check");
+    write_record(&ep, table, 1, RecordState::Waiting, a, range);
+    assert!(waits.closes_cycle(&ep, m, &[a], Checker::Waiting).unwrap(), "A waits now");
+    waits.withdraw(&ep, pa).unwrap();
     waits.withdraw(&ep, pm).unwrap();
 }
 
@@ -154,8 +191,14 @@ fn the_table_grows_by_blocks_past_a_full_one() {
     let py = waits
         .publish(&ep, &Waiting { owner: y, table: other_table, range, mode: LockMode::Write }, &grow)
         .unwrap();
-    assert!(waits.closes_cycle(&ep, x, &[y]).unwrap(), "a cycle past the first block is found");
-    assert!(!waits.closes_cycle(&ep, owner(1), &[owner(2)]).unwrap(), "no spurious cycle");
+    assert!(
+        waits.closes_cycle(&ep, x, &[y], Checker::Requesting).unwrap(),
+        "a cycle past the first block is found"
+    );
+    assert!(
+        !waits.closes_cycle(&ep, owner(1), &[owner(2)], Checker::Requesting).unwrap(),
+        "no spurious cycle"
+    );
     waits.withdraw(&ep, py).unwrap();
     assert_eq!(waits.withdraw_client(&ep, CLIENT).unwrap(), OWNERS as usize - 1);
     assert_eq!(waits.list(&ep).unwrap(), vec![]);

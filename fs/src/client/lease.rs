@@ -3,14 +3,49 @@
 //! and leaving the cluster (DESIGN.md §4).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use citron_lock::rdma::tcp::RpcError;
 use citron_rpc::auth::{HandshakeError, Status};
 
 use super::{answer, renewal_priority, FsClient, Shared};
+use crate::error::FsError;
 use crate::proto::{MetaRequest, MetaResponse};
 use crate::types::ClientId;
+
+/// The thread that renews the lease, running from the registration on: a
+/// client far from the meta-server spends many round trips joining the
+/// cluster (the RTT probes alone are 32), and a lease that waited for them
+/// expired before the first renewal (a client 50 ms away with a 2 s
+/// lease). Dropping it stops and joins the thread, so a `connect` that
+/// fails half-way leaves no thread behind.
+pub(super) struct Heartbeat {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    pub(super) fn start(shared: &Arc<Shared>) -> Result<Self, FsError> {
+        let renewing = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("citronfs-lease".into())
+            .spawn(move || heartbeat_loop(&renewing))
+            .map_err(|e| FsError::Io(e.to_string()))?;
+        Ok(Self { shared: shared.clone(), thread: Some(thread) })
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        // Relaxed: a flag the thread polls (as `FsClient::shutdown` sets it).
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
 
 impl FsClient {
     /// How many times this client has had to register again after its
@@ -36,7 +71,7 @@ impl FsClient {
     }
 }
 
-pub(super) fn heartbeat_loop(shared: &Shared) {
+fn heartbeat_loop(shared: &Shared) {
     renewal_priority::raise_calling_thread();
     let tick = (shared.lease / 4).max(Duration::from_millis(10));
     let mut last = std::time::Instant::now();
@@ -118,9 +153,7 @@ impl Drop for FsClient {
     fn drop(&mut self) {
         self.shutdown();
         self.waiters.take();
-        if let Some(h) = self.heartbeat.take() {
-            let _ = h.join();
-        }
+        self.heartbeat.take();
         if let Some(h) = self.tuning.take() {
             let _ = h.join();
         }

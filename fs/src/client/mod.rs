@@ -41,7 +41,7 @@ pub use metadata::{Looked, Polled};
 
 use endpoints::{join_server, Endpoints, ServerAddrs};
 use layouts::{CachedLayout, Written};
-use lease::heartbeat_loop;
+use lease::Heartbeat;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
@@ -204,7 +204,7 @@ pub struct FsClient {
     allocating: Mutex<()>,
     /// Verbs of endpoints returned to the pool and dropped, for statistics.
     retired_counts: Mutex<VerbCounts>,
-    heartbeat: Option<std::thread::JoinHandle<()>>,
+    heartbeat: Option<Heartbeat>,
     /// Reports the Citron T_wait this client needs ([`tuning`]).
     tuning: Option<std::thread::JoinHandle<()>>,
     timing: LockTiming,
@@ -320,6 +320,7 @@ impl FsClient {
             rpc_counts: RpcCounters::default(),
             caching_ms: AtomicU64::new(0),
         });
+        let heartbeat = Heartbeat::start(&shared)?;
         // Timing of the lock algorithms comes from this fabric's RTT.
         let probe = meta_node.endpoint()?;
         let rtt = probe.measure_rtt(waits_for.base, 32)?;
@@ -337,7 +338,7 @@ impl FsClient {
             layouts: RwLock::new(HashMap::new()),
             allocating: Mutex::new(()),
             retired_counts: Mutex::new(VerbCounts::default()),
-            heartbeat: None,
+            heartbeat: Some(heartbeat),
             tuning: None,
             timing,
             waits_for,
@@ -357,12 +358,6 @@ impl FsClient {
         };
         c.tuning = Some(reporter);
         c.start_waiters(probe)?;
-        c.heartbeat = Some(
-            std::thread::Builder::new()
-                .name("citronfs-lease".into())
-                .spawn(move || heartbeat_loop(&shared))
-                .map_err(|e| FsError::Io(e.to_string()))?,
-        );
         Ok(c)
     }
 

@@ -33,7 +33,7 @@ use super::plan::{first_conflict, plan, unlock_reach, Changes, Located, Plan, Re
 use super::record::{Generation, ListSeq, LockRecord, RecordState};
 use super::table::{self, Snapshot, TableGrowth};
 use super::types::{ByteRange, LockFlavor, LockMode, OwnerKey, OFFSET_MAX};
-use super::waits_for::{Published, Waiting, WaitsFor};
+use super::waits_for::{Checker, Published, Waiting, WaitsFor};
 use crate::error::FsError;
 use crate::types::{ClientId, Ino};
 
@@ -180,7 +180,8 @@ impl FileLocks<'_> {
                         .collect::<BTreeSet<_>>()
                         .into_iter()
                         .collect();
-                    if self.waits_for.closes_cycle(self.ep, req.owner, &blockers)? {
+                    let checker = if mine.is_some() { Checker::Waiting } else { Checker::Requesting };
+                    if self.waits_for.closes_cycle(self.ep, req.owner, &blockers, checker)? {
                         if let Some(m) = mine {
                             verbs.push(table::free_verb(&snapshot, m.slot, m.gen)?);
                         }

@@ -39,6 +39,24 @@
 //! sees the other's entry. Both may see it, and then both get `EDEADLK`
 //! (POSIX allows the detection; Linux would refuse only one).
 //!
+//! # Only the requester that closes a cycle is refused
+//!
+//! A requester's entry is visible from its publish until it withdraws it
+//! after finding a cycle, and an owner already waiting checks again at
+//! every retry. Were that check like a requester's, the established
+//! waiter would see the newcomer's entry in that window and be refused
+//! too, though Linux (one lock over the check) refuses only the newcomer;
+//! an application that then gave up its locks for nothing would see a
+//! spurious failure (a CI failure of `waits_for_chain`, and on a far
+//! client the window is many round trips long). So an owner already
+//! waiting ([`Checker::Waiting`]) follows only owners that are registered
+//! waiters too: whose file's table holds their waiting record, written
+//! after their own check found no cycle. A requester still in its check
+//! has no record yet, and it sees the cycle itself (it reads after every
+//! established entry was published). If it cannot confirm the cycle, it
+//! registers, and the next retry of any owner on the cycle follows it: a
+//! cycle is still reported once its owners all wait.
+//!
 //! Like Linux, only POSIX locks take part: OFD and flock waiters neither
 //! publish nor are checked.
 //!
@@ -86,7 +104,7 @@ use citron_lock::rdma::{Endpoint, RemoteAddr, Verb};
 use serde::{Deserialize, Serialize};
 
 use super::plan::Located;
-use super::record::{checksum, decode, pack_addr, unpack_addr, SlotView, SLOT_WORDS};
+use super::record::{checksum, decode, pack_addr, unpack_addr, RecordState, SlotView, SLOT_WORDS};
 use super::table;
 use super::types::{ByteRange, LockFlavor, LockMode, LockOwner, OwnerKey};
 use crate::error::FsError;
@@ -101,6 +119,17 @@ const GEN_MASK: u64 = 0x7fff_ffff;
 /// How often a cycle that did not survive its second read is looked for
 /// again before the request waits (and checks again at its next retry).
 const CONFIRM_TRIES: usize = 4;
+
+/// Who asks whether it closes a cycle (module docs: "Only the requester
+/// that closes a cycle is refused").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checker {
+    /// A request about to wait: every published entry counts.
+    Requesting,
+    /// An owner already registered as a waiter, retrying: only owners whose
+    /// waiting record is in their file's table count.
+    Waiting,
+}
 
 /// Where the table is (from the cluster info).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -345,9 +374,15 @@ impl WaitsFor {
     /// `me`'s own entry must already be published, and the records of
     /// `blockers` that block it must be held still (by the caller's range
     /// lock).
-    pub fn closes_cycle(&self, ep: &Endpoint, me: OwnerKey, blockers: &[OwnerKey]) -> Result<bool, FsError> {
+    pub fn closes_cycle(
+        &self,
+        ep: &Endpoint,
+        me: OwnerKey,
+        blockers: &[OwnerKey],
+        checker: Checker,
+    ) -> Result<bool, FsError> {
         for attempt in 0..CONFIRM_TRIES {
-            let Some(path) = self.find_cycle(ep, me, blockers)? else { return Ok(false) };
+            let Some(path) = self.find_cycle(ep, me, blockers, checker)? else { return Ok(false) };
             if self.unchanged(ep, &path)? {
                 return Ok(true);
             }
@@ -363,6 +398,7 @@ impl WaitsFor {
         ep: &Endpoint,
         me: OwnerKey,
         blockers: &[OwnerKey],
+        checker: Checker,
     ) -> Result<Option<Vec<Edge>>, FsError> {
         // How each owner reached was reached: from which owner, by which
         // edge (`None` for the blockers themselves).
@@ -403,7 +439,12 @@ impl WaitsFor {
                     // without a range lock (torn records are skipped; the
                     // second pass confirms what is used).
                     let snapshot = table::read(ep, w.table)?;
-                    for l in snapshot.records() {
+                    let records = snapshot.records();
+                    if checker == Checker::Waiting && !records.iter().any(|l| is_waiting_record_of(l, w)) {
+                        // `b` is a requester still in its own check.
+                        continue;
+                    }
+                    for l in records {
                         if l.record.flavor != LockFlavor::Posix
                             || !l.record.blocks(b, LockFlavor::Posix, w.mode, w.range)
                         {
@@ -448,4 +489,13 @@ impl WaitsFor {
         }
         Ok(true)
     }
+}
+
+/// Whether `l` is the waiting record that the owner of entry `w` registers
+/// once its own check is done.
+fn is_waiting_record_of(l: &Located, w: &Waiting) -> bool {
+    l.record.state == RecordState::Waiting
+        && l.record.owner == w.owner
+        && l.record.range == w.range
+        && l.record.mode == w.mode
 }
