@@ -4,7 +4,7 @@
 //! grant of a wait on another file of the same client, nor the last close
 //! of a file nobody waits on.
 
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use citronfs_core::client::{ClientConfig, FsClient, LockCall};
 use citronfs_core::locks::waiter::{set_retry_hook, shard_of, RetryPoint, WAITER_THREADS};
 use citronfs_core::locks::{ByteRange, LockMode};
 use citronfs_core::types::{Caller, Ino};
+use citronfs_core::FsError;
 use citronfs_tests::lock_calls::{posix_call, setlkw};
 use citronfs_tests::TestCluster;
 
@@ -65,14 +66,21 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     HOOK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Unlocks `holder`'s write lock (owner 1) on `a`, so that a waiter
-/// thread retries the wait on it, and holds that retry in the hook until
-/// the returned gate opens; returns once it is held.
-fn stick_a_retry(holder: &FsClient, a: Ino) -> Arc<Gate> {
+/// Holds the next retry of the wait `on_a` in the hook (the periodic retry
+/// comes within [`RETRY_EVERY`](citronfs_core::locks::waiter::RETRY_EVERY))
+/// until the returned gate opens, and then unlocks `holder`'s write lock (owner 1) on `a`, so that the retry
+/// is granted once it goes on; returns once the retry is held. (The unlock
+/// comes second: a retry that began before the hook was in place did not
+/// stop in it, and once CI saw such a retry read the table after the
+/// unlock, be granted, and leave no retry to hold.)
+fn stick_a_retry(holder: &FsClient, a: Ino, on_a: &Receiver<Result<(), FsError>>) -> Arc<Gate> {
     let gate = Arc::new(Gate::default());
     let stuck = gate.hold_retries_on(a);
+    if let Err(e) = stuck.recv_timeout(LOST_AFTER) {
+        gate.open();
+        panic!("no retry on a ({e}); the wait on a: {:?}", on_a.try_recv());
+    }
     holder.setlk(&call(a, 1, None)).unwrap();
-    stuck.recv_timeout(LOST_AFTER).expect("a retry on a after its unlock");
     gate
 }
 
@@ -93,7 +101,7 @@ fn a_stuck_retry_on_one_file_does_not_hold_up_another_file() {
     let on_a = setlkw(&waiter, call(a, 2, Some(LockMode::Write)));
     let on_b = setlkw(&waiter, call(b, 3, Some(LockMode::Write)));
 
-    let gate = stick_a_retry(&holder, a);
+    let gate = stick_a_retry(&holder, a, &on_a);
     // A waiter thread is now stuck in a retry on `a`.
     holder.setlk(&call(b, 1, None)).unwrap();
     let granted_b = on_b.recv_timeout(LOST_AFTER);
@@ -129,7 +137,7 @@ fn a_stuck_retry_does_not_hold_up_the_close_of_a_file_nobody_waits_on() {
     holder.setlk(&call(a, 1, Some(LockMode::Write))).unwrap();
     let on_a = setlkw(&waiter, call(a, 2, Some(LockMode::Write)));
 
-    let gate = stick_a_retry(&holder, a);
+    let gate = stick_a_retry(&holder, a, &on_a);
     let (closed_tx, closed) = channel();
     {
         let waiter = waiter.clone();
