@@ -9,7 +9,7 @@ use citronfs_core::locks::record::{
     block_header, encode, Generation, LockRecord, RecordState, BLOCK_BYTES, BLOCK_HEADER_BYTES,
     SLOTS_PER_BLOCK, SLOT_BYTES,
 };
-use citronfs_core::locks::waits_for::{Checker, Waiting, WaitsForGrowth};
+use citronfs_core::locks::waits_for::{Checker, Published, Waiting, WaitsForGrowth};
 use citronfs_core::locks::{ByteRange, LockFlavor, LockMode, LockOwner, OwnerKey, WaitsFor};
 use citronfs_core::types::ClientId;
 use citronfs_tests::{Backend, TestFabric, TEST_REGION};
@@ -124,6 +124,25 @@ fn a_withdrawn_entry_is_not_followed_while_its_slot_is_reused() {
     assert_eq!(waits.list(&ep).unwrap(), vec![]);
 }
 
+/// Owner A (1) holds what owner M (2) asks for, and both have published
+/// that they wait for [`range`] of `table`, which M holds.
+fn a_and_m_wait_for_each_other(
+    ep: &Endpoint,
+    waits: WaitsFor,
+    table: RemoteAddr,
+    grow: &Bump,
+) -> [Published; 2] {
+    table_with(ep, table, owner(2), range());
+    [owner(1), owner(2)].map(|owner| {
+        waits.publish(ep, &Waiting { owner, table, range: range(), mode: LockMode::Write }, grow).unwrap()
+    })
+}
+
+/// The bytes the two owners of [`a_and_m_wait_for_each_other`] wait for.
+fn range() -> ByteRange {
+    ByteRange::new(0, 9).unwrap()
+}
+
 /// A real cycle is still found: A waits for what M holds, M for what A
 /// holds.
 #[test]
@@ -131,10 +150,7 @@ fn a_real_cycle_is_found() {
     let (_fabric, ep, waits, table) = setup();
     let grow = Bump::new(&ep, waits);
     let (a, m) = (owner(1), owner(2));
-    let range = ByteRange::new(0, 9).unwrap();
-    table_with(&ep, table, m, range);
-    let pa = waits.publish(&ep, &Waiting { owner: a, table, range, mode: LockMode::Write }, &grow).unwrap();
-    let pm = waits.publish(&ep, &Waiting { owner: m, table, range, mode: LockMode::Write }, &grow).unwrap();
+    let [pa, pm] = a_and_m_wait_for_each_other(&ep, waits, table, &grow);
     assert!(waits.closes_cycle(&ep, m, &[a], Checker::Requesting).unwrap());
     waits.withdraw(&ep, pa).unwrap();
     assert!(!waits.closes_cycle(&ep, m, &[a], Checker::Requesting).unwrap(), "A's wait is gone");
@@ -150,13 +166,10 @@ fn a_requester_still_in_its_check_closes_no_cycle_for_a_waiter() {
     let (_fabric, ep, waits, table) = setup();
     let grow = Bump::new(&ep, waits);
     let (a, m) = (owner(1), owner(2));
-    let range = ByteRange::new(0, 9).unwrap();
-    table_with(&ep, table, m, range);
-    let pa = waits.publish(&ep, &Waiting { owner: a, table, range, mode: LockMode::Write }, &grow).unwrap();
-    let pm = waits.publish(&ep, &Waiting { owner: m, table, range, mode: LockMode::Write }, &grow).unwrap();
+    let [pa, pm] = a_and_m_wait_for_each_other(&ep, waits, table, &grow);
     assert!(waits.closes_cycle(&ep, m, &[a], Checker::Requesting).unwrap());
     assert!(!waits.closes_cycle(&ep, m, &[a], Checker::Waiting).unwrap(), "A is still in its check");
-    write_record(&ep, table, 1, RecordState::Waiting, a, range);
+    write_record(&ep, table, 1, RecordState::Waiting, a, range());
     assert!(waits.closes_cycle(&ep, m, &[a], Checker::Waiting).unwrap(), "A waits now");
     waits.withdraw(&ep, pa).unwrap();
     waits.withdraw(&ep, pm).unwrap();
