@@ -558,7 +558,9 @@ pub enum MetaResponse {
     /// what the changer holds as delegations.
     ParentGranted {
         answer: Box<MetaResponse>,
-        parent: Attr,
+        /// `None` while the directory's attributes are contended (several
+        /// clients change it in turn): granted to no one.
+        parent: Option<Attr>,
         created: bool,
         delegated: Delegated,
     },

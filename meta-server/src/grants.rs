@@ -180,6 +180,21 @@
 //! every invalidation queued before it (`renewed`), so a delegation
 //! revoked before the poll arrived is dropped by that answer, not renewed.
 //!
+//! # Contended attributes
+//!
+//! Two mounts creating in one directory would call each other back at
+//! every create: each create changes the directory's attributes, which
+//! the other mount was granted with its own create's answer (or at its
+//! last permission check), and waits for the acknowledgement. So
+//! attributes that two clients change by turns — a change by one within
+//! [`CONTENDED_FOR`] of a change by another — are *contended*: granted to
+//! no one ([`Grants::contended`]) until that long after the last such
+//! change. Each kernel then asks for them at each use (a `GETATTR` round
+//! trip, which it would have sent after the callback anyway), and the
+//! changes call no one back. A change by a client that only reads the
+//! attributes otherwise (another mount's chmod of a file this one stats)
+//! contends nothing: it calls back once, as before.
+//!
 //! # Delivery
 //!
 //! Each caching mount long-polls with `AwaitInvalidations { acked }` on a
@@ -231,6 +246,14 @@ const POLLS_PER_TTL: u32 = 4;
 
 /// Most invalidations one poll answers.
 const POLL_BATCH: usize = 1024;
+
+/// How long an inode's attributes stay ungranted once they were
+/// contended ([`Grants::contended`]), renewed by every change of another
+/// client than the last one: long enough to span the gaps between the
+/// changes of two mounts working in one directory (tens of microseconds
+/// apart), short enough that the attributes are cached again soon after
+/// the mounts stop.
+pub const CONTENDED_FOR: Duration = Duration::from_millis(20);
 
 /// What a grant lets a kernel cache.
 pub type Key = Invalidation;
@@ -292,6 +315,32 @@ struct State {
     /// Regular files some client has open for writing, and who: from the
     /// writing open to that client's last close (or its fence).
     writers: HashMap<Ino, HashSet<ClientId>>,
+    /// Inodes whose attributes are not granted for now, until when
+    /// ([`Grants::contended`]).
+    contended: HashMap<Ino, Contention>,
+    /// Who changed each inode's attributes last, and when (kept for the
+    /// contention window, [`Grants::prune`]).
+    last_changes: HashMap<Ino, LastChange>,
+}
+
+impl State {
+    fn is_contended(&self, ino: Ino) -> bool {
+        self.contended.get(&ino).is_some_and(|c| c.until > Instant::now())
+    }
+}
+
+/// An inode whose attributes several clients change by turns.
+#[derive(Clone, Copy, Debug)]
+struct Contention {
+    until: Instant,
+}
+
+/// The last change of an inode's attributes.
+#[derive(Clone, Copy, Debug)]
+struct LastChange {
+    /// `None`: a client that does not cache.
+    changer: Option<ClientId>,
+    at: Instant,
 }
 
 /// An invalidation a change waits for.
@@ -303,15 +352,28 @@ struct Awaited {
 }
 
 /// Cache grants of the whole cluster and the invalidation queues.
-#[derive(Default)]
 pub struct Grants {
     state: Mutex<State>,
     /// Signalled when an invalidation is queued (pollers) or acknowledged
     /// (changers).
     changed: Condvar,
+    /// How long contended attributes stay ungranted ([`CONTENDED_FOR`]).
+    contended_for: Duration,
+}
+
+impl Default for Grants {
+    fn default() -> Self {
+        Self::with_contention(CONTENDED_FOR)
+    }
 }
 
 impl Grants {
+    /// Grants whose contended attributes stay ungranted for
+    /// `contended_for` (see "Contended attributes").
+    pub fn with_contention(contended_for: Duration) -> Self {
+        Self { state: Mutex::default(), changed: Condvar::new(), contended_for }
+    }
+
     /// Records that `client`'s kernel may cache `key` for `ttl`. Called
     /// with the namespace mutex held, before the answer leaves.
     pub fn grant(&self, client: ClientId, key: Key, ttl: Duration) {
@@ -383,7 +445,7 @@ impl Grants {
         let now = Instant::now();
         let mut awaited = Vec::new();
         let mut s = self.state.lock();
-        let State { grants, delegations, queues, .. } = &mut *s;
+        let State { grants, delegations, queues, contended, last_changes, .. } = &mut *s;
         for key in keys {
             if let Invalidation::Attr(ino) = key {
                 for revocation in delegations.revocations(*ino, changer, now) {
@@ -414,6 +476,21 @@ impl Grants {
             if holders.is_empty() {
                 grants.remove(key);
             }
+        }
+        // Attributes that two clients change by turns: granted to no one
+        // for a while (see "Contended attributes").
+        for key in keys {
+            let Invalidation::Attr(ino) = key else { continue };
+            let by_turns = last_changes.get(ino).is_some_and(|last| {
+                now.saturating_duration_since(last.at) < self.contended_for
+                    && last.changer != changer
+                    && (last.changer.is_some() || changer.is_some())
+            });
+            // Contended from now, or for longer.
+            if by_turns {
+                contended.insert(*ino, Contention { until: now + self.contended_for });
+            }
+            last_changes.insert(*ino, LastChange { changer, at: now });
         }
         if awaited.is_empty() {
             return 0;
@@ -557,10 +634,29 @@ impl Grants {
         self.changed.notify_all();
     }
 
+    /// Whether `ino`'s attributes are contended: changed by one client
+    /// while another held them, in the last [`CONTENDED_FOR`] (renewed by
+    /// each change of a client other than the last changer). They are
+    /// then granted to no one (see "Contended attributes").
+    pub fn contended(&self, ino: Ino) -> bool {
+        self.state.lock().is_contended(ino)
+    }
+
+    /// Whether `ino`'s attributes may be granted: not contended, and, for
+    /// a regular file (`regular`), not open for writing anywhere. One look
+    /// under the lock, as a lookup or getattr asks it.
+    pub fn attr_grantable(&self, ino: Ino, regular: bool) -> bool {
+        let s = self.state.lock();
+        !(s.is_contended(ino) || regular && s.writers.contains_key(&ino))
+    }
+
     /// Forgets expired grants and delegations.
     pub fn prune(&self) {
         let now = Instant::now();
         let mut s = self.state.lock();
+        s.contended.retain(|_, c| c.until > now);
+        let window = self.contended_for;
+        s.last_changes.retain(|_, c| now.saturating_duration_since(c.at) < window);
         s.grants.retain(|_, holders| {
             holders.retain(|_, g| g.expires > now);
             !holders.is_empty()
@@ -610,6 +706,51 @@ mod tests {
         assert_eq!(changer.join().unwrap(), 1, "only B is called back");
         // B's revoked grant is gone (it acknowledged); A's stays.
         assert_eq!(g.len(), 1);
+    }
+
+    /// Attributes changed by two clients by turns are contended: granted
+    /// to no one until [`CONTENDED_FOR`] after the last change by turns. A
+    /// change by one client alone, or after a change of a reader's, is
+    /// not.
+    #[test]
+    fn attributes_changed_by_turns_are_contended() {
+        let g = Arc::new(Grants::default());
+        let (dir, file) = (Ino(5), Ino(6));
+        // A changes twice alone: nothing contended.
+        g.revoke(Some(A), &[Invalidation::Attr(dir)]);
+        g.revoke(Some(A), &[Invalidation::Attr(dir)]);
+        assert!(!g.contended(dir), "one changer alone");
+        // B holds the file's attributes and A changes it: B is called back
+        // once, nothing is contended.
+        g.grant(B, Invalidation::Attr(file), Duration::from_secs(60));
+        let changer = {
+            let g = g.clone();
+            std::thread::spawn(move || g.revoke(Some(A), &[Invalidation::Attr(file)]))
+        };
+        let Polled { through, .. } = g.poll(B, 0, Duration::from_secs(60));
+        g.poll(B, through, Duration::from_millis(1));
+        assert_eq!(changer.join().unwrap(), 1, "B was called back");
+        assert!(!g.contended(file), "a reader's callback contends nothing");
+        // B changes the directory right after A: contended, and a change by
+        // turns renews it.
+        g.revoke(Some(B), &[Invalidation::Attr(dir)]);
+        assert!(g.contended(dir));
+        let until = |g: &Grants| g.state.lock().contended[&dir].until;
+        let first = until(&g);
+        std::thread::sleep(Duration::from_millis(2));
+        g.revoke(Some(A), &[Invalidation::Attr(dir)]);
+        assert!(until(&g) > first, "a change by turns renews it");
+        let renewed = until(&g);
+        std::thread::sleep(Duration::from_millis(2));
+        g.revoke(Some(A), &[Invalidation::Attr(dir)]);
+        assert_eq!(until(&g), renewed, "the same changer again does not");
+        // Once it has passed, it is forgotten.
+        g.state.lock().contended.get_mut(&dir).unwrap().until = Instant::now();
+        assert!(!g.contended(dir));
+        std::thread::sleep(CONTENDED_FOR);
+        g.prune();
+        let s = g.state.lock();
+        assert!(s.contended.is_empty() && s.last_changes.is_empty());
     }
 
     #[test]

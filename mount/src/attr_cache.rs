@@ -376,11 +376,14 @@ impl CitronFuse {
     /// applied in part, as a create whose open failed) drops what was kept.
     pub(crate) fn dir_changed(&self, ticket: Option<Ticket>, grant: Option<&ChangeGrant>) {
         let Some(t) = ticket else { return };
-        match grant.and_then(|g| g.parent.as_ref()) {
-            Some(parent) => {
+        match grant.map(|g| g.parent.as_ref()) {
+            Some(Some(parent)) => {
                 self.invalidations.delegations().refresh(parent);
                 self.invalidations.attrs().install(t, parent.clone(), self.options.cache_ttl)
             }
+            // Applied, but the directory's attributes are contended: not
+            // granted, asked for again.
+            Some(None) => self.invalidations.attrs().invalidate(t.ino),
             None => {
                 self.invalidations.delegations().unsure(t.ino);
                 self.invalidations.attrs().invalidate(t.ino)

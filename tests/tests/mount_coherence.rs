@@ -966,3 +966,50 @@ fn a_creator_answers_the_attributes_of_its_new_file_until_its_close_and_no_longe
     assert!(missing(&a, "d/h") && missing(&b, "d/h"));
     all_closed(&c);
 }
+
+/// Two mounts creating in one directory by turns (issue 13, the
+/// shared-directory create of several processes on two mounts): once a
+/// create has called the other mount back for the directory's attributes,
+/// they are contended, granted to neither (meta-server `grants`,
+/// "Contended attributes"), so the creates after it call no one back — and
+/// each mount still sees the other's create at its very next stat of the
+/// directory, and its listing. The window is made long here so that a slow
+/// step of a busy machine cannot end it between two creates.
+#[test]
+fn a_directory_two_mounts_create_in_by_turns_calls_no_one_back_and_is_seen_at_once() {
+    let mut cfg = citronfs_meta_server::MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.chunk_size = 1 << 20;
+    cfg.lease = citronfs_tests::TEST_LEASE;
+    cfg.contended_for = LONG_TTL;
+    let c = TestCluster::start_with(cfg, 1, 64 << 20);
+    let (a, b) =
+        (c.mount_with(options(Mode::Cached(LONG_TTL))), c.mount_with(options(Mode::Cached(LONG_TTL))));
+    fs::create_dir(a.path("d")).unwrap();
+    let d = Ino(fs::metadata(a.path("d")).unwrap().ino());
+    let check = |m: &TestMount, who: &str, round: usize, made: usize| {
+        let seen = dir_state(&fs::metadata(m.path("d")).unwrap());
+        assert_eq!(seen, true_dir_state(m, d), "round {round}: {who}'s stat of d");
+        assert_eq!(names(m, "d").len(), made, "round {round}: {who}'s listing of d");
+    };
+    let delivered = |m: &TestMount| m.invalidations.delivered();
+    let mut quiet_from = None;
+    for round in 0..30 {
+        // The first rounds call back what each mount cached of d (and A's
+        // delegation of it); from the third on, nobody is called back.
+        if round == 2 {
+            quiet_from = Some((delivered(&a), delivered(&b)));
+        }
+        fs::write(a.path(&format!("d/a{round}")), b"").unwrap();
+        check(&b, "B", round, 2 * round + 1);
+        check(&a, "A", round, 2 * round + 1);
+        fs::write(b.path(&format!("d/b{round}")), b"").unwrap();
+        check(&a, "A", round, 2 * round + 2);
+        check(&b, "B", round, 2 * round + 2);
+    }
+    let quiet_from = quiet_from.unwrap();
+    assert_eq!(
+        (delivered(&a), delivered(&b)),
+        quiet_from,
+        "creates by turns in a contended directory called back"
+    );
+}

@@ -239,7 +239,7 @@ fn granted(r: MetaResponse) -> Result<(Attr, Grant), FsError> {
 fn change_answer(r: MetaResponse) -> (MetaResponse, ChangeGrant) {
     match r {
         MetaResponse::ParentGranted { answer, parent, created, delegated } => {
-            (*answer, ChangeGrant { parent: Some(parent), created, delegated })
+            (*answer, ChangeGrant { parent, created, delegated })
         }
         other => (other, ChangeGrant::default()),
     }
@@ -266,8 +266,11 @@ impl FsClient {
         TcpStream::connect_timeout(&config.meta, config.timeout)
             .map_err(|e| FsError::Io(format!("cannot reach the meta-server at {}: {e}", config.meta)))?;
         let identity = identity::Identity::new(config.key.clone());
-        let rpc =
-            RpcClient::new(config.meta, config.timeout).with_credentials(identity.credentials().clone());
+        // No polling for the meta-server's answers (see its service's
+        // `poll_budget`).
+        let rpc = RpcClient::new(config.meta, config.timeout)
+            .with_credentials(identity.credentials().clone())
+            .with_poll_budget(Duration::ZERO);
         let hostname =
             std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
         let info = match answer(

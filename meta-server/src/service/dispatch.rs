@@ -55,9 +55,10 @@ impl MetaService {
     }
 
     /// Attributes of `attr`'s inode may be granted: not a regular file
-    /// that some client has open for writing.
+    /// that some client has open for writing, and not contended
+    /// ([`crate::grants`], "Contended attributes").
     fn attr_grantable(&self, attr: &Attr) -> bool {
-        attr.kind != FileKind::File || !self.grants.written(attr.ino)
+        self.grants.attr_grantable(attr.ino, attr.kind == FileKind::File)
     }
 
     /// What a lookup or getattr answers: granted to a caching client.
@@ -118,7 +119,8 @@ impl MetaService {
 
     /// What a change of `dir`'s entries answers a caching changer: the
     /// directory's attributes after it, granted to the changer (whose
-    /// grant a change never revokes, [`Grants::revoke`]), with `answer`;
+    /// grant a change never revokes, [`Grants::revoke`]) unless they are
+    /// contended ([`crate::grants`], "Contended attributes"), with `answer`;
     /// `created`: the created file's attributes in `answer` were granted to
     /// the changer until its release ([`crate::grants`], "Creators");
     /// `new`: the inode the change made and its name, held with the
@@ -141,7 +143,10 @@ impl MetaService {
     ) -> MetaResponse {
         let Some((client, ttl)) = caching else { return answer };
         let Ok(parent) = ns.attr(dir) else { return answer };
-        self.grants.grant(client, Invalidation::Attr(dir), ttl);
+        let parent = (!self.grants.contended(dir)).then(|| {
+            self.grants.grant(client, Invalidation::Attr(dir), ttl);
+            parent
+        });
         let mut delegated = Delegated::default();
         if let Some((new, name)) = new {
             delegated.child = self.grants.hold_child(client, dir, new.ino);

@@ -319,7 +319,7 @@ impl MetaServer {
             connections,
             tuning: tuning.clone(),
             attr_host,
-            grants: Grants::default(),
+            grants: Grants::with_contention(config.contended_for),
         });
         let rpc = RpcServer::spawn_with(config.listen, service.clone(), "meta", authority).map_err(io)?;
         let _ = service.connections.set(rpc.connections());
