@@ -634,10 +634,10 @@ impl Grants {
         self.changed.notify_all();
     }
 
-    /// Whether `ino`'s attributes are contended: changed by one client
-    /// while another held them, in the last [`CONTENDED_FOR`] (renewed by
-    /// each change of a client other than the last changer). They are
-    /// then granted to no one (see "Contended attributes").
+    /// Whether `ino`'s attributes are contended: changed by two clients by
+    /// turns (a change within [`CONTENDED_FOR`] of another client's), until
+    /// that long after the last such change. They are then granted to no
+    /// one (see "Contended attributes").
     pub fn contended(&self, ino: Ino) -> bool {
         self.state.lock().is_contended(ino)
     }
