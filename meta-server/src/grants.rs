@@ -188,7 +188,7 @@
 //! last permission check), and waits for the acknowledgement. So
 //! attributes that two clients change by turns — a change by one within
 //! [`CONTENDED_FOR`] of a change by another — are *contended*: granted to
-//! no one ([`Grants::contended`]) until that long after the last such
+//! no one ([`Grants::grant_attr_unless_contended`]) until that long after the last such
 //! change. Each kernel then asks for them at each use (a `GETATTR` round
 //! trip, which it would have sent after the callback anyway), and the
 //! changes call no one back. A change by a client that only reads the
@@ -248,7 +248,7 @@ const POLLS_PER_TTL: u32 = 4;
 const POLL_BATCH: usize = 1024;
 
 /// How long an inode's attributes stay ungranted once they were
-/// contended ([`Grants::contended`]), renewed by every change of another
+/// contended (see "Contended attributes"), renewed by every change of another
 /// client than the last one: long enough to span the gaps between the
 /// changes of two mounts working in one directory (tens of microseconds
 /// apart), short enough that the attributes are cached again soon after
@@ -267,6 +267,13 @@ struct Grant {
     /// A creator's grant of a new file's attributes: it ends at the
     /// client's last release of the file (see the module header).
     until_closed: bool,
+}
+
+impl Grant {
+    /// A grant made now for `ttl` (and the margin a kernel's clock needs).
+    fn new(ttl: Duration, until_closed: bool) -> Self {
+        Self { expires: Instant::now() + ttl + GRANT_MARGIN, revoking: None, until_closed }
+    }
 }
 
 /// A caching client's invalidation queue.
@@ -316,7 +323,7 @@ struct State {
     /// writing open to that client's last close (or its fence).
     writers: HashMap<Ino, HashSet<ClientId>>,
     /// Inodes whose attributes are not granted for now, until when
-    /// ([`Grants::contended`]).
+    /// (see "Contended attributes").
     contended: HashMap<Ino, Contention>,
     /// Who changed each inode's attributes last, and when (kept for the
     /// contention window, [`Grants::prune`]).
@@ -390,6 +397,21 @@ impl Grants {
         self.insert(client, [Invalidation::Attr(ino)], ttl, true);
     }
 
+    /// Records that `client`'s kernel may cache `ino`'s attributes for
+    /// `ttl`, unless they are contended (see "Contended attributes");
+    /// returns whether it may. One look under the lock, as each create's
+    /// answer asks it for its directory. Called with the namespace mutex
+    /// held, before the answer leaves.
+    pub fn grant_attr_unless_contended(&self, client: ClientId, ino: Ino, ttl: Duration) -> bool {
+        let grant = Grant::new(ttl, false);
+        let mut s = self.state.lock();
+        if s.is_contended(ino) {
+            return false;
+        }
+        s.grants.entry(Invalidation::Attr(ino)).or_default().insert(client, grant);
+        true
+    }
+
     /// Delegates directory `dir`, which `client` just made, to it for
     /// `ttl` and as long as renewed (see "Delegations"). Called with the
     /// namespace mutex held, before the answer leaves.
@@ -430,7 +452,7 @@ impl Grants {
         ttl: Duration,
         until_closed: bool,
     ) {
-        let grant = Grant { expires: Instant::now() + ttl + GRANT_MARGIN, revoking: None, until_closed };
+        let grant = Grant::new(ttl, until_closed);
         let mut s = self.state.lock();
         for key in keys {
             s.grants.entry(key).or_default().insert(client, grant);
@@ -614,12 +636,6 @@ impl Grants {
         s.delegations.held_dir(client, ino, Instant::now())
     }
 
-    /// Whether some client has regular file `ino` open for writing (then
-    /// its attributes are not granted).
-    pub fn written(&self, ino: Ino) -> bool {
-        self.state.lock().writers.contains_key(&ino)
-    }
-
     /// A fenced or departed client: its queue and its writing opens go
     /// (changers waiting for it wait for its grants to expire, which stay
     /// until then).
@@ -632,14 +648,6 @@ impl Grants {
         });
         drop(s);
         self.changed.notify_all();
-    }
-
-    /// Whether `ino`'s attributes are contended: changed by two clients by
-    /// turns (a change within [`CONTENDED_FOR`] of another client's), until
-    /// that long after the last such change. They are then granted to no
-    /// one (see "Contended attributes").
-    pub fn contended(&self, ino: Ino) -> bool {
-        self.state.lock().is_contended(ino)
     }
 
     /// Whether `ino`'s attributes may be granted: not contended, and, for
@@ -719,7 +727,7 @@ mod tests {
         // A changes twice alone: nothing contended.
         g.revoke(Some(A), &[Invalidation::Attr(dir)]);
         g.revoke(Some(A), &[Invalidation::Attr(dir)]);
-        assert!(!g.contended(dir), "one changer alone");
+        assert!(g.attr_grantable(dir, false), "one changer alone");
         // B holds the file's attributes and A changes it: B is called back
         // once, nothing is contended.
         g.grant(B, Invalidation::Attr(file), Duration::from_secs(60));
@@ -730,11 +738,11 @@ mod tests {
         let Polled { through, .. } = g.poll(B, 0, Duration::from_secs(60));
         g.poll(B, through, Duration::from_millis(1));
         assert_eq!(changer.join().unwrap(), 1, "B was called back");
-        assert!(!g.contended(file), "a reader's callback contends nothing");
+        assert!(g.attr_grantable(file, false), "a reader's callback contends nothing");
         // B changes the directory right after A: contended, and a change by
         // turns renews it.
         g.revoke(Some(B), &[Invalidation::Attr(dir)]);
-        assert!(g.contended(dir));
+        assert!(!g.attr_grantable(dir, false));
         let until = |g: &Grants| g.state.lock().contended[&dir].until;
         let first = until(&g);
         std::thread::sleep(Duration::from_millis(2));
@@ -746,7 +754,7 @@ mod tests {
         assert_eq!(until(&g), renewed, "the same changer again does not");
         // Once it has passed, it is forgotten.
         g.state.lock().contended.get_mut(&dir).unwrap().until = Instant::now();
-        assert!(!g.contended(dir));
+        assert!(g.attr_grantable(dir, false));
         std::thread::sleep(CONTENDED_FOR);
         g.prune();
         let s = g.state.lock();
@@ -825,7 +833,7 @@ mod tests {
         g.grant(A, Invalidation::Attr(Ino(10)), Duration::from_secs(60));
         g.closed(A, Ino(9));
         g.closed(A, Ino(10));
-        assert!(!g.written(Ino(9)));
+        assert!(g.attr_grantable(Ino(9), true), "no longer written");
         assert_eq!(g.len(), 1, "the creator's grant outlived its release, or a lookup's did not");
         assert_eq!(
             g.revoke(Some(B), &[Invalidation::Attr(Ino(9))]),

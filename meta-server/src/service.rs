@@ -336,9 +336,12 @@ impl RpcService for MetaService {
     /// the core the callers needed. Measured in `bench meta` (four
     /// processes on two mounts, one directory): lookups at 20k/s in some
     /// runs against 100k/s in others with polling, 93-102k/s in every run
-    /// without; one `sqlite3` process on a daemon mount, 300 transactions:
-    /// 704-753 tx/s without against 545-635 with. (The mount's calls poll
-    /// no more either: `FsClient::connect`.)
+    /// without. One process's creates lose what polling gave them in its
+    /// fast runs (about 7k/s against 7-14k/s), and one `sqlite3` process
+    /// stays in the same range (582-753 tx/s against 545-870). With both
+    /// cores busy, polling took metadata down to a few hundred operations
+    /// per second. (The mount's calls poll no more either:
+    /// `FsClient::connect`.)
     fn poll_budget(&self) -> Duration {
         Duration::ZERO
     }

@@ -18,7 +18,7 @@ use crate::types::ClientId;
 /// The thread that renews the lease, running from the registration on: a
 /// client far from the meta-server spends many round trips joining the
 /// cluster (the RTT probes alone are 32), and a lease that waited for them
-/// expired before the first renewal (a client 50 ms away with a 2 s
+/// expired before the first renewal (a client 80 ms away with a 2 s
 /// lease). Dropping it stops and joins the thread, so a `connect` that
 /// fails half-way leaves no thread behind.
 pub(super) struct Heartbeat {

@@ -143,10 +143,7 @@ impl MetaService {
     ) -> MetaResponse {
         let Some((client, ttl)) = caching else { return answer };
         let Ok(parent) = ns.attr(dir) else { return answer };
-        let parent = (!self.grants.contended(dir)).then(|| {
-            self.grants.grant(client, Invalidation::Attr(dir), ttl);
-            parent
-        });
+        let parent = self.grants.grant_attr_unless_contended(client, dir, ttl).then_some(parent);
         let mut delegated = Delegated::default();
         if let Some((new, name)) = new {
             delegated.child = self.grants.hold_child(client, dir, new.ino);
