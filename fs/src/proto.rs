@@ -302,6 +302,13 @@ pub enum MetaRequest {
         ino: Ino,
         opens: u32,
     },
+    /// [`MetaRequest::Release`] of several files at once: a mount's
+    /// releases, sent after the closes in batches (`fs::client::releases`).
+    /// Answered [`MetaResponse::HeldAgain`].
+    ReleaseMany {
+        client: ClientId,
+        files: Vec<FileRelease>,
+    },
     /// Creates the file's lock-record table (`last: None`) or appends a
     /// block after `last`; answers the table's first block. Idempotent: a
     /// request that lost a race gets the table as it is.
@@ -463,6 +470,22 @@ pub struct Grant {
     pub live: bool,
 }
 
+/// One file of a [`MetaRequest::ReleaseMany`]: `opens` of the client's
+/// opens of `ino` handed back, as a [`MetaRequest::Release`] would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRelease {
+    pub ino: Ino,
+    pub opens: u32,
+}
+
+/// A released file's attributes, held again with the releasing client's
+/// delegation of `dir` (see [`MetaResponse::Held`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldAgain {
+    pub dir: Ino,
+    pub attr: Attr,
+}
+
 /// The listing cookie of `.` in every directory.
 pub const DOT_COOKIE: u64 = 1;
 /// The listing cookie of `..`; a directory's names come after it.
@@ -572,6 +595,9 @@ pub enum MetaResponse {
         dir: Ino,
         attr: Attr,
     },
+    /// The answer to [`MetaRequest::ReleaseMany`]: what [`MetaResponse::Held`]
+    /// would have answered each release that held a file's attributes again.
+    HeldAgain(Vec<HeldAgain>),
     Chunks(Allocated),
     Stats(FsStats),
     Status(Box<crate::status::ClusterStatus>),

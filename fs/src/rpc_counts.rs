@@ -53,6 +53,7 @@ meta_kinds!(
     Open,
     Layout,
     Release,
+    ReleaseMany,
     GrowLockTable,
     GrowWaitsFor,
     KillSuidGid,

@@ -80,6 +80,7 @@ pub fn vet(
         | MetaRequest::CreateOpen { client, .. }
         | MetaRequest::Open { client, .. }
         | MetaRequest::Release { client, .. }
+        | MetaRequest::ReleaseMany { client, .. }
         | MetaRequest::Caching { client, .. }
         | MetaRequest::AwaitInvalidations { client, .. }
             if client != me =>
@@ -125,6 +126,7 @@ fn caller_mut(request: &mut MetaRequest) -> Option<&mut Caller> {
         | R::ReadLink { .. }
         | R::Layout { .. }
         | R::Release { .. }
+        | R::ReleaseMany { .. }
         | R::GrowLockTable { .. }
         | R::GrowWaitsFor { .. }
         | R::Clients

@@ -600,13 +600,6 @@ impl CitronFuse {
         }
     }
 
-    /// A release the meta-server answered: what it held again is kept.
-    pub(crate) fn released(&self, held: Option<(Ino, Attr)>) {
-        if let (Some(d), Some((dir, attr))) = (self.delegations(), held) {
-            d.held_again(dir, &attr);
-        }
-    }
-
     /// An own change that removes `name` from `parent` answered.
     pub(crate) fn removed<T>(&self, parent: Ino, name: &[u8], r: &Result<T, FsError>) {
         let Some(d) = self.delegations() else { return };

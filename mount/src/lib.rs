@@ -232,6 +232,13 @@ impl Drop for CitronFuse {
 impl CitronFuse {
     pub fn new(client: FsClient, options: MountOptions) -> Self {
         client.set_caching(options.cache_ttl);
+        let invalidations = InvalidationControl::default();
+        if !options.cache_ttl.is_zero() {
+            // Releases go after the close (`FsClient::release_later`); what
+            // their answers hold again is kept with the delegations.
+            let control = invalidations.clone();
+            client.on_held_again(Box::new(move |dir, attr| control.delegations().held_again(dir, attr)));
+        }
         Self {
             client: Arc::new(client),
             options,
@@ -241,7 +248,7 @@ impl CitronFuse {
             syscalls: caller::SyscallFiles::default(),
             coherence: coherence::Coherence::start().expect("start the coherence threads"),
             requests: FuseCounters::default(),
-            invalidations: InvalidationControl::default(),
+            invalidations,
             plus_fit: listing::PlusFit::default(),
         }
     }

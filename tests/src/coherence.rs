@@ -5,7 +5,7 @@
 use std::fs;
 use std::time::{Duration, Instant};
 
-use citronfs_core::rpc_counts::RpcCounts;
+use citronfs_core::rpc_counts::{MetaKind, RpcCounts};
 use citronfs_mount::FuseOp;
 
 use crate::TestMount;
@@ -28,13 +28,21 @@ pub fn eventually(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-/// Closes `f` (opened on mount `m`) and waits until the mount has answered
-/// the release that follows; returns the meta-server calls it made.
+/// Closes `f` (opened on mount `m`), waits until the mount has answered
+/// the release that follows and sends the release it queued for the
+/// meta-server (`FsClient::release_later`); returns the meta-server calls
+/// they made.
 pub fn close(m: &TestMount, f: fs::File) -> RpcCounts {
     let (calls, releases) = (m.client.rpc_counts(), m.requests.snapshot().get(FuseOp::Release));
     drop(f);
     eventually("the release of a closed file", || m.requests.snapshot().get(FuseOp::Release) > releases);
+    m.client.flush_releases();
     m.client.rpc_counts() - calls
+}
+
+/// Releases among `calls`: sent one by one or queued and sent together.
+pub fn releases(calls: &RpcCounts) -> u64 {
+    calls.get(MetaKind::Release) + calls.get(MetaKind::ReleaseMany)
 }
 
 /// Creates `rel` on mount `m` (an exclusive open for writing, then its

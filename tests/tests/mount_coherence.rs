@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_core::types::Ino;
 use citronfs_mount::{FuseOp, MountOptions};
-use citronfs_tests::coherence::{close, create_counted, eventually, missing, missing_cost, stat_cost};
+use citronfs_tests::coherence::{
+    close, create_counted, eventually, missing, missing_cost, releases, stat_cost,
+};
 use citronfs_tests::{TestCluster, TestMount};
 
 /// How the mounts of a test let their kernels cache.
@@ -169,12 +171,12 @@ fn only_the_last_close_on_a_mount_reaches_the_meta_server(mode: Mode) {
     assert_eq!(c.meta.status().files.opens, 3);
 
     let spent = close(&a, first);
-    assert_eq!(spent.get(MetaKind::Release), 0, "a close that is not the last sent {}", spent.describe());
+    assert_eq!(releases(&spent), 0, "a close that is not the last sent {}", spent.describe());
     assert_eq!(c.meta.lock_area(ino), Some(area), "the file is still open on both mounts");
 
     // Unlinked on B while A still holds it open: its data lives on A.
     let spent = close(&b, on_b);
-    assert_eq!(spent.get(MetaKind::Release), 1, "B's only close sent {}", spent.describe());
+    assert_eq!(releases(&spent), 1, "B's only close sent {}", spent.describe());
     fs::remove_file(b.path("f")).unwrap();
     let mut got = String::new();
     second.read_to_string(&mut got).unwrap();
@@ -182,7 +184,7 @@ fn only_the_last_close_on_a_mount_reaches_the_meta_server(mode: Mode) {
     assert_eq!(c.meta.lock_area(ino), Some(area), "A has it open still");
 
     let spent = close(&a, second);
-    assert_eq!(spent.get(MetaKind::Release), 1, "the last close sent {}", spent.describe());
+    assert_eq!(releases(&spent), 1, "the last close sent {}", spent.describe());
     assert!(c.meta.lock_area(ino).is_none(), "closed everywhere, yet it keeps lock memory");
     let files = c.meta.status().files;
     assert_eq!((files.opens, files.open_files), (0, 0), "the meta-server still counts opens: {files:?}");

@@ -298,7 +298,14 @@ impl FsClient {
                     let ahead = chunks_ahead(&layout.read(), &asks);
                     MetaRequest::AllocChunks { ino, chunks: asks, ahead }
                 };
-                match self.call(&request)? {
+                let answer = match self.call(&request) {
+                    // Chunks taken ahead of files closed here a moment ago
+                    // go back with their queued releases: send those, and
+                    // ask once more.
+                    Err(FsError::NoSpace) if self.flush_releases() => self.call(&request),
+                    answer => answer,
+                };
+                match answer? {
                     MetaResponse::Chunks(allocated) => {
                         layout.write().add_allocated(&allocated);
                         given.extend(allocated.chunks);

@@ -135,6 +135,9 @@ impl FsClient {
         if let Some(w) = &self.waiters {
             w.shutdown();
         }
+        // What is still queued goes with the client: leaving ends every
+        // open of it at the meta-server.
+        self.shared.releases.stop();
         if self.shared.stop.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -153,6 +156,9 @@ impl Drop for FsClient {
     fn drop(&mut self) {
         self.shutdown();
         self.waiters.take();
+        if let Some(h) = self.releaser.take() {
+            let _ = h.join();
+        }
         self.heartbeat.take();
         if let Some(h) = self.tuning.take() {
             let _ = h.join();

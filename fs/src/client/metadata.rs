@@ -159,6 +159,8 @@ impl FsClient {
         parent: Ino,
         name: &[u8],
     ) -> Result<(ChangeGrant, Option<Ino>), FsError> {
+        // A file closed here a moment ago goes when the unlink answers.
+        self.flush_releases();
         match change_answer(self.call(&MetaRequest::Unlink { caller, parent, name: name.to_vec() })?) {
             (MetaResponse::Removed(ino), grant) => Ok((grant, Some(ino))),
             (MetaResponse::Done, grant) => Ok((grant, None)),
@@ -184,6 +186,8 @@ impl FsClient {
         new_name: &[u8],
         flags: RenameMode,
     ) -> Result<(), FsError> {
+        // A replaced target closed here a moment ago goes when it answers.
+        self.flush_releases();
         self.call_done(&MetaRequest::Rename {
             caller,
             parent,
@@ -218,6 +222,8 @@ impl FsClient {
     }
 
     pub fn statfs(&self) -> Result<FsStats, FsError> {
+        // What queued releases give back (chunks taken ahead) is counted.
+        self.flush_releases();
         match self.call(&MetaRequest::StatFs)? {
             MetaResponse::Stats(s) => Ok(s),
             other => Err(unexpected(other)),

@@ -31,6 +31,7 @@ mod locks;
 mod metadata;
 mod opening;
 mod opens;
+mod releases;
 mod renewal_priority;
 pub mod stop_hook;
 mod tuning;
@@ -125,6 +126,9 @@ pub struct ClientConfig {
     /// (see [`TcpOptions::added_rtt`]). A client with a delay never uses the
     /// shm backend.
     pub added_rtt: Duration,
+    /// How long a release queued at a close waits for others to go to the
+    /// meta-server with it (`client::releases`); tests hold them longer.
+    pub release_linger: Duration,
 }
 
 impl ClientConfig {
@@ -136,6 +140,7 @@ impl ClientConfig {
             ib_device: None,
             key: None,
             added_rtt: Duration::ZERO,
+            release_linger: releases::LINGER,
         }
     }
 
@@ -168,9 +173,37 @@ struct Shared {
     /// The TTL of the cache grants this client asks for, in ms (0: it does
     /// not cache; see [`FsClient::set_caching`]).
     caching_ms: AtomicU64,
+    /// Releases queued to go to the meta-server in batches ([`releases`]).
+    releases: releases::Releases,
 }
 
 impl Shared {
+    fn client_id(&self) -> ClientId {
+        ClientId(self.client.load(Ordering::Relaxed))
+    }
+
+    /// One call to the meta-server on behalf of a file-system operation;
+    /// from a caching client, wrapped as [`MetaRequest::Caching`] so the
+    /// meta-server knows whose kernel caches what.
+    fn call_as_client(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
+        let ttl_ms = self.caching_ms.load(Ordering::Relaxed);
+        if ttl_ms == 0 {
+            return self.call_plain(request);
+        }
+        let inner = Box::new(request.clone());
+        self.call_plain(&MetaRequest::Caching { client: self.client_id(), ttl_ms, request: inner })
+    }
+
+    /// One call as it is, refused once the client is fenced.
+    fn call_plain(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
+        if self.fenced() {
+            return Err(FsError::Io(
+                "this client's lease expired; it is fenced until it re-registers".into(),
+            ));
+        }
+        answer(self.call(request))
+    }
+
     /// One call to the meta-server, counted by kind.
     fn call(&self, request: &MetaRequest) -> Result<MetaResponse, RpcError> {
         self.rpc_counts.count(request.inner().kind());
@@ -205,6 +238,8 @@ pub struct FsClient {
     /// Verbs of endpoints returned to the pool and dropped, for statistics.
     retired_counts: Mutex<VerbCounts>,
     heartbeat: Option<Heartbeat>,
+    /// Sends queued releases ([`releases`]).
+    releaser: Option<std::thread::JoinHandle<()>>,
     /// Reports the Citron T_wait this client needs ([`tuning`]).
     tuning: Option<std::thread::JoinHandle<()>>,
     timing: LockTiming,
@@ -322,6 +357,7 @@ impl FsClient {
             opens: opens::OpenFiles::default(),
             rpc_counts: RpcCounters::default(),
             caching_ms: AtomicU64::new(0),
+            releases: releases::Releases::new(config.release_linger),
         });
         let heartbeat = Heartbeat::start(&shared)?;
         // Timing of the lock algorithms comes from this fabric's RTT.
@@ -342,6 +378,7 @@ impl FsClient {
             allocating: Mutex::new(()),
             retired_counts: Mutex::new(VerbCounts::default()),
             heartbeat: Some(heartbeat),
+            releaser: None,
             tuning: None,
             timing,
             waits_for,
@@ -361,6 +398,13 @@ impl FsClient {
         };
         c.tuning = Some(reporter);
         c.start_waiters(probe)?;
+        c.releaser = Some({
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("citronfs-release".into())
+                .spawn(move || releases::run(shared))
+                .map_err(|e| FsError::Io(e.to_string()))?
+        });
         Ok(c)
     }
 
@@ -389,25 +433,20 @@ impl FsClient {
     /// from a caching client, wrapped as [`MetaRequest::Caching`] so the
     /// meta-server knows whose kernel caches what.
     fn call(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
-        let ttl_ms = self.shared.caching_ms.load(Ordering::Relaxed);
-        if ttl_ms == 0 {
-            return self.call_plain(request);
-        }
-        let inner = Box::new(request.clone());
-        let wrapped = MetaRequest::Caching { client: self.client_id(), ttl_ms, request: inner };
-        self.call_plain(&wrapped)
+        self.add_distance();
+        self.shared.call_as_client(request)
     }
 
     fn call_plain(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
-        if self.shared.fenced() {
-            return Err(FsError::Io(
-                "this client's lease expired; it is fenced until it re-registers".into(),
-            ));
-        }
+        self.add_distance();
+        self.shared.call_plain(request)
+    }
+
+    /// The test-only distance to the meta-server (`TcpOptions::added_rtt`).
+    fn add_distance(&self) {
         if !self.tcp_options.added_rtt.is_zero() {
             std::thread::sleep(self.tcp_options.added_rtt);
         }
-        answer(self.shared.call(request))
     }
 
     fn call_attr(&self, request: &MetaRequest) -> Result<Attr, FsError> {

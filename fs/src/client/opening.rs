@@ -110,9 +110,25 @@ impl FsClient {
     /// whose delegation holds them again, if the meta-server did
     /// (`MetaResponse::Held`).
     pub fn release_held(&self, ino: Ino) -> Result<Option<(Ino, Attr)>, FsError> {
+        let client = self.client_id();
+        // Still holding the entry: an open of the file by another thread
+        // reaches the meta-server after this release.
+        let sent =
+            self.end_opens(ino, |opens| self.call_release(&MetaRequest::Release { client, ino, opens }))?;
+        Ok(sent.flatten())
+    }
+
+    /// Ends one open of `ino` here; at the last one, runs `tell` with the
+    /// number of opens to hand back to the meta-server, still holding the
+    /// file's entry (`None`: nothing to tell).
+    pub(super) fn end_opens<R>(
+        &self,
+        ino: Ino,
+        tell: impl FnOnce(u32) -> Result<R, FsError>,
+    ) -> Result<Option<R>, FsError> {
         let current = self.registration();
         let Some(entry) = self.shared.opens.get(ino) else {
-            return self.call_release(&MetaRequest::Release { client: self.client_id(), ino, opens: 1 });
+            return tell(1).map(Some);
         };
         let mut e = entry.lock();
         if e.closed || e.registration != current {
@@ -137,9 +153,7 @@ impl FsClient {
         e.reset(true);
         self.shared.opens.forget(ino, &entry);
         self.layouts.write().remove(&ino);
-        // Still holding the entry: an open of the file by another thread
-        // reaches the meta-server after this release.
-        self.call_release(&MetaRequest::Release { client: self.client_id(), ino, opens })
+        tell(opens).map(Some)
     }
 
     fn call_release(&self, request: &MetaRequest) -> Result<Option<(Ino, Attr)>, FsError> {

@@ -191,6 +191,15 @@ impl OpenFiles {
         }
     }
 
+    /// Runs `f` unless `ino` is open here or being opened, holding the
+    /// map: an open that starts after it sees what `f` did.
+    pub fn unless_open(&self, ino: Ino, f: impl FnOnce()) {
+        let map = self.map.lock();
+        if !map.contains_key(&ino) {
+            f();
+        }
+    }
+
     /// Files open here.
     pub fn len(&self) -> usize {
         self.map.lock().len()

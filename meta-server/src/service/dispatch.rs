@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use citron_rpc::auth::{Credential, KeyOptions};
 use citronfs_core::proto::{
-    ClientInfo, ClusterInfo, Delegated, EntryPlus, Grant, Invalidation, MetaRequest, MetaResponse,
-    MAX_AHEAD_CHUNKS,
+    ClientInfo, ClusterInfo, Delegated, EntryPlus, FileRelease, Grant, HeldAgain, Invalidation, MetaRequest,
+    MetaResponse, MAX_AHEAD_CHUNKS,
 };
 use citronfs_core::session::SessionKeys;
 use citronfs_core::types::{Attr, ClientId, FileKind, Ino};
@@ -188,6 +188,32 @@ impl MetaService {
             self.grants.grant_all(client, keys, ttl);
         }
         Ok(MetaResponse::EntriesPlus(out))
+    }
+
+    /// Hands back `opens` of `client`'s opens of `ino`. At its last one,
+    /// its memory grants and cache grants of the file end, and a file its
+    /// creator wrote in its delegated directory has the attributes the
+    /// writes changed held again: returned to a caching `client`.
+    fn release(
+        &self,
+        caching: Option<(ClientId, Duration)>,
+        client: ClientId,
+        ino: Ino,
+        opens: u32,
+    ) -> Result<Option<HeldAgain>, FsError> {
+        let mut ns = self.ns.lock();
+        ns.release(client, ino, opens)?;
+        let still_open = ns.is_open_by(ino, client);
+        self.access.closed(client, ino, still_open);
+        if still_open {
+            return Ok(None);
+        }
+        self.grants.closed(client, ino);
+        let holder = caching.map(|(c, _)| c).filter(|c| *c == client);
+        match holder.and_then(|c| self.grants.held_again(c, ino)) {
+            Some(dir) => Ok(Some(HeldAgain { dir, attr: ns.attr(ino)? })),
+            None => Ok(None),
+        }
     }
 
     fn dispatch_changing(
@@ -493,21 +519,22 @@ impl MetaService {
                 A::Layout(layout)
             }
             R::Layout { ino } => A::Layout(self.ns.lock().layout(ino)?),
-            R::Release { client, ino, opens } => {
-                let mut ns = self.ns.lock();
-                ns.release(client, ino, opens)?;
-                let still_open = ns.is_open_by(ino, client);
-                self.access.closed(client, ino, still_open);
-                if !still_open {
-                    self.grants.closed(client, ino);
-                    // A file its creator wrote in its delegated directory:
-                    // the attributes the writes changed, held again.
-                    let holder = caching.map(|(c, _)| c).filter(|c| *c == client);
-                    if let Some(dir) = holder.and_then(|c| self.grants.held_again(c, ino)) {
-                        return Ok(A::Held { dir, attr: ns.attr(ino)? });
+            R::Release { client, ino, opens } => match self.release(caching, client, ino, opens)? {
+                Some(HeldAgain { dir, attr }) => A::Held { dir, attr },
+                None => A::Done,
+            },
+            R::ReleaseMany { client, files } => {
+                // Each file as its own `Release`: one that fails (a file
+                // another request of this client already released) is
+                // logged and does not keep the others from their release.
+                let mut held = Vec::new();
+                for FileRelease { ino, opens } in files {
+                    match self.release(caching, client, ino, opens) {
+                        Ok(again) => held.extend(again),
+                        Err(e) => log::warn!("client {}: release of inode {}: {e}", client.0, ino.0),
                     }
                 }
-                A::Done
+                A::HeldAgain(held)
             }
             R::GrowWaitsFor { last } => {
                 A::WaitsForBlock(self.waits_for_chain.grow(last, &self.ns, &self.access)?)

@@ -1,0 +1,311 @@
+//! Releases sent after the close, in batches (issue 13: "no RPC at flush
+//! or release where nothing changed").
+//!
+//! A mount's last close of a file does everything the file's release needs
+//! here at once: it stops the use of the file's lock memory and forgets its
+//! addresses and layout ([`opens`](super::opens)). What is left is telling
+//! the meta-server, and nobody waits for that: the kernel sends `RELEASE`
+//! after close(2) has returned. So the mount queues it here
+//! ([`FsClient::release_later`]), and one thread sends what has queued up
+//! as one `ReleaseMany` a short while later (`ClientConfig::release_linger`,
+//! by default [`LINGER`]), or at once when
+//! [`BATCH`] files are waiting. A create loop then pays one round trip per
+//! file (its `CreateOpen`) instead of two, and the meta-server one message
+//! per batch.
+//!
+//! # What a late release can change, and what keeps it right
+//!
+//! Until its release arrives, the meta-server counts the file open here:
+//! * **a reopen here** reaches the meta-server before the queued release.
+//!   Opens are counted, not flagged, and a release hands back the number of
+//!   opens it ends, so the count stays right in either order; the file's
+//!   lock memory is reused only when no client has it open, so it is not
+//!   reused under the reopen either;
+//! * **an unlink or rename** (here or on another mount) of a file counted
+//!   open leaves its data until the release, as for any open file. An
+//!   unlink or rename *here* first sends what is queued
+//!   ([`FsClient::flush_releases`]), so a program that closes and deletes a
+//!   big file gets its space back when the unlink answers, as before; and
+//!   so does `statfs` (chunks taken ahead of a writer go back at its
+//!   release);
+//! * **caching**: while a written file is counted open, other mounts read
+//!   its attributes from the meta-server rather than cache them, which is
+//!   coherent, only not cached for those milliseconds;
+//! * **a lost lease**: the meta-server forgot the opens of the old
+//!   registration; releases queued under it are dropped.
+//!
+//! A file past its first chunk is released at once, as before: chunks
+//! taken ahead of its writer go back at its release, and a stat, du or df
+//! right after its close should not count them (a create loop's files are
+//! small, and they are what batching is for).
+//!
+//! A release the meta-server answers with a file's attributes held again
+//! (`HeldAgain`, a file made in a directory delegated to this mount) is
+//! handed to the mount's hook ([`FsClient::on_held_again`]) only if the
+//! file has not been opened here again since: checked and handed under
+//! the open-files map's lock, which every open takes first, so an open
+//! either sees the attributes held (and drops them as any open for writing
+//! does) or is seen.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::{unexpected, FsClient, Shared};
+use crate::error::FsError;
+use crate::proto::{FileRelease, HeldAgain, MetaRequest, MetaResponse};
+use crate::types::{Attr, Ino};
+
+/// How long a queued release waits for others to go with it, by default
+/// (`ClientConfig::release_linger`).
+pub const LINGER: Duration = Duration::from_millis(1);
+/// Releases that are sent at once, without waiting out the linger.
+pub const BATCH: usize = 128;
+
+/// Where a released file's attributes held again go (the mount's
+/// delegations).
+pub type HeldHook = Box<dyn Fn(Ino, &Attr) + Send + Sync>;
+
+/// One file's queued release.
+#[derive(Clone, Copy, Debug)]
+struct Queued {
+    release: FileRelease,
+    /// The registration its opens were counted under.
+    registration: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Queued>,
+    /// When the oldest waiting release was queued.
+    since: Option<Instant>,
+    /// A batch is on its way to the meta-server: a flush waits for it, so
+    /// that what it flushes is there before the flusher's next request.
+    in_flight: bool,
+    stop: bool,
+}
+
+/// The queue of releases of a client and the condition its sender waits on.
+pub(super) struct Releases {
+    queue: Mutex<Queue>,
+    changed: Condvar,
+    hook: parking_lot::RwLock<Option<HeldHook>>,
+    /// How long the oldest queued release waits for others.
+    linger: Duration,
+}
+
+impl Releases {
+    pub(super) fn new(linger: Duration) -> Self {
+        Self {
+            queue: Mutex::default(),
+            changed: Condvar::new(),
+            hook: parking_lot::RwLock::new(None),
+            linger,
+        }
+    }
+
+    fn push(&self, queued: Queued) {
+        let mut q = self.queue.lock();
+        q.waiting.push(queued);
+        if q.since.is_none() {
+            q.since = Some(Instant::now());
+            self.changed.notify_all();
+        } else if q.waiting.len() == BATCH {
+            self.changed.notify_all();
+        }
+    }
+
+    /// The next batch for the sender thread, once it is due; `None` once
+    /// the client stops.
+    fn next_batch(&self) -> Option<Vec<Queued>> {
+        let mut q = self.queue.lock();
+        loop {
+            if q.stop {
+                return None;
+            }
+            match q.since {
+                Some(since) if !q.in_flight => {
+                    let due = since + self.linger;
+                    if q.waiting.len() >= BATCH || Instant::now() >= due {
+                        return Some(Self::take(&mut q));
+                    }
+                    self.changed.wait_until(&mut q, due);
+                }
+                _ => self.changed.wait(&mut q),
+            }
+        }
+    }
+
+    fn take(q: &mut Queue) -> Vec<Queued> {
+        q.since = None;
+        q.in_flight = true;
+        std::mem::take(&mut q.waiting)
+    }
+
+    fn sent(&self) {
+        self.queue.lock().in_flight = false;
+        self.changed.notify_all();
+    }
+
+    pub(super) fn stop(&self) {
+        self.queue.lock().stop = true;
+        self.changed.notify_all();
+    }
+}
+
+/// The sender thread: batches until the client stops.
+pub(super) fn run(shared: Arc<Shared>) {
+    while let Some(batch) = shared.releases.next_batch() {
+        send(&shared, batch);
+        shared.releases.sent();
+    }
+}
+
+/// Sends `batch` as one `ReleaseMany` (what the current registration
+/// counted of it) and hands on what came back held.
+fn send(shared: &Shared, batch: Vec<Queued>) {
+    let current = shared.registration.load(std::sync::atomic::Ordering::Relaxed);
+    let files: Vec<FileRelease> =
+        batch.iter().filter(|q| q.registration == current).map(|q| q.release).collect();
+    if files.is_empty() {
+        return;
+    }
+    let count = files.len();
+    let request = MetaRequest::ReleaseMany { client: shared.client_id(), files };
+    let held = match shared.call_as_client(&request) {
+        Ok(MetaResponse::HeldAgain(held)) => held,
+        Ok(other) => {
+            log::warn!("releases of {count} files: {}", unexpected(other));
+            return;
+        }
+        Err(e) => {
+            // As a release that failed at the close: the meta-server keeps
+            // counting those opens until this client leaves or is fenced.
+            log::warn!("releases of {count} files: {e}");
+            return;
+        }
+    };
+    hand_held_again(shared, held);
+}
+
+/// Hands what releases' answers held again to the mount's hook, for each
+/// file not opened here again since (see the module comment).
+fn hand_held_again(shared: &Shared, held: impl IntoIterator<Item = HeldAgain>) {
+    let hook = shared.releases.hook.read();
+    let Some(hook) = hook.as_ref() else { return };
+    for HeldAgain { dir, attr } in held {
+        shared.opens.unless_open(attr.ino, || hook(dir, &attr));
+    }
+}
+
+impl FsClient {
+    /// [`FsClient::release`] whose message to the meta-server goes later,
+    /// with others (see the module comment): for a mount's `RELEASE`, which
+    /// nobody waits for. Everything here is done when it returns.
+    pub fn release_later(&self, ino: Ino) -> Result<(), FsError> {
+        if self.may_hold_chunks_ahead(ino) {
+            // Chunks taken ahead of the file's writer go back at its
+            // release: told at once, so that a stat, du or df right after
+            // the close counts them gone. Only files past their first
+            // chunk, which a create loop does not make.
+            let held = self.release_held(ino)?;
+            hand_held_again(&self.shared, held.map(|(dir, attr)| HeldAgain { dir, attr }));
+            return Ok(());
+        }
+        let registration = self.registration();
+        let releases = &self.shared.releases;
+        self.end_opens(ino, |opens| {
+            releases.push(Queued { release: FileRelease { ino, opens }, registration });
+            Ok(())
+        })
+        .map(drop)
+    }
+
+    /// Whether `ino` may hold chunks taken ahead of a writer here: the
+    /// meta-server takes them only for a write past a file's first chunk
+    /// (`layouts::chunks_ahead`).
+    fn may_hold_chunks_ahead(&self, ino: Ino) -> bool {
+        self.layouts.read().get(&ino).is_some_and(|l| l.read().chunks.len() > 1)
+    }
+
+    /// Sends the releases queued so far and waits until the meta-server
+    /// has them (and any batch already on its way); whether there were
+    /// any.
+    pub fn flush_releases(&self) -> bool {
+        let releases = &self.shared.releases;
+        let batch = {
+            let mut q = releases.queue.lock();
+            let mut waited = false;
+            while q.in_flight {
+                releases.changed.wait(&mut q);
+                waited = true;
+            }
+            if q.waiting.is_empty() {
+                return waited;
+            }
+            Releases::take(&mut q)
+        };
+        send(&self.shared, batch);
+        releases.sent();
+        true
+    }
+
+    /// Where the attributes of files released later and held again go
+    /// ([`MetaResponse::HeldAgain`]).
+    pub fn on_held_again(&self, hook: HeldHook) {
+        *self.shared.releases.hook.write() = Some(hook);
+    }
+
+    /// Releases queued and not yet sent (tests, diagnostics).
+    pub fn queued_releases(&self) -> usize {
+        self.shared.releases.queue.lock().waiting.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queued(ino: u64) -> Queued {
+        Queued { release: FileRelease { ino: Ino(ino), opens: 1 }, registration: 0 }
+    }
+
+    /// Releases queued within [`LINGER`] of the first go as one batch; a
+    /// flush (`in_flight`) keeps the sender from starting the next one
+    /// until the flushed batch is sent.
+    #[test]
+    fn releases_queued_together_go_together_and_one_batch_at_a_time() {
+        let r = Releases::new(LINGER);
+        for ino in 1..=3 {
+            r.push(queued(ino));
+        }
+        let batch = r.next_batch().expect("not stopped");
+        let inos: Vec<u64> = batch.iter().map(|q| q.release.ino.0).collect();
+        assert_eq!(inos, [1, 2, 3]);
+        // The batch is in flight: a release queued now waits for it.
+        r.push(queued(4));
+        let r = Arc::new(r);
+        let sender = {
+            let r = r.clone();
+            std::thread::spawn(move || r.next_batch().map(|b| b.len()))
+        };
+        std::thread::sleep(LINGER * 5);
+        assert!(!sender.is_finished(), "a second batch went while the first was in flight");
+        r.sent();
+        assert_eq!(sender.join().unwrap(), Some(1));
+        r.sent();
+        r.stop();
+        assert!(r.next_batch().is_none(), "a stopped queue gives no batch");
+    }
+
+    /// A full batch goes without waiting out the linger.
+    #[test]
+    fn a_full_batch_goes_at_once() {
+        let r = Releases::new(LINGER);
+        for ino in 0..BATCH as u64 {
+            r.push(queued(ino));
+        }
+        assert_eq!(r.next_batch().unwrap().len(), BATCH);
+    }
+}
