@@ -8,8 +8,7 @@
 //! after close(2) has returned. So the mount queues it here
 //! ([`FsClient::release_later`]), and one thread sends what has queued up
 //! as one `ReleaseMany` a short while later (`ClientConfig::release_linger`,
-//! by default [`LINGER`]), or at once when
-//! [`BATCH`] files are waiting. A create loop then pays one round trip per
+//! by default [`LINGER`]), or at once when [`BATCH`] files are waiting. A create loop then pays one round trip per
 //! file (its `CreateOpen`) instead of two, and the meta-server one message
 //! per batch.
 //!
@@ -25,9 +24,10 @@
 //!   open leaves its data until the release, as for any open file. An
 //!   unlink or rename *here* first sends what is queued
 //!   ([`FsClient::flush_releases`]), so a program that closes and deletes a
-//!   big file gets its space back when the unlink answers, as before; and
-//!   so does `statfs` (chunks taken ahead of a writer go back at its
-//!   release);
+//!   file gets its space back when the unlink answers, as before; `statfs`
+//!   sends them first too, and so does a write the data servers have no
+//!   room for (files closed here and unlinked elsewhere hold their space
+//!   until their releases arrive);
 //! * **caching**: while a written file is counted open, other mounts read
 //!   its attributes from the meta-server rather than cache them, which is
 //!   coherent, only not cached for those milliseconds;
