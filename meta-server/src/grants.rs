@@ -439,10 +439,37 @@ impl Grants {
         }
     }
 
-    /// As [`Grants::grant`] for each of `keys` (a listing's entries and
-    /// attributes), under one lock and one reading of the clock.
-    pub fn grant_all(&self, client: ClientId, keys: Vec<Key>, ttl: Duration) {
-        self.insert(client, keys, ttl, false);
+    /// Grants `client` each listed entry of `dir` and its attributes
+    /// together, as a lookup's answer, where the attributes may be granted
+    /// ([`Grants::attr_grantable`]); whether each was. A page of a listing
+    /// is one look under the lock and one reading of the clock, not one
+    /// per entry. Each item is a name, its inode and whether it is a
+    /// regular file. Called with the namespace mutex held, before the
+    /// answer leaves.
+    pub fn grant_listing<'a>(
+        &self,
+        client: ClientId,
+        dir: Ino,
+        ttl: Duration,
+        entries: impl IntoIterator<Item = (&'a [u8], Ino, bool)>,
+    ) -> Vec<bool> {
+        let grant = Grant::new(ttl, false);
+        let now = Instant::now();
+        let mut s = self.state.lock();
+        let State { grants, contended, writers, .. } = &mut *s;
+        entries
+            .into_iter()
+            .map(|(name, ino, regular)| {
+                let contended = contended.get(&ino).is_some_and(|c| c.until > now);
+                if contended || regular && writers.contains_key(&ino) {
+                    return false;
+                }
+                let entry = Invalidation::Entry { parent: dir, name: name.to_vec() };
+                grants.entry(entry).or_default().insert(client, grant);
+                grants.entry(Invalidation::Attr(ino)).or_default().insert(client, grant);
+                true
+            })
+            .collect()
     }
 
     fn insert(
@@ -759,6 +786,33 @@ mod tests {
         g.prune();
         let s = g.state.lock();
         assert!(s.contended.is_empty() && s.last_changes.is_empty());
+    }
+
+    /// A page of a listing grants each entry and its attributes but those
+    /// of a file open for writing or contended, and says which; what it
+    /// granted is called back as any grant.
+    #[test]
+    fn a_listing_grants_what_a_lookup_would_and_says_what() {
+        let g = Arc::new(Grants::default());
+        let (dir, written, contended, plain, subdir) = (Ino(1), Ino(2), Ino(3), Ino(4), Ino(5));
+        g.writing(B, written);
+        g.revoke(Some(A), &[Invalidation::Attr(contended)]);
+        g.revoke(Some(B), &[Invalidation::Attr(contended)]);
+        let page: [(&[u8], Ino, bool); 4] =
+            [(b"w", written, true), (b"c", contended, true), (b"p", plain, true), (b"s", subdir, false)];
+        let ttl = Duration::from_secs(60);
+        assert_eq!(g.grant_listing(A, dir, ttl, page), vec![false, false, true, true]);
+        assert_eq!(g.len(), 4, "two entries and their attributes");
+        // B's unlink of p calls A back, and waits for its acknowledgement.
+        let entry = Invalidation::Entry { parent: dir, name: b"p".to_vec() };
+        let changer = {
+            let (g, entry) = (g.clone(), entry.clone());
+            std::thread::spawn(move || g.revoke(Some(B), &[entry, Invalidation::Attr(plain)]))
+        };
+        let Polled { through, items, .. } = g.poll(A, 0, ttl);
+        assert!(items.contains(&entry), "A was not called back for the listed entry: {items:?}");
+        g.poll(A, through, Duration::ZERO);
+        assert_eq!(changer.join().unwrap(), 2);
     }
 
     #[test]

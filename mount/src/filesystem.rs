@@ -46,11 +46,11 @@ impl Filesystem for CitronFuse {
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
             log::warn!("the kernel does not offer {missing:?}: shared writable mappings fail with ENODEV");
         }
-        // A caching mount lists with READDIRPLUS where the kernel expects
-        // the entries to be looked up (`listing`); one without caching
-        // keeps plain READDIR.
+        // A caching mount lists with READDIRPLUS always, not where the
+        // kernel guesses the names will be looked up (`listing`); one
+        // without caching keeps plain READDIR.
         if !self.options.cache_ttl.is_zero() {
-            let plus = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
+            let plus = InitFlags::FUSE_DO_READDIRPLUS;
             if let Err(missing) = config.add_capabilities(plus) {
                 log::warn!("the kernel does not offer {missing:?}: listings cache no attributes");
             }

@@ -394,13 +394,37 @@ fn a_directory_kept_open_sees_the_other_mounts_changes_at_each_rewind(mode: Mode
     assert_eq!(kept_a.names(), ["m3", "m4"], "A's kept stream misses B's create");
 }
 
+/// A caching mount's listing brings every entry's attributes, also to a
+/// caller that reads the whole directory before it stats what it found
+/// (`du`, `tar`, `rsync`, GNU `find`'s fts): none of its stats reaches the
+/// daemon. (With the kernel's `FUSE_READDIRPLUS_AUTO`, each name past the
+/// first kernel buffer cost a `LOOKUP` and a round trip.)
+#[test]
+fn a_listing_read_to_its_end_before_any_stat_brings_every_entrys_attributes() {
+    let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
+    // Several kernel buffers of entries.
+    const FILES: usize = 600;
+    fs::create_dir(a.path("d")).unwrap();
+    for i in 0..FILES {
+        fs::write(a.path(&format!("d/f{i:04}")), b"x").unwrap();
+    }
+    all_closed(&c);
+    let listed = names(&b, "d");
+    assert_eq!(listed.len(), FILES);
+    for name in listed {
+        let (meta, calls, requests) = stat_cost(&b, &format!("d/{name}"));
+        assert_eq!(meta.len(), 1, "d/{name}");
+        assert_eq!(calls.operations(), 0, "the stat of listed d/{name} sent {}", calls.describe());
+        assert_eq!(requests, 0, "the stat of listed d/{name} reached the daemon");
+    }
+}
+
 /// READDIRPLUS (caching mounts): B's listing of a directory, each entry
 /// stat'ed as it is read (`ls -l`), brings each entry's attributes along,
 /// granted, so B's kernel answers the stat of every listed file alone (no
 /// FUSE request, no round trip); and what A changes afterwards — a chmod,
 /// an unlink, a rename, a write through a file it holds open — is seen by
-/// B's very next stat or listing. (A listing nobody stats past its first
-/// buffer goes on with plain READDIR: `FUSE_READDIRPLUS_AUTO`, `listing`.)
+/// B's very next stat or listing.
 #[test]
 fn a_listing_caches_what_it_lists_and_changes_are_still_seen_at_once() {
     let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
@@ -438,10 +462,9 @@ fn a_listing_caches_what_it_lists_and_changes_are_still_seen_at_once() {
     fs::rename(a.path("d/f3"), a.path("d/g3")).unwrap();
     let (calls, requests) = (b.client.rpc_counts(), b.requests.snapshot());
     let listed = names(&b, "d");
-    // The directory changed, so the kernel lists it anew (READDIRPLUS,
-    // then plain READDIR as nothing is stat'ed), and the mount learned at
-    // the first listing how many entries a kernel buffer takes: one
-    // meta-server call per request.
+    // The directory changed, so the kernel lists it anew, and the mount
+    // learned at the first listing how many entries a kernel buffer
+    // takes: one meta-server call per request.
     let calls = b.client.rpc_counts() - calls;
     let plus = b.requests.snapshot().get(FuseOp::ReadDirPlus) - requests.get(FuseOp::ReadDirPlus);
     let plain = b.requests.snapshot().get(FuseOp::ReadDir) - requests.get(FuseOp::ReadDir);

@@ -12,7 +12,7 @@ use citronfs_core::proto::{
     MetaResponse, MAX_AHEAD_CHUNKS,
 };
 use citronfs_core::session::SessionKeys;
-use citronfs_core::types::{Attr, ClientId, FileKind, Ino};
+use citronfs_core::types::{Attr, ClientId, DirEntry, FileKind, Ino};
 use citronfs_core::FsError;
 
 use super::{ClientLease, MetaService};
@@ -172,21 +172,29 @@ impl MetaService {
         max: u32,
     ) -> Result<MetaResponse, FsError> {
         let entries = ns.readdir_plus(dir, after, max.min(MAX_READDIR))?;
-        let mut out = Vec::with_capacity(entries.len());
-        let mut keys = Vec::new();
-        for (entry, attr) in entries {
-            let mut grant = Grant::default();
-            let dots = entry.name == b"." || entry.name == b"..";
-            if caching.is_some() && !dots && self.attr_grantable(&attr) {
-                keys.push(Invalidation::Entry { parent: dir, name: entry.name.clone() });
-                keys.push(Invalidation::Attr(attr.ino));
-                grant = Grant { entry: true, attr: true, ..Grant::default() };
-            }
-            out.push(EntryPlus { entry, attr, grant });
-        }
-        if let Some((client, ttl)) = caching {
-            self.grants.grant_all(client, keys, ttl);
-        }
+        let is_dots = |entry: &DirEntry| entry.name == b"." || entry.name == b"..";
+        let granted = match caching {
+            Some((client, ttl)) => self.grants.grant_listing(
+                client,
+                dir,
+                ttl,
+                entries
+                    .iter()
+                    .filter(|(entry, _)| !is_dots(entry))
+                    .map(|(entry, attr)| (&entry.name[..], attr.ino, attr.kind == FileKind::File)),
+            ),
+            None => Vec::new(),
+        };
+        let mut granted = granted.into_iter();
+        let out = entries
+            .into_iter()
+            .map(|(entry, attr)| {
+                // `granted` holds one answer per entry but the dots, in order.
+                let both = !is_dots(&entry) && granted.next().unwrap_or(false);
+                let grant = Grant { entry: both, attr: both, ..Grant::default() };
+                EntryPlus { entry, attr, grant }
+            })
+            .collect();
         Ok(MetaResponse::EntriesPlus(out))
     }
 
