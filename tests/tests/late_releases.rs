@@ -101,6 +101,25 @@ fn a_reopen_before_the_queued_release_keeps_the_file_open() {
     assert_eq!(open_files(&c), 0);
 }
 
+/// A create loop's releases wait for one another; the first call of
+/// another kind (here a lookup) has them sent at once, not after the
+/// linger (an hour here).
+#[test]
+fn creates_batch_their_releases_and_another_call_sends_them() {
+    let c = cluster();
+    let a = holding_client(&c);
+    let files = 5;
+    for i in 0..files {
+        let ino = a.create_open(ME, Ino::ROOT, format!("f{i}").as_bytes(), 0o644).unwrap().ino;
+        a.release_later(ino).unwrap();
+    }
+    assert_eq!(a.queued_releases(), files, "a create sent the releases queued before it");
+    assert_eq!(open_files(&c), files as u64);
+    a.lookup(ME, Ino::ROOT, b"f0").unwrap();
+    until("the releases sent after a lookup", || open_files(&c) == 0);
+    assert_eq!(a.queued_releases(), 0);
+}
+
 /// Nobody flushes: the sender thread sends what was queued by itself, as
 /// few messages for many files.
 #[test]

@@ -433,13 +433,24 @@ impl FsClient {
     /// from a caching client, wrapped as [`MetaRequest::Caching`] so the
     /// meta-server knows whose kernel caches what.
     fn call(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
-        self.add_distance();
+        self.before_call(request);
         self.shared.call_as_client(request)
     }
 
     fn call_plain(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
-        self.add_distance();
+        self.before_call(request);
         self.shared.call_plain(request)
+    }
+
+    /// Before a file-system operation's call: the test-only distance, and
+    /// the queued releases sent now unless the call is a create's, an
+    /// open's or a write's allocation (`releases`, "When a batch goes").
+    fn before_call(&self, request: &MetaRequest) {
+        self.add_distance();
+        use MetaRequest::{AllocChunks, CreateOpen, Open};
+        if !matches!(request.inner(), CreateOpen { .. } | Open { .. } | AllocChunks { .. }) {
+            self.shared.releases.send_now();
+        }
     }
 
     /// The test-only distance to the meta-server (`TcpOptions::added_rtt`).
