@@ -144,8 +144,9 @@ fn queued_releases_reach_the_meta_server_by_themselves() {
 
 /// Releases held back (a linger of an hour): files closed here and
 /// unlinked by another client keep their space until their releases reach
-/// the meta-server. A writer here that finds the data servers full sends
-/// the queued releases, and gets that space.
+/// the meta-server. A writer here gets that space: its first call that is
+/// not an allocation sends the queue, and an allocation refused for want
+/// of space would send it too.
 #[test]
 fn a_writer_short_of_space_sends_the_queued_releases_and_gets_their_space() {
     let c = cluster();
@@ -202,4 +203,27 @@ fn a_file_past_its_first_chunk_is_released_at_once() {
         8 * MIB,
         "the chunks ahead went back with the release"
     );
+}
+
+/// Lock memory held by files whose releases wait in the queue: a create
+/// refused for want of it (ENFILE at the meta-server) sends them and
+/// succeeds.
+#[test]
+fn a_create_short_of_lock_memory_sends_the_queued_releases_and_succeeds() {
+    let mut cfg = MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.chunk_size = MIB;
+    cfg.lease = TEST_LEASE;
+    cfg.lock_bytes = 64 << 10;
+    let c = TestCluster::start_sized(cfg, 1, 64 * MIB);
+    let a = holding_client(&c);
+    for i in 0..500 {
+        let name = format!("f{i}");
+        let ino = a
+            .create_open(ME, Ino::ROOT, name.as_bytes(), 0o644)
+            .unwrap_or_else(|e| panic!("create {i} with {} releases queued: {e}", a.queued_releases()))
+            .ino;
+        a.release_later(ino).unwrap();
+    }
+    let s = c.meta.status();
+    assert!(s.lock_memory.refused_opens >= 1, "lock memory never filled up: {:?}", s.lock_memory);
 }

@@ -298,14 +298,7 @@ impl FsClient {
                     let ahead = chunks_ahead(&layout.read(), &asks);
                     MetaRequest::AllocChunks { ino, chunks: asks, ahead }
                 };
-                let answer = match self.call(&request) {
-                    // Chunks taken ahead of files closed here a moment ago
-                    // go back with their queued releases: send those, and
-                    // ask once more.
-                    Err(FsError::NoSpace) if self.flush_releases() => self.call(&request),
-                    answer => answer,
-                };
-                match answer? {
+                match self.call(&request)? {
                     MetaResponse::Chunks(allocated) => {
                         layout.write().add_allocated(&allocated);
                         given.extend(allocated.chunks);

@@ -434,7 +434,25 @@ impl FsClient {
     /// meta-server knows whose kernel caches what.
     fn call(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
         self.before_call(request);
-        self.shared.call_as_client(request)
+        match self.shared.call_as_client(request) {
+            // Files closed here a moment ago keep their lock memory and,
+            // unlinked elsewhere, their space until their queued releases
+            // arrive: a create, open or allocation refused for want of
+            // either sends them and asks once more. Those requests change
+            // nothing when they are refused, so asking again is safe.
+            Err(FsError::NoSpace | FsError::TooManyOpenFiles)
+                if matches!(
+                    request.inner(),
+                    MetaRequest::CreateOpen { .. }
+                        | MetaRequest::Open { .. }
+                        | MetaRequest::AllocChunks { .. }
+                        | MetaRequest::GrowExtents { .. }
+                ) && self.flush_releases() =>
+            {
+                self.shared.call_as_client(request)
+            }
+            answer => answer,
+        }
     }
 
     fn call_plain(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
