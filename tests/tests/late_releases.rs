@@ -213,10 +213,16 @@ fn a_create_short_of_lock_memory_sends_the_queued_releases_and_succeeds() {
     let mut cfg = MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
     cfg.chunk_size = MIB;
     cfg.lease = TEST_LEASE;
+    // Room for some 130-160 files.
     cfg.lock_bytes = 64 << 10;
     let c = TestCluster::start_sized(cfg, 1, 64 * MIB);
     let a = holding_client(&c);
-    for i in 0..500 {
+    // Kept open: what is left is room for fewer files than a batch
+    // (`releases::BATCH`), so only a refused create sends the queue.
+    let held: Vec<Ino> = (0..100)
+        .map(|i| a.create_open(ME, Ino::ROOT, format!("held{i}").as_bytes(), 0o644).unwrap().ino)
+        .collect();
+    for i in 0..300 {
         let name = format!("f{i}");
         let ino = a
             .create_open(ME, Ino::ROOT, name.as_bytes(), 0o644)
@@ -226,4 +232,7 @@ fn a_create_short_of_lock_memory_sends_the_queued_releases_and_succeeds() {
     }
     let s = c.meta.status();
     assert!(s.lock_memory.refused_opens >= 1, "lock memory never filled up: {:?}", s.lock_memory);
+    for ino in held {
+        a.release(ino).unwrap();
+    }
 }

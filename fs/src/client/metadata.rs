@@ -159,9 +159,13 @@ impl FsClient {
         parent: Ino,
         name: &[u8],
     ) -> Result<(ChangeGrant, Option<Ino>), FsError> {
-        // A file closed here a moment ago goes when the unlink answers.
+        let answer = self.call(&MetaRequest::Unlink { caller, parent, name: name.to_vec() });
+        // A file closed here a moment ago: its queued release went to the
+        // meta-server beside the call (any call but a create's or an open's
+        // sends the queue), and its space is free once both are answered,
+        // whichever came first there.
         self.flush_releases();
-        match change_answer(self.call(&MetaRequest::Unlink { caller, parent, name: name.to_vec() })?) {
+        match change_answer(answer?) {
             (MetaResponse::Removed(ino), grant) => Ok((grant, Some(ino))),
             (MetaResponse::Done, grant) => Ok((grant, None)),
             (other, _) => Err(unexpected(other)),
@@ -186,16 +190,17 @@ impl FsClient {
         new_name: &[u8],
         flags: RenameMode,
     ) -> Result<(), FsError> {
-        // A replaced target closed here a moment ago goes when it answers.
-        self.flush_releases();
-        self.call_done(&MetaRequest::Rename {
+        let done = self.call_done(&MetaRequest::Rename {
             caller,
             parent,
             name: name.to_vec(),
             new_parent,
             new_name: new_name.to_vec(),
             flags,
-        })
+        });
+        // A replaced target closed here a moment ago: as for an unlink.
+        self.flush_releases();
+        done
     }
 
     /// Entries after cookie `after` (0: from the start).

@@ -41,12 +41,13 @@
 //!   reused under the reopen either;
 //! * **an unlink or rename** (here or on another mount) of a file counted
 //!   open leaves its data until the release, as for any open file. An
-//!   unlink or rename *here* first sends what is queued
-//!   ([`FsClient::flush_releases`]), so a program that closes and deletes a
-//!   file gets its space back when the unlink answers, as before; `statfs`
-//!   sends them first too, and so does a write the data servers have no
-//!   room for (files closed here and unlinked elsewhere hold their space
-//!   until their releases arrive);
+//!   unlink or rename *here* sends what is queued beside it and returns
+//!   once both are answered ([`FsClient::flush_releases`]), so a program
+//!   that closes and deletes a file gets its space back when the unlink
+//!   answers, as before, without a round trip more; `statfs` sends the
+//!   queue first, and a create, open or write refused for want of space or
+//!   lock memory sends it and asks again (files closed here and unlinked
+//!   elsewhere hold their space until their releases arrive);
 //! * **caching**: while a written file is counted open, other mounts read
 //!   its attributes from the meta-server rather than cache them, which is
 //!   coherent, only not cached for that while (at most the linger);
