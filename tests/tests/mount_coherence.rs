@@ -215,6 +215,16 @@ fn big_directories_are_listed_whole_on_the_other_mount(mode: Mode) {
     }
 }
 
+/// Makes directory `d` on mount `m` with `files` files `d/f0`, `d/f1`, ...
+/// holding `content`, and waits until all are closed.
+fn make_files(c: &TestCluster, m: &TestMount, files: usize, content: &[u8]) {
+    fs::create_dir(m.path("d")).unwrap();
+    for i in 0..files {
+        fs::write(m.path(&format!("d/f{i}")), content).unwrap();
+    }
+    all_closed(c);
+}
+
 /// Waits until no file is open anywhere: a regular file's attributes are
 /// cached only while nobody has it open for writing, and the kernel sends
 /// the release of a closed file after close(2) has returned.
@@ -298,11 +308,7 @@ fn a_change_waits_out_the_grant_of_a_mount_that_does_not_acknowledge() {
 fn concurrent_unlinks_in_one_directory_on_two_mounts_wait_for_no_grant() {
     let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
     const FILES: usize = 40;
-    fs::create_dir(a.path("d")).unwrap();
-    for i in 0..FILES {
-        fs::write(a.path(&format!("d/f{i}")), b"").unwrap();
-    }
-    all_closed(&c);
+    make_files(&c, &a, FILES, b"");
     for m in [&a, &b] {
         for i in 0..FILES {
             fs::metadata(m.path(&format!("d/f{i}"))).unwrap();
@@ -404,11 +410,7 @@ fn a_listing_read_to_its_end_before_any_stat_brings_every_entrys_attributes() {
     let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
     // Several kernel buffers of entries.
     const FILES: usize = 600;
-    fs::create_dir(a.path("d")).unwrap();
-    for i in 0..FILES {
-        fs::write(a.path(&format!("d/f{i:04}")), b"x").unwrap();
-    }
-    all_closed(&c);
+    make_files(&c, &a, FILES, b"x");
     let listed = names(&b, "d");
     assert_eq!(listed.len(), FILES);
     for name in listed {
@@ -430,11 +432,7 @@ fn a_listing_caches_what_it_lists_and_changes_are_still_seen_at_once() {
     let (c, a, b) = cluster(Mode::Cached(LONG_TTL));
     // Several kernel pages of entries.
     const FILES: usize = 300;
-    fs::create_dir(a.path("d")).unwrap();
-    for i in 0..FILES {
-        fs::write(a.path(&format!("d/f{i}")), b"x").unwrap();
-    }
-    all_closed(&c);
+    make_files(&c, &a, FILES, b"x");
     let plus = b.requests.snapshot().get(FuseOp::ReadDirPlus);
     let mut listed = 0;
     for e in fs::read_dir(b.path("d")).unwrap() {

@@ -429,9 +429,10 @@ impl FsClient {
         self.geometry.chunk_size()
     }
 
-    /// One call to the meta-server on behalf of a file-system operation;
-    /// from a caching client, wrapped as [`MetaRequest::Caching`] so the
-    /// meta-server knows whose kernel caches what.
+    /// One call to the meta-server on behalf of a file-system operation
+    /// ([`Shared::call_as_client`]), after [`FsClient::before_call`]; asked
+    /// once more, after the queued releases, if lock memory or space was
+    /// short.
     fn call(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
         self.before_call(request);
         match self.shared.call_as_client(request) {

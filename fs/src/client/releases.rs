@@ -305,6 +305,18 @@ mod tests {
 
     const SHORT: Duration = Duration::from_millis(5);
 
+    /// A sender waiting for `r`'s next batch: its size, once it goes.
+    /// Checked not to have gone after a while of waiting.
+    fn waiting_sender(r: &Arc<Releases>, why: &str) -> std::thread::JoinHandle<Option<usize>> {
+        let sender = {
+            let r = r.clone();
+            std::thread::spawn(move || r.next_batch().map(|b| b.len()))
+        };
+        std::thread::sleep(SHORT * 5);
+        assert!(!sender.is_finished(), "{why}");
+        sender
+    }
+
     /// Releases queued within the linger of the first go as one batch; a
     /// flush (`in_flight`) keeps the sender from starting the next one
     /// until the flushed batch is sent.
@@ -320,12 +332,7 @@ mod tests {
         // The batch is in flight: a release queued now waits for it.
         r.push(queued(4));
         let r = Arc::new(r);
-        let sender = {
-            let r = r.clone();
-            std::thread::spawn(move || r.next_batch().map(|b| b.len()))
-        };
-        std::thread::sleep(SHORT * 5);
-        assert!(!sender.is_finished(), "a second batch went while the first was in flight");
+        let sender = waiting_sender(&r, "a second batch went while the first was in flight");
         r.sent();
         assert_eq!(sender.join().unwrap(), Some(1));
         r.sent();
@@ -341,12 +348,7 @@ mod tests {
         r.send_now(); // nothing queued: nothing to remember
         r.push(queued(1));
         r.push(queued(2));
-        let sender = {
-            let r = r.clone();
-            std::thread::spawn(move || r.next_batch().map(|b| b.len()))
-        };
-        std::thread::sleep(SHORT * 5);
-        assert!(!sender.is_finished(), "a batch went before the linger or a send_now");
+        let sender = waiting_sender(&r, "a batch went before the linger or a send_now");
         r.send_now();
         assert_eq!(sender.join().unwrap(), Some(2));
         r.sent();
