@@ -254,6 +254,15 @@ pub struct FsClient {
     may_hold: Arc<holds::Holds>,
 }
 
+/// A create's or an open's call, or a write's allocation: the calls a loop
+/// of creates or opens makes, which leave queued releases queued
+/// (`releases`, "When a batch goes"), and which change nothing when they
+/// are refused.
+fn opens_or_allocates(request: &MetaRequest) -> bool {
+    use MetaRequest::{AllocChunks, CreateOpen, GrowExtents, Open};
+    matches!(request.inner(), CreateOpen { .. } | Open { .. } | AllocChunks { .. } | GrowExtents { .. })
+}
+
 fn answer(r: Result<MetaResponse, citron_lock::rdma::tcp::RpcError>) -> Result<MetaResponse, FsError> {
     match r? {
         MetaResponse::Failed(e) => Err(e),
@@ -442,13 +451,7 @@ impl FsClient {
             // either sends them and asks once more. Those requests change
             // nothing when they are refused, so asking again is safe.
             Err(FsError::NoSpace | FsError::TooManyOpenFiles)
-                if matches!(
-                    request.inner(),
-                    MetaRequest::CreateOpen { .. }
-                        | MetaRequest::Open { .. }
-                        | MetaRequest::AllocChunks { .. }
-                        | MetaRequest::GrowExtents { .. }
-                ) && self.flush_releases() =>
+                if opens_or_allocates(request) && self.flush_releases() =>
             {
                 self.shared.call_as_client(request)
             }
@@ -466,8 +469,7 @@ impl FsClient {
     /// open's or a write's allocation (`releases`, "When a batch goes").
     fn before_call(&self, request: &MetaRequest) {
         self.add_distance();
-        use MetaRequest::{AllocChunks, CreateOpen, Open};
-        if !matches!(request.inner(), CreateOpen { .. } | Open { .. } | AllocChunks { .. }) {
+        if !opens_or_allocates(request) {
             self.shared.releases.send_now();
         }
     }
