@@ -17,10 +17,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use citron_lock::rdma::tcp::RpcClient;
+use citron_rpc::auth::{Credential, Credentials};
 use citronfs_core::proto::{MetaRequest, MetaResponse};
 use citronfs_core::status::ClusterStatus;
 use clap::Args;
 
+use crate::keys::KeyArgs;
 use crate::report::Table;
 
 #[derive(Args, Debug)]
@@ -37,6 +39,10 @@ pub struct StatusArgs {
     /// Seconds to wait for the meta-server.
     #[arg(long, default_value_t = 5.0)]
     timeout: f64,
+    /// The cluster's key, if it has one (a `citronfs mount` without
+    /// `--meta` prints where it put its key).
+    #[command(flatten)]
+    key: KeyArgs,
 }
 
 /// The meta-server of the mount that serves `path`.
@@ -50,9 +56,11 @@ fn meta_of(path: &Path) -> Result<SocketAddr> {
     text.trim().parse().with_context(|| format!("the mount answered {text:?} for its meta-server"))
 }
 
-/// Asks the meta-server at `meta` for the cluster's status.
-pub fn fetch(meta: SocketAddr, timeout: Duration) -> Result<ClusterStatus> {
-    let rpc: RpcClient<MetaRequest, MetaResponse> = RpcClient::new(meta, timeout);
+/// Asks the meta-server at `meta` for the cluster's status, proving the
+/// key of `credentials` if the cluster has keys.
+pub fn fetch(meta: SocketAddr, timeout: Duration, credentials: Credentials) -> Result<ClusterStatus> {
+    let rpc: RpcClient<MetaRequest, MetaResponse> =
+        RpcClient::new(meta, timeout).with_credentials(credentials);
     match rpc.call(&MetaRequest::Status).with_context(|| format!("cannot reach the meta-server at {meta}"))? {
         MetaResponse::Status(s) => Ok(*s),
         MetaResponse::Failed(e) => bail!("the meta-server at {meta} refused: {e}"),
@@ -68,7 +76,11 @@ pub fn run(args: StatusArgs) -> Result<()> {
         (None, Some(p)) => meta_of(p)?,
         (None, None) => bail!("give a mount point or --meta"),
     };
-    let status = fetch(meta, timeout)?;
+    let credentials = match args.key.load()? {
+        Some(keyring) => Credentials::new(Credential::Key(keyring.first().clone())),
+        None => Credentials::anonymous(),
+    };
+    let status = fetch(meta, timeout, credentials)?;
     let regions = crate::regions::host_regions()?;
     if args.json {
         let mut doc = json(meta, &status);

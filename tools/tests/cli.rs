@@ -466,6 +466,39 @@ fn status_reports_space_files_lock_memory_and_clients() {
     }
 }
 
+/// `citronfs status` of a cluster with a key (every `citronfs mount` without
+/// `--meta` makes one): with `--key-file` it reports, given a mount point
+/// or the meta-server's address; without, a one-line error that says which
+/// option is missing.
+#[test]
+fn status_of_a_cluster_with_a_key_takes_the_key_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("cluster.key");
+    let out = Command::new(EXE).args(["key", "new"]).arg(&key_file).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let keyring = std::sync::Arc::new(citron_rpc::auth::Keyring::load(&key_file).unwrap());
+    let cluster = citronfs_tests::TestCluster::keyed(keyring, 1);
+    let m = cluster.mount_tcp();
+    std::fs::write(m.path("f"), b"x").unwrap();
+    let meta = cluster.meta.local_addr().to_string();
+    for target in [vec![m.dir.path().to_str().unwrap()], vec!["--meta", &meta]] {
+        let out = Command::new(EXE).args(["status", "--json"]).args(&target).output().unwrap();
+        assert!(!out.status.success(), "{target:?}: no key, no status");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--key-file") && err.trim().lines().count() == 1, "{target:?}: {err}");
+        let out = Command::new(EXE)
+            .args(["status", "--json", "--key-file"])
+            .arg(&key_file)
+            .args(&target)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{target:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(s["files"]["regular_files"], 1, "{target:?}: {s:#}");
+        assert_eq!(s["clients"].as_array().unwrap().len(), 1, "{target:?}: {s:#}");
+    }
+}
+
 /// `citronfs mount` without `--capacity` sizes its data server like tmpfs:
 /// half of the host's RAM (within what /dev/shm has free), of which it takes
 /// pages only as files are written.
