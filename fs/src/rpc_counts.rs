@@ -37,6 +37,7 @@ meta_kinds!(
     RegisterDataServer,
     DataServerLeaves,
     Lookup,
+    LookupAhead,
     GetAttr,
     SetAttr,
     Create,
