@@ -384,13 +384,30 @@ impl CitronFuse {
 #[cfg(test)]
 mod tests {
     use citronfs_core::proto::Grant;
-    use citronfs_core::types::DirEntry;
+    use citronfs_core::types::{DirEntry, Timestamp};
 
     use super::*;
-    use crate::attr_cache::tests::attr;
 
     const DIR: Ino = Ino(10);
     const TTL: Duration = Duration::from_secs(5);
+
+    fn attr(ino: u64, kind: FileKind, nlink: u32) -> Attr {
+        Attr {
+            ino: Ino(ino),
+            kind,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink,
+            rdev: 0,
+            allocated: 0,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            crtime: Timestamp::default(),
+        }
+    }
 
     fn entry(name: &str, a: Attr, granted: bool) -> EntryPlus {
         let grant = Grant { entry: granted, attr: granted, ..Grant::default() };
