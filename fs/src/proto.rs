@@ -199,8 +199,7 @@ pub enum MetaRequest {
     /// attributes ([`MetaResponse::LookedAhead`]): the mount answers the
     /// `LOOKUP`s of those names itself while their grants last (mount
     /// `lookahead`). Sent as [`MetaRequest::Caching`]; each entry and its
-    /// attributes are granted as a lookup's would be, but for no longer
-    /// than [`AHEAD_GRANT`].
+    /// attributes are granted as a lookup's would be.
     LookupAhead {
         caller: Caller,
         parent: Ino,
@@ -503,12 +502,6 @@ pub struct HeldAgain {
 pub const DOT_COOKIE: u64 = 1;
 /// The listing cookie of `..`; a directory's names come after it.
 pub const DOTDOT_COOKIE: u64 = 2;
-
-/// The longest the entries a `LookupAhead` brings after the name are
-/// granted: long enough for the scan that asked to reach them, short
-/// enough that another mount's changes of the names it never reaches seldom
-/// wait for its acknowledgement.
-pub const AHEAD_GRANT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// An entry of a `ReadDirPlus` answer: what a lookup of it would answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,11 +16,7 @@
 //! unless fewer than a quarter of the entries the page of the miss before
 //! brought were asked for since (the names are looked up in some other
 //! order than the listing's, or the page could not be kept): then that
-//! miss and the directory's next [`PAUSE`] ask for their name only. So do
-//! the next [`PAUSE`] misses of a directory whose kept names another mount
-//! changes (each change would wait for this mount's acknowledgement), and
-//! the meta-server sends no entries ahead in a directory that mounts
-//! change by turns.
+//! miss and the directory's next [`PAUSE`] ask for their name only.
 //!
 //! # Why it stays true
 //!
@@ -48,17 +44,7 @@
 //!   from it; from then on the kernel's copy follows the rules of every
 //!   looked-up entry (its TTL, the callbacks);
 //! * **the TTL**: an entry is good until the grant's TTL after its request
-//!   was *sent* (the meta-server counts from when it answered, later); the
-//!   entries after the name are granted for at most `AHEAD_GRANT` (500
-//!   ms), and the kernel gets what is left of it: a scan reaches them
-//!   within it, and another mount's later changes of names this one never
-//!   looked up (two mounts working in one directory, each on its own
-//!   files) find fewer grants to call back. The price: a second pass over
-//!   the names more than that after the first looks them up again
-//!   (measured: `bench meta`'s read phase after its stat phase, 1 process,
-//!   10,000 files, 12.3k/s against 15.3–16.5k/s without lookahead; with
-//!   the whole TTL the four-process unlink in one directory on two mounts
-//!   fell from 25–27k/s to 15–22k/s).
+//!   was *sent* (the meta-server counts from when it answered, later).
 //!
 //! # Memory
 //!
@@ -69,7 +55,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use citronfs_core::client::Looked;
-use citronfs_core::proto::{EntryPlus, MetaRequest, AHEAD_GRANT};
+use citronfs_core::proto::{EntryPlus, MetaRequest};
 use citronfs_core::types::{Attr, Caller, FileKind, Ino};
 use citronfs_core::FsError;
 use fuser::{Generation, ReplyEntry};
@@ -251,22 +237,13 @@ impl Lookahead {
         if s.entries.is_empty() {
             return;
         }
-        // A directory whose kept names are called back is changed elsewhere
-        // now: its next misses ask for their names only, so that those
-        // changes do not each wait for this mount.
-        let mut changed_elsewhere = None;
         if let Some(key) = ino.and_then(|i| s.names.remove(&i)) {
             s.entries.remove(&key);
-            changed_elsewhere = Some(key.0);
         }
         if let Some((parent, name)) = entry {
             if let Some(k) = s.entries.remove(&(parent, name.to_vec())) {
                 s.names.remove(&k.attr.ino);
-                changed_elsewhere = Some(parent);
             }
-        }
-        if let Some(d) = changed_elsewhere.and_then(|dir| s.dirs.get_mut(&dir)) {
-            d.paused = PAUSE;
         }
         if let Some(dir) = listing {
             let Inner { entries, names, .. } = &mut *s;
@@ -376,7 +353,7 @@ impl CitronFuse {
         let epochs = self.invalidations.epochs();
         let sent = lookahead.sent(epochs);
         let (looked, next) = self.client.lookup_ahead(caller, parent, name, ahead)?;
-        lookahead.keep(parent, next, sent, self.options.cache_ttl.min(AHEAD_GRANT), epochs);
+        lookahead.keep(parent, next, sent, self.options.cache_ttl, epochs);
         Ok(looked)
     }
 }
@@ -539,13 +516,6 @@ mod tests {
             assert_eq!(l.missed(DIR), 0);
         }
         assert_eq!(l.missed(DIR), AHEAD, "asks again after the pause");
-        // A kept name called back pauses the directory.
-        l.keep(DIR, page(500, 4), l.sent(&epochs), TTL, &epochs);
-        l.invalidated(None, Some((DIR, b"f501")), None);
-        assert_eq!(l.missed(DIR), 0, "changed elsewhere: paused");
-        for _ in 0..PAUSE {
-            l.missed(DIR);
-        }
         // Pages that cannot be kept count as unused.
         let sent = l.sent(&epochs);
         epochs.bump(Ino(999));

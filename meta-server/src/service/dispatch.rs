@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use citron_rpc::auth::{Credential, KeyOptions};
 use citronfs_core::proto::{
     ClientInfo, ClusterInfo, Delegated, EntryPlus, FileRelease, Grant, HeldAgain, Invalidation, MetaRequest,
-    MetaResponse, AHEAD_GRANT, MAX_AHEAD_CHUNKS,
+    MetaResponse, MAX_AHEAD_CHUNKS,
 };
 use citronfs_core::session::SessionKeys;
 use citronfs_core::types::{Attr, ClientId, DirEntry, FileKind, Ino};
@@ -356,15 +356,9 @@ impl MetaService {
                 let ns = self.ns.lock();
                 match (ns.lookup(parent, &name), caching) {
                     (Ok(attr), _) => {
-                        // Nothing ahead in a directory that clients change by
-                        // turns ([`crate::grants`], "Contended attributes"):
-                        // each of their changes would call the asker back for
-                        // a name it may never look up.
-                        let calm = self.grants.attr_grantable(parent, false);
-                        let briefly = caching.map(|(client, ttl)| (client, ttl.min(AHEAD_GRANT)));
                         let next = match ns.cookie(parent, &name) {
-                            Some(cookie) if calm => self.entries_plus(&ns, briefly, parent, cookie, ahead)?,
-                            _ => Vec::new(),
+                            Some(cookie) => self.entries_plus(&ns, caching, parent, cookie, ahead)?,
+                            None => Vec::new(),
                         };
                         let found = self.granted(&ns, caching, attr, Some(Entry { parent, name }));
                         A::LookedAhead { found: Box::new(found), next }
