@@ -194,18 +194,6 @@ pub enum MetaRequest {
         parent: Ino,
         name: Vec<u8>,
     },
-    /// A caching mount's lookup of `name` that also asks for up to `ahead`
-    /// entries of `parent` after it in listing order, with their
-    /// attributes ([`MetaResponse::LookedAhead`]): the mount answers the
-    /// `LOOKUP`s of those names itself while their grants last (mount
-    /// `lookahead`). Sent as [`MetaRequest::Caching`]; each entry and its
-    /// attributes are granted as a lookup's would be.
-    LookupAhead {
-        caller: Caller,
-        parent: Ino,
-        name: Vec<u8>,
-        ahead: u32,
-    },
     GetAttr {
         ino: Ino,
     },
@@ -515,39 +503,6 @@ pub struct EntryPlus {
 }
 
 impl MetaRequest {
-    /// Whether the request leaves every name, inode and attribute as it
-    /// found them: lookups, reads of attributes, listings and links,
-    /// permission checks, extended attributes read, status, the client's
-    /// own bookkeeping (lease, invalidations, releases), and an open for
-    /// reading only. A mount forgets what it looked up ahead before
-    /// anything else (mount `lookahead`).
-    pub fn changes_nothing(&self) -> bool {
-        use MetaRequest as R;
-        match self.inner() {
-            R::Open { flags, .. } => flags & libc::O_ACCMODE == libc::O_RDONLY && flags & libc::O_TRUNC == 0,
-            R::Lookup { .. }
-            | R::LookupAhead { .. }
-            | R::GetAttr { .. }
-            | R::ReadLink { .. }
-            | R::ReadDir { .. }
-            | R::ReadDirPlus { .. }
-            | R::Access { .. }
-            | R::Layout { .. }
-            | R::Release { .. }
-            | R::ReleaseMany { .. }
-            | R::GetXattr { .. }
-            | R::ListXattr { .. }
-            | R::StatFs
-            | R::Status
-            | R::Clients
-            | R::DataServers
-            | R::Heartbeat { .. }
-            | R::AwaitInvalidations { .. }
-            | R::ReportLockTiming { .. } => true,
-            _ => false,
-        }
-    }
-
     /// The request itself, out of a [`MetaRequest::Caching`] wrapper.
     pub fn inner(&self) -> &MetaRequest {
         match self {
@@ -610,12 +565,6 @@ pub enum MetaResponse {
     Entries(Vec<DirEntry>),
     /// The answer to a `ReadDirPlus`.
     EntriesPlus(Vec<EntryPlus>),
-    /// The answer to a `LookupAhead`: `found`, what a `Lookup` of the name
-    /// answers, and the entries after it (none if the name is absent).
-    LookedAhead {
-        found: Box<MetaResponse>,
-        next: Vec<EntryPlus>,
-    },
     Target(Vec<u8>),
     Layout(FileLayout),
     Opened(Attr, FileLayout),

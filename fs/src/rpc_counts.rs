@@ -37,7 +37,6 @@ meta_kinds!(
     RegisterDataServer,
     DataServerLeaves,
     Lookup,
-    LookupAhead,
     GetAttr,
     SetAttr,
     Create,

@@ -5,9 +5,8 @@
 //!
 //! # Grants
 //!
-//! A caching mount sends its `Lookup`, `LookupAhead` (a lookup and the
-//! entries after the name, mount `lookahead`), `GetAttr` and `ReadDirPlus`
-//! (its kernel's READDIRPLUS) wrapped as `MetaRequest::Caching { client, ttl }`.
+//! A caching mount sends its `Lookup`, `GetAttr` and `ReadDirPlus` (its
+//! kernel's READDIRPLUS) wrapped as `MetaRequest::Caching { client, ttl }`.
 //! While the namespace mutex is still held for the answer, the service
 //! records here a grant per thing the kernel may cache — the entry
 //! `(parent, name)` a lookup resolved or a listing named, the answered

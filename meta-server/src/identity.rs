@@ -102,7 +102,6 @@ fn caller_mut(request: &mut MetaRequest) -> Option<&mut Caller> {
     use MetaRequest as R;
     match request {
         R::Lookup { caller, .. }
-        | R::LookupAhead { caller, .. }
         | R::SetAttr { caller, .. }
         | R::Create { caller, .. }
         | R::CreateOpen { caller, .. }

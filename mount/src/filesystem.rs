@@ -74,10 +74,8 @@ impl Filesystem for CitronFuse {
         }
         // In a directory delegated to this mount: answered from its listing.
         let Some(reply) = self.lookup_delegated(Ino(parent.0), name(n), reply) else { return };
-        // Looked up ahead with an earlier name of the directory.
-        let Some(reply) = self.lookup_kept(Ino(parent.0), name(n), reply) else { return };
         let (sent, before) = (Instant::now(), self.invalidations.epochs().all());
-        let looked = self.look_up(caller(req), Ino(parent.0), name(n));
+        let looked = self.client.lookup_granted(caller(req), Ino(parent.0), name(n));
         let ttl = self.granted_ttl(sent, before, self.invalidations.epochs().all());
         match looked {
             Ok(Looked::Found(a, grant)) => {

@@ -80,7 +80,6 @@ use citronfs_core::types::Ino;
 
 use crate::attr_cache::AttrCache;
 use crate::delegation::Delegations;
-use crate::lookahead::Lookahead;
 
 /// Counters per stripe of inodes: a collision only makes a reply
 /// uncached.
@@ -129,7 +128,7 @@ impl Epochs {
         Sample(self.all.load(Ordering::SeqCst))
     }
 
-    pub(crate) fn bump(&self, ino: Ino) {
+    fn bump(&self, ino: Ino) {
         self.stripe(ino).fetch_add(1, Ordering::SeqCst);
         self.all.fetch_add(1, Ordering::SeqCst);
     }
@@ -145,9 +144,6 @@ struct Shared {
     /// Directories delegated to this mount: the `LOOKUP`s and `GETATTR`s
     /// it answers itself.
     delegations: Delegations,
-    /// Entries of other directories looked up ahead: more `LOOKUP`s it
-    /// answers itself.
-    lookahead: Lookahead,
     /// Test hook: the thread polls and notifies nothing while set, as if
     /// the mount's process were stopped.
     stalled: AtomicBool,
@@ -183,16 +179,6 @@ impl InvalidationControl {
 
     pub(crate) fn delegations(&self) -> &Delegations {
         &self.0.delegations
-    }
-
-    pub(crate) fn lookahead(&self) -> &Lookahead {
-        &self.0.lookahead
-    }
-
-    /// Entries looked up ahead and kept now, expired ones included (tests,
-    /// diagnostics).
-    pub fn looked_ahead(&self) -> usize {
-        self.0.lookahead.len()
     }
 
     /// Directories delegated to this mount now (tests, diagnostics).
@@ -250,10 +236,8 @@ impl InvalidationControl {
                 registration = Some(me);
                 acked = 0;
                 // The delegations were the old registration's: the new
-                // one's polls renew none of them. Nor are the entries
-                // looked up ahead granted to it.
+                // one's polls renew none of them.
                 self.0.delegations.clear();
-                self.0.lookahead.clear();
             }
             let (sent, ttl) = (Instant::now(), c.caching());
             let polled = c.await_invalidations(acked);
@@ -287,19 +271,16 @@ impl InvalidationControl {
                 Invalidation::Attr(ino) => {
                     self.0.epochs.bump(*ino);
                     self.0.attrs.invalidate(*ino);
-                    self.0.lookahead.invalidated(Some(*ino), None, None);
                     inodes.push(*ino);
                 }
                 Invalidation::Entry { parent, name } => {
                     self.0.epochs.bump(*parent);
-                    self.0.lookahead.invalidated(None, Some((*parent, name)), None);
                     entries.push((*parent, Cow::Borrowed(name)));
                 }
                 // What the mount answered from the delegation, with the
                 // delegation's time as TTL: every name and held attribute.
                 Invalidation::Listing(dir) => {
                     self.0.epochs.bump(*dir);
-                    self.0.lookahead.invalidated(None, None, Some(*dir));
                     let dropped = self.0.delegations.revoked(*dir);
                     for ino in dropped.held {
                         self.0.epochs.bump(ino);

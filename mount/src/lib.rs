@@ -21,7 +21,6 @@ mod filesystem;
 mod invalidation;
 mod listing;
 mod locking;
-mod lookahead;
 mod requests;
 mod session;
 mod setid;
@@ -239,10 +238,6 @@ impl CitronFuse {
             // their answers hold again is kept with the delegations.
             let control = invalidations.clone();
             client.on_held_again(Box::new(move |dir, attr| control.delegations().held_again(dir, attr)));
-            // The meta-server calls a changer back for nothing it changes:
-            // what was looked up ahead goes before each own change.
-            let control = invalidations.clone();
-            client.on_own_change(Box::new(move |request| control.lookahead().own_change(request)));
         }
         Self {
             client: Arc::new(client),

@@ -59,26 +59,6 @@ impl FsClient {
         }
     }
 
-    /// [`FsClient::lookup_granted`], with up to `ahead` entries of
-    /// `parent` after `name` in listing order, each with its attributes
-    /// and what of them is granted (none when the name is absent).
-    pub fn lookup_ahead(
-        &self,
-        caller: Caller,
-        parent: Ino,
-        name: &[u8],
-        ahead: u32,
-    ) -> Result<(Looked, Vec<EntryPlus>), FsError> {
-        let request = MetaRequest::LookupAhead { caller, parent, name: name.to_vec(), ahead };
-        match self.call(&request)? {
-            MetaResponse::LookedAhead { found, next } => match *found {
-                MetaResponse::Absent => Ok((Looked::Absent, Vec::new())),
-                found => granted(found).map(|(attr, grant)| (Looked::Found(attr, grant), next)),
-            },
-            other => Err(unexpected(other)),
-        }
-    }
-
     /// A getattr, and whether the kernel may cache its answer.
     pub fn getattr_granted(&self, ino: Ino) -> Result<(Attr, Grant), FsError> {
         granted(self.call(&MetaRequest::GetAttr { ino })?)

@@ -252,14 +252,7 @@ pub struct FsClient {
     /// (file, owner) pairs that may hold locks: a close by anyone else
     /// costs no verbs.
     may_hold: Arc<holds::Holds>,
-    /// Called before every call that may change something
-    /// ([`MetaRequest::changes_nothing`]; [`FsClient::on_own_change`]).
-    own_change: parking_lot::RwLock<Option<OwnChangeHook>>,
 }
-
-/// What a mount does before each of its own changes, given the request
-/// ([`FsClient::on_own_change`]).
-pub type OwnChangeHook = Box<dyn Fn(&MetaRequest) + Send + Sync>;
 
 /// A create's or an open's call, or a write's allocation: the calls a loop
 /// of creates or opens makes, which leave queued releases queued
@@ -401,7 +394,6 @@ impl FsClient {
             lock_host,
             waiters: None,
             may_hold: Arc::default(),
-            own_change: parking_lot::RwLock::new(None),
         };
         c.add_data_servers(data_servers)?;
         let site = tuning::TuningSite { probe: waits_for.base, word: lock_params.published_t_wait };
@@ -480,20 +472,6 @@ impl FsClient {
         if !opens_or_allocates(request) {
             self.shared.releases.send_now();
         }
-        if !request.changes_nothing() {
-            if let Some(hook) = self.own_change.read().as_ref() {
-                hook(request);
-            }
-        }
-    }
-
-    /// `hook` runs before each call of this client that may change a name,
-    /// an inode or its attributes, before the call is sent: the meta-server
-    /// calls a changer's mount back for none of what it changes, so what
-    /// the mount keeps of the namespace beyond its kernel's reach goes
-    /// first (mount `lookahead`).
-    pub fn on_own_change(&self, hook: OwnChangeHook) {
-        *self.own_change.write() = Some(hook);
     }
 
     /// The test-only distance to the meta-server (`TcpOptions::added_rtt`).

@@ -170,7 +170,7 @@ impl MetaService {
         dir: Ino,
         after: u64,
         max: u32,
-    ) -> Result<Vec<EntryPlus>, FsError> {
+    ) -> Result<MetaResponse, FsError> {
         let entries = ns.readdir_plus(dir, after, max.min(MAX_READDIR))?;
         let is_dots = |entry: &DirEntry| entry.name == b"." || entry.name == b"..";
         let granted = match caching {
@@ -195,7 +195,7 @@ impl MetaService {
                 EntryPlus { entry, attr, grant }
             })
             .collect();
-        Ok(out)
+        Ok(MetaResponse::EntriesPlus(out))
     }
 
     /// Hands back `opens` of `client`'s opens of `ino`. At its last one,
@@ -349,27 +349,6 @@ impl MetaService {
                     (Err(e), _) => return Err(e),
                 }
             }
-            // A lookup and the entries after the name in listing order,
-            // under one lock: each is granted as its own lookup would be
-            // (mount `lookahead`).
-            R::LookupAhead { parent, name, ahead, .. } => {
-                let ns = self.ns.lock();
-                match (ns.lookup(parent, &name), caching) {
-                    (Ok(attr), _) => {
-                        let next = match ns.cookie(parent, &name) {
-                            Some(cookie) => self.entries_plus(&ns, caching, parent, cookie, ahead)?,
-                            None => Vec::new(),
-                        };
-                        let found = self.granted(&ns, caching, attr, Some(Entry { parent, name }));
-                        A::LookedAhead { found: Box::new(found), next }
-                    }
-                    (Err(FsError::NotFound), Some((client, ttl))) if ns.is_dir(parent) => {
-                        self.grants.grant(client, Entry { parent, name }, ttl);
-                        A::LookedAhead { found: Box::new(A::Absent), next: Vec::new() }
-                    }
-                    (Err(e), _) => return Err(e),
-                }
-            }
             R::GetAttr { ino } => {
                 let ns = self.ns.lock();
                 self.granted(&ns, caching, ns.attr(ino)?, None)
@@ -462,7 +441,7 @@ impl MetaService {
             }
             R::ReadDirPlus { ino, after, max, .. } => {
                 let ns = self.ns.lock();
-                A::EntriesPlus(self.entries_plus(&ns, caching, ino, after, max)?)
+                self.entries_plus(&ns, caching, ino, after, max)?
             }
             R::Access { caller, ino, access } => {
                 checks.access(&self.ns.lock(), caller, ino, access)?;
