@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use citron_lock::rdma::tcp::RpcClient;
-use citron_rpc::auth::{Credential, Credentials};
+use citron_rpc::auth::Credentials;
 use citronfs_core::proto::{MetaRequest, MetaResponse};
 use citronfs_core::status::ClusterStatus;
 use clap::Args;
@@ -76,11 +76,8 @@ pub fn run(args: StatusArgs) -> Result<()> {
         (None, Some(p)) => meta_of(p)?,
         (None, None) => bail!("give a mount point or --meta"),
     };
-    let credentials = match args.key.load()? {
-        Some(keyring) => Credentials::new(Credential::Key(keyring.first().clone())),
-        None => Credentials::anonymous(),
-    };
-    let status = fetch(meta, timeout, credentials)?;
+    let keyring = args.key.load()?;
+    let status = fetch(meta, timeout, Credentials::of_key(keyring.as_deref().map(|r| r.first())))?;
     let regions = crate::regions::host_regions()?;
     if args.json {
         let mut doc = json(meta, &status);

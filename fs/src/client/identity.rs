@@ -29,10 +29,7 @@ pub(super) struct Identity {
 
 impl Identity {
     pub fn new(key: Option<Key>) -> Self {
-        let credentials = match &key {
-            Some(k) => Credentials::new(Credential::Key(k.clone())),
-            None => Credentials::anonymous(),
-        };
+        let credentials = Credentials::of_key(key.as_ref());
         let nic = match &key {
             Some(_) => credentials.clone(),
             None => Credentials::anonymous(),

@@ -165,6 +165,11 @@ impl Credentials {
         Self::default()
     }
 
+    /// Proving `key`, or none (a cluster without keys).
+    pub fn of_key(key: Option<&Key>) -> Self {
+        key.map_or_else(Self::anonymous, |k| Self::new(Credential::Key(k.clone())))
+    }
+
     pub fn get(&self) -> Credential {
         self.0.read().0.clone()
     }
