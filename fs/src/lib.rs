@@ -18,6 +18,7 @@ pub mod counts;
 pub mod error;
 pub mod layout;
 pub mod locks;
+pub mod permissions;
 pub mod proto;
 pub mod rpc_counts;
 pub mod session;

@@ -17,7 +17,11 @@ use crate::error::FsError;
 use crate::locks::{ClusterLockParams, LockArea, WaitsFor};
 use crate::types::{
     Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino, SetAttr,
+    Timestamp,
 };
+
+mod named;
+pub use named::Named;
 
 /// Layout of a regular file's attribute slot in meta-server memory. Clients
 /// read it with one verb and update it with atomics.
@@ -244,6 +248,13 @@ pub enum MetaRequest {
         parent: Ino,
         name: Vec<u8>,
     },
+    /// Unlinks a caching mount answered before it sent them (late
+    /// unlinks in directories delegated to it, meta-server `grants`,
+    /// "Late unlinks"), applied in order, each as an `Unlink` made at its
+    /// time `at`. Answered [`MetaResponse::UnlinkedMany`].
+    UnlinkMany {
+        unlinks: Vec<LateUnlink>,
+    },
     Rmdir {
         caller: Caller,
         parent: Ino,
@@ -427,6 +438,12 @@ pub enum Invalidation {
     /// "Delegations"): its whole listing, and the attributes of the children
     /// held with it. Only the mount kept them; the kernel never did.
     Listing(Ino),
+    /// Another client looked into directory `dir`, delegated to this one
+    /// (meta-server `grants`, "Late unlinks"): the holder keeps the
+    /// delegation, but from now on sends every unlink there before it
+    /// answers it, and sends those it answered first before it
+    /// acknowledges.
+    Shared(Ino),
 }
 
 /// What a caching changer holds with its change of a directory's entries
@@ -476,6 +493,17 @@ pub struct Grant {
 pub struct FileRelease {
     pub ino: Ino,
     pub opens: u32,
+}
+
+/// One unlink of a [`MetaRequest::UnlinkMany`]: `name` of `parent`,
+/// removed by `caller` at `at` (the time the mount gave the directory's
+/// mtime and ctime in its answer).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LateUnlink {
+    pub caller: Caller,
+    pub parent: Ino,
+    pub name: Vec<u8>,
+    pub at: Timestamp,
 }
 
 /// A released file's attributes, held again with the releasing client's
@@ -552,6 +580,9 @@ pub enum MetaResponse {
     /// link count and ctime changed; a caching changer drops what it kept
     /// of it).
     Removed(Ino),
+    /// The answer to [`MetaRequest::UnlinkMany`]: each unlink's outcome,
+    /// in order.
+    UnlinkedMany(Vec<Result<(), FsError>>),
     /// Invalidations numbered up to `through` (the next `acked`).
     /// `renewed`: the poll renewed the client's delegations when it arrived
     /// and `items` holds every invalidation queued before this answer (none

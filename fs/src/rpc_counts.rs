@@ -45,6 +45,7 @@ meta_kinds!(
     ReadLink,
     Link,
     Unlink,
+    UnlinkMany,
     Rmdir,
     Rename,
     ReadDir,

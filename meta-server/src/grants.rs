@@ -180,6 +180,32 @@
 //! every invalidation queued before it (`renewed`), so a delegation
 //! revoked before the poll arrived is dropped by that answer, not renewed.
 //!
+//! # Late unlinks
+//!
+//! A mount answers the unlink of a file it made in a directory delegated
+//! to it before it sends it, and sends such unlinks in batches
+//! (`UnlinkMany`; the client's `late_unlinks` module). That is coherent
+//! only while nobody else can look: so before it serves any request that
+//! names a delegated directory, a name in one or a child held with one
+//! ([`MetaRequest::named`]; for a `ReadDirPlus`, the directories it lists
+//! too, whose attributes it answers), from a client other than the holder,
+//! the meta-server *shares* the delegation ([`Grants::recall`]): it queues
+//! [`Invalidation::Shared`] for the holder and waits, as for a grant, for
+//! its acknowledgement or the delegation's expiry. The holder's mount
+//! answers no unlink there first from then on, and its poll that
+//! acknowledges is a call like any other, which sends what it queued
+//! first. A shared delegation is otherwise a delegation (the holder still
+//! answers lookups and listings from it: only another client's *change*
+//! revokes it), and is waited for no more. Each unlink of a batch is made
+//! at the time the mount answered it (the directory's mtime and ctime, the
+//! file's ctime), so the holder's kernel and every other mount see the
+//! same times.
+//!
+//! A client that leaves (`ClientLeaves`, at the end of its mount, after
+//! it sent its queue) is waited for no more at all ([`Grants::left`]).
+//!
+//! [`MetaRequest::named`]: citronfs_core::proto::MetaRequest::named
+//!
 //! # Contended attributes
 //!
 //! Two mounts creating in one directory would call each other back at
@@ -497,18 +523,7 @@ impl Grants {
         let State { grants, delegations, queues, contended, last_changes, .. } = &mut *s;
         for key in keys {
             if let Invalidation::Attr(ino) = key {
-                for revocation in delegations.revocations(*ino, changer, now) {
-                    match revocation {
-                        Revocation::Queue { dir, holder, expires } => {
-                            let number = queues.entry(holder).or_default().push(Invalidation::Listing(dir));
-                            delegations.revoking(dir, number);
-                            awaited.push(Awaited { client: holder, number, expires });
-                        }
-                        Revocation::Await { holder, number, expires } => {
-                            awaited.push(Awaited { client: holder, number, expires });
-                        }
-                    }
-                }
+                Self::revoke_delegations(delegations, queues, *ino, changer, now, &mut awaited);
             }
             let Some(holders) = grants.get_mut(key) else { continue };
             holders.retain(|_, g| g.expires > now);
@@ -541,6 +556,82 @@ impl Grants {
             }
             last_changes.insert(*ino, LastChange { changer, at: now });
         }
+        self.await_all(s, awaited)
+    }
+
+    /// Shares every delegation that covers one of `inos` (a delegated
+    /// directory, or a child held with one) and that a client other than
+    /// `asker` holds, and waits until each holder has acknowledged (sent
+    /// what it answered first there) or the delegation expired: before a
+    /// request that names them is served (see "Late unlinks"). A
+    /// delegation shared once is waited for no more. Called without the
+    /// namespace mutex. Returns how many invalidations were waited for.
+    pub fn recall(&self, asker: Option<ClientId>, inos: &[Ino]) -> usize {
+        let now = Instant::now();
+        let mut s = self.state.lock();
+        if !s.delegations.held_by_another_than(asker) {
+            return 0;
+        }
+        let mut awaited = Vec::new();
+        let State { delegations, queues, .. } = &mut *s;
+        for ino in inos {
+            for recall in delegations.recalls(*ino, asker, now) {
+                Self::queue(delegations, queues, recall, &mut awaited);
+            }
+        }
+        self.await_all(s, awaited)
+    }
+
+    /// Whether a client other than `asker` holds a delegation: whether
+    /// any request of `asker` may have to recall one (a cheap test before
+    /// the names of a request are resolved).
+    pub fn delegated_to_another_than(&self, asker: Option<ClientId>) -> bool {
+        self.state.lock().delegations.held_by_another_than(asker)
+    }
+
+    /// Queues the revocation of every delegation covering `ino` that
+    /// `changer` does not hold (or joins the one queued), into `awaited`.
+    fn revoke_delegations(
+        delegations: &mut Delegations,
+        queues: &mut HashMap<ClientId, Queue>,
+        ino: Ino,
+        changer: Option<ClientId>,
+        now: Instant,
+        awaited: &mut Vec<Awaited>,
+    ) {
+        for revocation in delegations.revocations(ino, changer, now) {
+            Self::queue(delegations, queues, revocation, awaited);
+        }
+    }
+
+    /// Queues what `revocation` says for its holder (or joins what is
+    /// queued), into `awaited`.
+    fn queue(
+        delegations: &mut Delegations,
+        queues: &mut HashMap<ClientId, Queue>,
+        revocation: Revocation,
+        awaited: &mut Vec<Awaited>,
+    ) {
+        let (holder, number, expires) = match revocation {
+            Revocation::Queue { dir, holder, expires } => {
+                let number = queues.entry(holder).or_default().push(Invalidation::Listing(dir));
+                delegations.revoking(dir, number);
+                (holder, number, expires)
+            }
+            Revocation::Share { dir, holder, expires } => {
+                let number = queues.entry(holder).or_default().push(Invalidation::Shared(dir));
+                delegations.sharing(dir, number);
+                (holder, number, expires)
+            }
+            Revocation::Await { holder, number, expires } => (holder, number, expires),
+        };
+        awaited.push(Awaited { client: holder, number, expires });
+    }
+
+    /// Wakes the pollers, then waits until every invalidation of
+    /// `awaited` is acknowledged (or released, for a creator's grant) or
+    /// its grant expired. Returns how many there were.
+    fn await_all(&self, mut s: parking_lot::MutexGuard<'_, State>, mut awaited: Vec<Awaited>) -> usize {
         if awaited.is_empty() {
             return 0;
         }
@@ -666,6 +757,24 @@ impl Grants {
     /// A fenced or departed client: its queue and its writing opens go
     /// (changers waiting for it wait for its grants to expire, which stay
     /// until then).
+    /// `client` left the cluster (`ClientLeaves`: its mount ended, after
+    /// sending the unlinks it answered first): its kernel caches nothing
+    /// any more, so its grants and delegations go and everything queued for
+    /// it counts as acknowledged — no change or recall waits for it. (A
+    /// client fenced for a lost lease is waited for until its grants and
+    /// delegations expire: its kernel may still cache what they answered.)
+    pub fn left(&self, client: ClientId) {
+        let mut s = self.state.lock();
+        s.delegations.drop_holder(client);
+        s.grants.retain(|_, holders| {
+            holders.remove(&client);
+            !holders.is_empty()
+        });
+        s.queues.entry(client).or_default().acked = u64::MAX;
+        drop(s);
+        self.changed.notify_all();
+    }
+
     pub fn drop_client(&self, client: ClientId) {
         let mut s = self.state.lock();
         s.queues.remove(&client);
@@ -813,6 +922,56 @@ mod tests {
         assert!(items.contains(&entry), "A was not called back for the listed entry: {items:?}");
         g.poll(A, through, Duration::ZERO);
         assert_eq!(changer.join().unwrap(), 2);
+    }
+
+    /// Another client's request naming a delegated directory or a child
+    /// held with it waits until the holder acknowledges the sharing (it has
+    /// sent what it answered first); a shared delegation is waited for no
+    /// more, stays a delegation, and the holder's own requests never wait.
+    #[test]
+    fn a_recall_shares_a_delegation_once_and_waits_for_the_holder() {
+        let g = Arc::new(Grants::default());
+        let (dir, child, other) = (Ino(10), Ino(11), Ino(12));
+        let ttl = Duration::from_secs(60);
+        g.delegate(A, dir, ttl);
+        assert!(g.hold_child(A, dir, child));
+        assert_eq!(g.recall(Some(A), &[dir, child]), 0, "the holder recalled its own delegation");
+        assert_eq!(g.recall(Some(B), &[other]), 0, "an inode of no delegation was recalled");
+        let reader = {
+            let g = g.clone();
+            std::thread::spawn(move || g.recall(Some(B), &[child]))
+        };
+        let Polled { through, items, .. } = g.poll(A, 0, ttl);
+        assert_eq!(items, vec![Invalidation::Shared(dir)]);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!reader.is_finished(), "served before the holder acknowledged");
+        g.poll(A, through, Duration::ZERO);
+        assert_eq!(reader.join().unwrap(), 1);
+        assert_eq!(g.recall(None, &[dir, child]), 0, "a shared delegation was waited for again");
+        assert_eq!(g.delegations(), 1, "sharing revoked the delegation");
+        assert!(g.hold_child(A, dir, Ino(13)), "a shared delegation stopped holding new children");
+    }
+
+    /// A client that left is waited for by nobody: its delegations and
+    /// grants go, and what was queued for it counts as acknowledged.
+    #[test]
+    fn nobody_waits_for_a_client_that_left() {
+        let g = Arc::new(Grants::default());
+        let (dir, file) = (Ino(10), Ino(20));
+        let ttl = Duration::from_secs(60);
+        g.delegate(A, dir, ttl);
+        g.grant(A, Invalidation::Attr(file), ttl);
+        let reader = {
+            let g = g.clone();
+            std::thread::spawn(move || g.recall(Some(B), &[dir]))
+        };
+        while g.state.lock().queues.get(&A).is_none_or(|q| q.pending.is_empty()) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        g.left(A);
+        assert_eq!(reader.join().unwrap(), 1, "the recall was not queued");
+        assert_eq!(g.delegations(), 0);
+        assert_eq!(g.revoke(Some(B), &[Invalidation::Attr(file)]), 0, "a departed client was called back");
     }
 
     #[test]

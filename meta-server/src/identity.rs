@@ -90,9 +90,15 @@ pub fn vet(
         }
         _ => {}
     }
-    if let Some(caller) = caller_mut(request) {
+    let squash = |caller: &mut Caller| {
         let (uid, gid) = options.squash_ids(caller.uid, caller.gid);
         *caller = Caller { uid, gid, pid: caller.pid };
+    };
+    if let MetaRequest::UnlinkMany { unlinks } = request {
+        unlinks.iter_mut().for_each(|u| squash(&mut u.caller));
+    }
+    if let Some(caller) = caller_mut(request) {
+        squash(caller);
     }
     Ok(asker)
 }
@@ -138,6 +144,8 @@ fn caller_mut(request: &mut MetaRequest) -> Option<&mut Caller> {
         | R::ReportLockTiming { .. }
         | R::DataServerLeaves { .. }
         | R::Status
+        // Each of its unlinks carries its caller (squashed by `vet`).
+        | R::UnlinkMany { .. }
         | R::Caching { .. }
         | R::AwaitInvalidations { .. }
         | R::StatFs => None,

@@ -350,8 +350,11 @@ impl Namespace {
     }
 
     fn touch_dir(&mut self, dir: Ino, nlink_delta: i32) {
+        self.touch_dir_at(dir, nlink_delta, Timestamp::now())
+    }
+
+    fn touch_dir_at(&mut self, dir: Ino, nlink_delta: i32, now: Timestamp) {
         if let Some(d) = self.inodes.get_mut(&dir) {
-            let now = Timestamp::now();
             d.attr.mtime = now;
             d.attr.ctime = now;
             d.attr.nlink = d.attr.nlink.saturating_add_signed(nlink_delta);
@@ -455,9 +458,13 @@ impl Namespace {
 
     /// Drops one link of `ino`; frees it when no link and no open remains.
     fn drop_link(&mut self, ino: Ino) {
+        self.drop_link_at(ino, Timestamp::now())
+    }
+
+    fn drop_link_at(&mut self, ino: Ino, now: Timestamp) {
         let Some(inode) = self.inodes.get_mut(&ino) else { return };
         inode.attr.nlink = inode.attr.nlink.saturating_sub(1);
-        inode.attr.ctime = Timestamp::now();
+        inode.attr.ctime = now;
         self.maybe_free(ino);
     }
 
@@ -540,13 +547,20 @@ impl Namespace {
     }
 
     pub fn unlink(&mut self, parent: Ino, name: &[u8]) -> Result<(), FsError> {
+        self.unlink_at(parent, name, Timestamp::now())
+    }
+
+    /// [`Self::unlink`] made at `at`: the directory's mtime and ctime and
+    /// the file's ctime become `at` (a late unlink, answered by its mount
+    /// at `at` before it was sent).
+    pub fn unlink_at(&mut self, parent: Ino, name: &[u8], at: Timestamp) -> Result<(), FsError> {
         let ino = self.dir(parent)?.by_name.get(name).ok_or(FsError::NotFound)?.1;
         if self.inode(ino)?.attr.kind == FileKind::Dir {
             return Err(FsError::IsDir);
         }
         self.unlink_entry(parent, name)?;
-        self.touch_dir(parent, 0);
-        self.drop_link(ino);
+        self.touch_dir_at(parent, 0, at);
+        self.drop_link_at(ino, at);
         Ok(())
     }
 

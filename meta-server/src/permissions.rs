@@ -32,32 +32,7 @@ use citronfs_core::FsError;
 
 use crate::namespace::Namespace;
 
-/// `access(2)` bits.
-pub const MAY_EXEC: u32 = 1;
-pub const MAY_WRITE: u32 = 2;
-pub const MAY_READ: u32 = 4;
-
-const STICKY: u16 = 0o1000;
-
-/// Whether `caller` may do `mask` (MAY_* bits) on a file with `attr`.
-pub fn may(attr: &Attr, caller: Caller, mask: u32) -> bool {
-    let mask = mask & 7;
-    if caller.uid == 0 {
-        // Root: anything but executing a file nobody may execute.
-        let exec_ok = attr.kind == FileKind::Dir || attr.perm & 0o111 != 0;
-        return mask & MAY_EXEC == 0 || exec_ok;
-    }
-    let bits = |shift: u16| u32::from((attr.perm >> shift) & 7);
-    let allowed = if caller.uid == attr.uid {
-        bits(6)
-    } else if caller.gid == attr.gid {
-        bits(3)
-    } else {
-        // Maybe in the group through a supplementary group we are not told.
-        bits(3) | bits(0)
-    };
-    allowed & mask == mask
-}
+pub use citronfs_core::permissions::{may, MAY_EXEC, MAY_READ, MAY_WRITE};
 
 fn check(attr: &Attr, caller: Caller, mask: u32) -> Result<(), FsError> {
     if may(attr, caller, mask) {
@@ -180,11 +155,7 @@ pub fn add_entry(ns: &Namespace, caller: Caller, parent: Ino) -> Result<(), FsEr
 pub fn remove_entry(ns: &Namespace, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {
     let dir = ns.attr(parent)?;
     check(&dir, caller, MAY_WRITE | MAY_EXEC)?;
-    let victim = ns.lookup(parent, name)?;
-    if dir.perm & STICKY != 0 && caller.uid != 0 && caller.uid != dir.uid && caller.uid != victim.uid {
-        return Err(FsError::Perm);
-    }
-    Ok(())
+    citronfs_core::permissions::may_remove(&dir, &ns.lookup(parent, name)?, caller)
 }
 
 /// A rename: the source is removed from `parent`, the target (if any)

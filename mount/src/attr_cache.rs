@@ -114,7 +114,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use citronfs_core::client::ChangeGrant;
-use citronfs_core::types::{Attr, FileKind, Ino};
+use citronfs_core::types::{Attr, FileKind, Ino, Timestamp};
 use citronfs_core::FsError;
 use fuser::ReplyAttr;
 use parking_lot::Mutex;
@@ -314,6 +314,28 @@ impl AttrCache {
             s.recent.pop_front();
         }
         s.recent.push_back(ino);
+    }
+
+    /// An own late unlink in directory `dir`, answered at `at` without a
+    /// round trip (`crate::late_unlinks`): its kept attributes take `at`
+    /// as their mtime and ctime, and an answer in flight that would
+    /// install older ones is dropped (as after [`Self::changing`]).
+    /// Returns them, or `None` if none were kept (nothing is then).
+    pub fn changed_here(&self, dir: Ino, at: Timestamp) -> Option<Attr> {
+        let now = Instant::now();
+        let mut s = self.state.lock();
+        *s.generation(dir) += 1;
+        match s.attrs.get_mut(&dir) {
+            Some(c) if c.expires > now => {
+                c.attr.mtime = at;
+                c.attr.ctime = at;
+                Some(c.attr.clone())
+            }
+            _ => {
+                s.attrs.remove(&dir);
+                None
+            }
+        }
     }
 
     /// Drops everything, and every answer in flight.
@@ -527,6 +549,26 @@ pub(crate) mod tests {
         assert_eq!(c.get(Ino(7)).map(|(a, _)| a.nlink), Some(3));
         c.invalidate(Ino(7));
         assert!(c.get(Ino(7)).is_none());
+    }
+
+    /// A late unlink's time becomes the kept directory's mtime and ctime,
+    /// and an answer of a change sent before it installs nothing; with
+    /// nothing kept, nothing is made up.
+    #[test]
+    fn a_late_unlink_dates_the_kept_directory_and_overtakes_answers_in_flight() {
+        let c = AttrCache::default();
+        let at = Timestamp { secs: 7, nanos: 8 };
+        assert!(c.changed_here(Ino(7), at).is_none(), "attributes made up");
+        c.install(c.changing(Ino(7)), dir(7, 3), TTL);
+        let in_flight = c.changing(Ino(7));
+        let kept = c.changed_here(Ino(7), at).expect("kept");
+        assert_eq!((kept.mtime, kept.ctime, kept.nlink), (at, at, 3));
+        c.install(in_flight, dir(7, 9), TTL);
+        assert_eq!(
+            c.get(Ino(7)).map(|(a, _)| (a.mtime, a.nlink)),
+            Some((at, 3)),
+            "an older answer installed"
+        );
     }
 
     #[test]

@@ -107,6 +107,9 @@ struct Listing {
     /// "What the kernel gets"): a revocation before then must drop the
     /// kernel's entries.
     handed_until: Option<Instant>,
+    /// Another mount looked into it (`Invalidation::Shared`): no unlink
+    /// there is answered before it is sent (`crate::late_unlinks`).
+    shared: bool,
 }
 
 #[derive(Default)]
@@ -175,11 +178,32 @@ pub enum Found {
 
 impl Listing {
     fn new(parent: Ino, valid_until: Instant) -> Self {
-        Self { names: HashMap::new(), order: Some(BTreeMap::new()), parent, valid_until, handed_until: None }
+        Self {
+            names: HashMap::new(),
+            order: Some(BTreeMap::new()),
+            parent,
+            valid_until,
+            handed_until: None,
+            shared: false,
+        }
     }
 
     fn get(&self, name: &[u8]) -> Option<Ino> {
         self.names.get(name).map(|&(ino, _)| ino)
+    }
+
+    /// The inode under `name` if this mount made it here (its entry came
+    /// with a cookie, which only an own create's answer brings; a name an
+    /// own rename or link put here has none) and no other mount looked
+    /// into the directory since.
+    fn made_here(&self, name: &[u8]) -> Option<Ino> {
+        if self.shared {
+            return None;
+        }
+        match self.names.get(name) {
+            Some(&(ino, Some(_))) => Some(ino),
+            _ => None,
+        }
     }
 
     /// Adds or replaces `name`, with its cookie and kind if the answer
@@ -399,6 +423,44 @@ impl Delegations {
         }
     }
 
+    /// The held attributes of `name` in `dir`, if this mount made it
+    /// there and `dir` is delegated here for at least `margin` more: a
+    /// candidate for a late unlink (`crate::late_unlinks`).
+    pub fn made_here(&self, dir: Ino, name: &[u8], margin: Duration) -> Option<Attr> {
+        let s = self.state.lock();
+        let ino = s.listing(dir, Instant::now() + margin)?.made_here(name)?;
+        s.held.get(&ino).filter(|(d, _)| *d == dir).map(|(_, attr)| attr.clone())
+    }
+
+    /// A late unlink of `name` in `dir` (`crate::late_unlinks`): if it is
+    /// still `ino`, made and held here with one link, and `dir` is still
+    /// delegated here for at least `margin`, removes it and calls `queue`,
+    /// under the lock [`Self::revoked`] takes, so a revocation processed
+    /// after this finds the unlink queued (and the poll that acknowledges
+    /// it sends it first). Whether it did.
+    pub fn remove_late(
+        &self,
+        dir: Ino,
+        name: &[u8],
+        ino: Ino,
+        margin: Duration,
+        queue: impl FnOnce(),
+    ) -> bool {
+        let mut s = self.state.lock();
+        let Some(listing) = s.listing(dir, Instant::now() + margin) else { return false };
+        let one_link = |s: &State| s.held.get(&ino).is_some_and(|(d, a)| *d == dir && a.nlink == 1);
+        if listing.made_here(name) != Some(ino) || !one_link(&s) {
+            return false;
+        }
+        queue();
+        if let Some(listing) = s.listings.get_mut(&dir) {
+            listing.remove(name);
+        }
+        s.names -= 1;
+        s.held.remove(&ino);
+        true
+    }
+
     /// An own change of `ino`'s attributes whose answer does not carry
     /// them.
     pub fn forget(&self, ino: Ino) {
@@ -411,6 +473,14 @@ impl Delegations {
         let mut s = self.state.lock();
         let _ = s.drop_listing(dir);
         s.held.remove(&dir);
+    }
+
+    /// Another mount looked into `dir` (`Invalidation::Shared`): its
+    /// delegation stays, without unlinks answered first.
+    pub fn shared(&self, dir: Ino) {
+        if let Some(listing) = self.state.lock().listings.get_mut(&dir) {
+            listing.shared = true;
+        }
     }
 
     /// The meta-server revoked `dir`'s delegation (`Invalidation::Listing`):
@@ -644,6 +714,34 @@ pub(crate) mod tests {
         let d = Delegations::default();
         d.made(d.ticket(), ROOT, b"d", &attr(2, FileKind::Dir), DIR, TTL);
         d
+    }
+
+    /// Only a file made here (its entry has a cookie), held, with one
+    /// link, in a directory nobody else looked into and that lasts the
+    /// margin, is removed for a late unlink, and the queueing runs then.
+    #[test]
+    fn only_files_made_here_are_removed_late_and_sharing_ends_it() {
+        let d = with_dir();
+        let made = Delegated { dir: false, child: true, cookie: Some(30) };
+        d.made(d.ticket(), Ino(2), b"f", &attr(3, FileKind::File), made, TTL);
+        d.made(d.ticket(), Ino(2), b"g", &attr(4, FileKind::File), made, TTL);
+        // Held, but its entry came without a cookie (as an own rename's).
+        d.made(d.ticket(), Ino(2), b"moved", &attr(5, FileKind::File), CHILD, TTL);
+        let margin = Duration::from_millis(100);
+        assert_eq!(d.made_here(Ino(2), b"f", margin).map(|a| a.ino), Some(Ino(3)));
+        assert_eq!(d.made_here(Ino(2), b"moved", margin), None, "a name it did not make");
+        assert_eq!(d.made_here(Ino(2), b"f", TTL * 2), None, "a delegation shorter than the margin");
+        let mut queued = 0;
+        assert!(!d.remove_late(Ino(2), b"f", Ino(9), margin, || queued += 1), "another inode under the name");
+        assert!(d.remove_late(Ino(2), b"f", Ino(3), margin, || queued += 1));
+        assert_eq!(queued, 1);
+        assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent), "the name stayed in the listing");
+        assert!(!d.remove_late(Ino(2), b"f", Ino(3), margin, || queued += 1), "removed twice");
+        d.shared(Ino(2));
+        assert_eq!(d.made_here(Ino(2), b"g", margin), None, "answered first after another mount looked");
+        assert!(!d.remove_late(Ino(2), b"g", Ino(4), margin, || queued += 1));
+        assert_eq!(queued, 1);
+        assert!(matches!(d.lookup(Ino(2), b"g"), Some(Found::Present(..))), "sharing dropped the listing");
     }
 
     #[test]

@@ -204,6 +204,7 @@ impl Filesystem for CitronFuse {
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
         self.requests.count(FuseOp::Unlink);
+        let Some(reply) = self.unlink_late(caller(req), Ino(parent.0), name(n), reply) else { return };
         let ticket = self.dir_changing(Ino(parent.0));
         let r = self.client.unlink_granted(caller(req), Ino(parent.0), name(n));
         self.removed(Ino(parent.0), name(n), &r);

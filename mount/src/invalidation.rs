@@ -288,6 +288,11 @@ impl InvalidationControl {
                     }
                     entries.extend(dropped.names.into_iter().map(|name| (*dir, Cow::Owned(name))));
                 }
+                // Another mount looked into a directory delegated here: no
+                // more unlinks answered first there (the poll that
+                // acknowledges sends those queued, `crate::late_unlinks`).
+                // The kernel keeps what it has.
+                Invalidation::Shared(dir) => self.0.delegations.shared(*dir),
             }
         }
         for ino in inodes {

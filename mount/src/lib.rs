@@ -19,6 +19,7 @@ mod coherence;
 mod delegation;
 mod filesystem;
 mod invalidation;
+mod late_unlinks;
 mod listing;
 mod locking;
 mod requests;
@@ -238,6 +239,14 @@ impl CitronFuse {
             // their answers hold again is kept with the delegations.
             let control = invalidations.clone();
             client.on_held_again(Box::new(move |dir, attr| control.delegations().held_again(dir, attr)));
+            let control = invalidations.clone();
+            // An unlink answered first and refused after all
+            // (`late_unlinks`): what is known here of its directory goes,
+            // so that the name shows again.
+            client.on_late_unlink_failed(Box::new(move |dir| {
+                control.delegations().unsure(dir);
+                control.attrs().invalidate(dir);
+            }));
         }
         Self {
             client: Arc::new(client),

@@ -135,8 +135,13 @@ impl FsClient {
         if let Some(w) = &self.waiters {
             w.shutdown();
         }
-        // What is still queued goes with the client: leaving ends every
-        // open of it at the meta-server.
+        // Unlinks already answered must reach the meta-server before the
+        // client leaves; releases still queued go with the client (leaving
+        // ends every open of it at the meta-server).
+        if !self.shared.stop.load(Ordering::Relaxed) && !self.shared.fenced() {
+            self.flush_late_unlinks();
+        }
+        self.shared.late_unlinks.stop();
         self.shared.releases.stop();
         if self.shared.stop.swap(true, Ordering::Relaxed) {
             return;
@@ -157,6 +162,9 @@ impl Drop for FsClient {
         self.shutdown();
         self.waiters.take();
         if let Some(h) = self.releaser.take() {
+            let _ = h.join();
+        }
+        if let Some(h) = self.unlinker.take() {
             let _ = h.join();
         }
         self.heartbeat.take();

@@ -21,10 +21,12 @@
 //!
 //! Lock addresses are used only while the file is open here ([`opens`]).
 
+mod batches;
 mod endpoints;
 mod holds;
 mod identity;
 mod io;
+mod late_unlinks;
 mod layouts;
 mod lease;
 mod locks;
@@ -129,6 +131,10 @@ pub struct ClientConfig {
     /// How long a release queued at a close waits for others to go to the
     /// meta-server with it (`client::releases`); tests hold them longer.
     pub release_linger: Duration,
+    /// How long an unlink answered before it was sent waits for others
+    /// when no call sends it (`client::late_unlinks`); tests hold them
+    /// longer.
+    pub unlink_linger: Duration,
 }
 
 impl ClientConfig {
@@ -141,6 +147,7 @@ impl ClientConfig {
             key: None,
             added_rtt: Duration::ZERO,
             release_linger: releases::LINGER,
+            unlink_linger: late_unlinks::LINGER,
         }
     }
 
@@ -175,6 +182,11 @@ struct Shared {
     caching_ms: AtomicU64,
     /// Releases queued to go to the meta-server in batches ([`releases`]).
     releases: releases::Releases,
+    /// Unlinks answered and queued to go in batches ([`late_unlinks`]).
+    late_unlinks: late_unlinks::LateUnlinks,
+    /// The options of the key this client registered with (how the
+    /// meta-server squashes its callers), if it has one.
+    key_options: Option<citron_rpc::auth::KeyOptions>,
 }
 
 impl Shared {
@@ -240,6 +252,8 @@ pub struct FsClient {
     heartbeat: Option<Heartbeat>,
     /// Sends queued releases ([`releases`]).
     releaser: Option<std::thread::JoinHandle<()>>,
+    /// Sends queued unlinks ([`late_unlinks`]).
+    unlinker: Option<std::thread::JoinHandle<()>>,
     /// Reports the Citron T_wait this client needs ([`tuning`]).
     tuning: Option<std::thread::JoinHandle<()>>,
     timing: LockTiming,
@@ -367,6 +381,8 @@ impl FsClient {
             rpc_counts: RpcCounters::default(),
             caching_ms: AtomicU64::new(0),
             releases: releases::Releases::new(config.release_linger),
+            late_unlinks: late_unlinks::LateUnlinks::new(config.unlink_linger),
+            key_options: config.key.as_ref().map(|k| k.options),
         });
         let heartbeat = Heartbeat::start(&shared)?;
         // Timing of the lock algorithms comes from this fabric's RTT.
@@ -388,6 +404,7 @@ impl FsClient {
             retired_counts: Mutex::new(VerbCounts::default()),
             heartbeat: Some(heartbeat),
             releaser: None,
+            unlinker: None,
             tuning: None,
             timing,
             waits_for,
@@ -412,6 +429,13 @@ impl FsClient {
             std::thread::Builder::new()
                 .name("citronfs-release".into())
                 .spawn(move || releases::run(shared))
+                .map_err(|e| FsError::Io(e.to_string()))?
+        });
+        c.unlinker = Some({
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("citronfs-unlink".into())
+                .spawn(move || late_unlinks::run(shared))
                 .map_err(|e| FsError::Io(e.to_string()))?
         });
         Ok(c)
@@ -464,11 +488,14 @@ impl FsClient {
         self.shared.call_plain(request)
     }
 
-    /// Before a file-system operation's call: the test-only distance, and
-    /// the queued releases sent now unless the call is a create's, an
-    /// open's or a write's allocation (`releases`, "When a batch goes").
+    /// Before a file-system operation's call: the test-only distance, the
+    /// queued unlinks applied (`late_unlinks`: the meta-server sees this
+    /// client's operations in the order they were answered), and the
+    /// queued releases sent now unless the call is a create's, an open's
+    /// or a write's allocation (`releases`, "When a batch goes").
     fn before_call(&self, request: &MetaRequest) {
         self.add_distance();
+        self.flush_late_unlinks();
         if !opens_or_allocates(request) {
             self.shared.releases.send_now();
         }

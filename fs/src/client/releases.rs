@@ -68,10 +68,9 @@
 //! does) or is seen.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
-
+use super::batches::Batches;
 use super::{unexpected, FsClient, Shared};
 use crate::error::FsError;
 use crate::proto::{FileRelease, HeldAgain, MetaRequest, MetaResponse};
@@ -95,102 +94,33 @@ struct Queued {
     registration: u64,
 }
 
-#[derive(Default)]
-struct Queue {
-    waiting: Vec<Queued>,
-    /// When the oldest waiting release was queued.
-    since: Option<Instant>,
-    /// A batch is on its way to the meta-server: a flush waits for it, so
-    /// that what it flushes is there before the flusher's next request.
-    in_flight: bool,
-    /// The waiting releases go as soon as no batch is in flight.
-    now: bool,
-    stop: bool,
-}
-
-/// The queue of releases of a client and the condition its sender waits on.
+/// The queue of releases of a client ([`Batches`] decides when each batch
+/// goes) and where what their answers hold again goes.
 pub(super) struct Releases {
-    queue: Mutex<Queue>,
-    changed: Condvar,
+    batches: Batches<Queued>,
     hook: parking_lot::RwLock<Option<HeldHook>>,
-    /// How long the oldest queued release waits for others.
-    linger: Duration,
 }
 
 impl Releases {
     pub(super) fn new(linger: Duration) -> Self {
-        Self {
-            queue: Mutex::default(),
-            changed: Condvar::new(),
-            hook: parking_lot::RwLock::new(None),
-            linger,
-        }
-    }
-
-    fn push(&self, queued: Queued) {
-        let mut q = self.queue.lock();
-        q.waiting.push(queued);
-        if q.since.is_none() {
-            q.since = Some(Instant::now());
-            self.changed.notify_all();
-        } else if q.waiting.len() == BATCH {
-            self.changed.notify_all();
-        }
-    }
-
-    /// The next batch for the sender thread, once it is due; `None` once
-    /// the client stops.
-    fn next_batch(&self) -> Option<Vec<Queued>> {
-        let mut q = self.queue.lock();
-        loop {
-            if q.stop {
-                return None;
-            }
-            match q.since {
-                Some(since) if !q.in_flight => {
-                    let due = since + self.linger;
-                    if q.now || q.waiting.len() >= BATCH || Instant::now() >= due {
-                        return Some(Self::take(&mut q));
-                    }
-                    self.changed.wait_until(&mut q, due);
-                }
-                _ => self.changed.wait(&mut q),
-            }
-        }
+        Self { batches: Batches::new(linger, BATCH), hook: parking_lot::RwLock::new(None) }
     }
 
     /// Has what is queued sent as soon as no batch is in flight.
     pub(super) fn send_now(&self) {
-        let mut q = self.queue.lock();
-        if !q.waiting.is_empty() && !q.now {
-            q.now = true;
-            self.changed.notify_all();
-        }
-    }
-
-    fn take(q: &mut Queue) -> Vec<Queued> {
-        q.since = None;
-        q.now = false;
-        q.in_flight = true;
-        std::mem::take(&mut q.waiting)
-    }
-
-    fn sent(&self) {
-        self.queue.lock().in_flight = false;
-        self.changed.notify_all();
+        self.batches.send_now()
     }
 
     pub(super) fn stop(&self) {
-        self.queue.lock().stop = true;
-        self.changed.notify_all();
+        self.batches.stop()
     }
 }
 
 /// The sender thread: batches until the client stops.
 pub(super) fn run(shared: Arc<Shared>) {
-    while let Some(batch) = shared.releases.next_batch() {
+    while let Some(batch) = shared.releases.batches.next_batch() {
         send(&shared, batch);
-        shared.releases.sent();
+        shared.releases.batches.sent();
     }
 }
 
@@ -248,7 +178,7 @@ impl FsClient {
         let registration = self.registration();
         let releases = &self.shared.releases;
         self.end_opens(ino, |opens| {
-            releases.push(Queued { release: FileRelease { ino, opens }, registration });
+            releases.batches.push(Queued { release: FileRelease { ino, opens }, registration });
             Ok(())
         })
         .map(drop)
@@ -265,22 +195,7 @@ impl FsClient {
     /// has them (and any batch already on its way); whether there were
     /// any.
     pub fn flush_releases(&self) -> bool {
-        let releases = &self.shared.releases;
-        let batch = {
-            let mut q = releases.queue.lock();
-            let mut waited = false;
-            while q.in_flight {
-                releases.changed.wait(&mut q);
-                waited = true;
-            }
-            if q.waiting.is_empty() {
-                return waited;
-            }
-            Releases::take(&mut q)
-        };
-        send(&self.shared, batch);
-        releases.sent();
-        true
+        self.shared.releases.batches.flush(|batch| send(&self.shared, batch))
     }
 
     /// Where the attributes of files released later and held again go
@@ -291,77 +206,6 @@ impl FsClient {
 
     /// Releases queued and not yet sent (tests, diagnostics).
     pub fn queued_releases(&self) -> usize {
-        self.shared.releases.queue.lock().waiting.len()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn queued(ino: u64) -> Queued {
-        Queued { release: FileRelease { ino: Ino(ino), opens: 1 }, registration: 0 }
-    }
-
-    const SHORT: Duration = Duration::from_millis(5);
-
-    /// A sender waiting for `r`'s next batch: its size, once it goes.
-    /// Checked not to have gone after a while of waiting.
-    fn waiting_sender(r: &Arc<Releases>, why: &str) -> std::thread::JoinHandle<Option<usize>> {
-        let sender = {
-            let r = r.clone();
-            std::thread::spawn(move || r.next_batch().map(|b| b.len()))
-        };
-        std::thread::sleep(SHORT * 5);
-        assert!(!sender.is_finished(), "{why}");
-        sender
-    }
-
-    /// Releases queued within the linger of the first go as one batch; a
-    /// flush (`in_flight`) keeps the sender from starting the next one
-    /// until the flushed batch is sent.
-    #[test]
-    fn releases_queued_together_go_together_and_one_batch_at_a_time() {
-        let r = Releases::new(SHORT);
-        for ino in 1..=3 {
-            r.push(queued(ino));
-        }
-        let batch = r.next_batch().expect("not stopped");
-        let inos: Vec<u64> = batch.iter().map(|q| q.release.ino.0).collect();
-        assert_eq!(inos, [1, 2, 3]);
-        // The batch is in flight: a release queued now waits for it.
-        r.push(queued(4));
-        let r = Arc::new(r);
-        let sender = waiting_sender(&r, "a second batch went while the first was in flight");
-        r.sent();
-        assert_eq!(sender.join().unwrap(), Some(1));
-        r.sent();
-        r.stop();
-        assert!(r.next_batch().is_none(), "a stopped queue gives no batch");
-    }
-
-    /// What is queued goes without waiting out the linger once it is
-    /// asked to (another kind of call), and only then.
-    #[test]
-    fn send_now_ends_the_linger() {
-        let r = Arc::new(Releases::new(Duration::from_secs(3600)));
-        r.send_now(); // nothing queued: nothing to remember
-        r.push(queued(1));
-        r.push(queued(2));
-        let sender = waiting_sender(&r, "a batch went before the linger or a send_now");
-        r.send_now();
-        assert_eq!(sender.join().unwrap(), Some(2));
-        r.sent();
-        r.stop();
-    }
-
-    /// A full batch goes without waiting out the linger.
-    #[test]
-    fn a_full_batch_goes_at_once() {
-        let r = Releases::new(Duration::from_secs(3600));
-        for ino in 0..BATCH as u64 {
-            r.push(queued(ino));
-        }
-        assert_eq!(r.next_batch().unwrap().len(), BATCH);
+        self.shared.releases.batches.len()
     }
 }

@@ -37,8 +37,23 @@ struct Delegation {
     /// The invalidation that revokes it, queued and not yet acknowledged:
     /// it is renewed no more, and holds no new children.
     revoking: Option<u64>,
+    /// Whether another client looked into it (see [`Sharing`]).
+    sharing: Sharing,
     /// Children whose attributes the holder keeps with the delegation.
     children: HashSet<Ino>,
+}
+
+/// Whether a client other than the holder looked into a delegated
+/// directory: from then on the holder answers no unlink there before it
+/// sends it (meta-server `grants`, "Late unlinks").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sharing {
+    /// Nobody else did.
+    Exclusive,
+    /// Told to the holder as invalidation `number`, not yet acknowledged.
+    Telling(u64),
+    /// Acknowledged: the holder answers unlinks there only once sent.
+    Shared,
 }
 
 impl Delegation {
@@ -55,6 +70,9 @@ pub enum Revocation {
     Queue { dir: Ino, holder: ClientId, expires: Instant },
     /// Already queued as invalidation `number`: wait for it too.
     Await { holder: ClientId, number: u64, expires: Instant },
+    /// Queue `Invalidation::Shared(dir)` for `holder`, then call
+    /// [`Delegations::sharing`] with its number.
+    Share { dir: Ino, holder: ClientId, expires: Instant },
 }
 
 /// Every delegation of the cluster.
@@ -63,6 +81,8 @@ pub struct Delegations {
     by_dir: HashMap<Ino, Delegation>,
     /// The delegated directory of each child held with a delegation.
     parent_of: HashMap<Ino, Ino>,
+    /// How many delegations each holder has (expired ones until pruned).
+    holders: HashMap<ClientId, usize>,
 }
 
 impl Delegations {
@@ -73,11 +93,29 @@ impl Delegations {
             ttl,
             expires: now + ttl + GRANT_MARGIN,
             revoking: None,
+            sharing: Sharing::Exclusive,
             children: HashSet::new(),
         };
+        *self.holders.entry(client).or_default() += 1;
         if let Some(old) = self.by_dir.insert(dir, delegation) {
             // An inode number used again: what the old one held is void.
+            self.forgo(old.holder);
             self.forget_children(dir, old.children);
+        }
+    }
+
+    /// Whether a client other than `asker` holds a delegation (expired
+    /// ones count until pruned or met).
+    pub fn held_by_another_than(&self, asker: Option<ClientId>) -> bool {
+        self.holders.keys().any(|holder| Some(*holder) != asker)
+    }
+
+    fn forgo(&mut self, holder: ClientId) {
+        if let Entry::Occupied(mut e) = self.holders.entry(holder) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
         }
     }
 
@@ -135,6 +173,44 @@ impl Delegations {
         })
     }
 
+    /// What a request of `asker` that names `ino` (and is served after
+    /// this) must wait for, of the delegations covering `ino` that another
+    /// client holds: one nobody else looked into is shared
+    /// ([`Revocation::Share`]); one being shared or revoked is awaited.
+    /// Nothing for one shared and acknowledged, or expired.
+    pub fn recalls(&mut self, ino: Ino, asker: Option<ClientId>, now: Instant) -> Vec<Revocation> {
+        let own = self.by_dir.contains_key(&ino).then_some(ino);
+        let holding = self.parent_of.get(&ino).copied();
+        let mut recalls = Vec::new();
+        for dir in own.into_iter().chain(holding) {
+            let Some(d) = self.by_dir.get(&dir) else { continue };
+            if d.expires <= now {
+                self.remove(dir);
+                continue;
+            }
+            if Some(d.holder) == asker {
+                continue;
+            }
+            let (holder, expires) = (d.holder, d.expires);
+            match (d.revoking, d.sharing) {
+                (Some(number), _) | (None, Sharing::Telling(number)) => {
+                    recalls.push(Revocation::Await { holder, number, expires })
+                }
+                (None, Sharing::Exclusive) => recalls.push(Revocation::Share { dir, holder, expires }),
+                (None, Sharing::Shared) => {}
+            }
+        }
+        recalls
+    }
+
+    /// The sharing of `dir`'s delegation was queued as invalidation
+    /// `number` of its holder.
+    pub fn sharing(&mut self, dir: Ino, number: u64) {
+        if let Some(d) = self.by_dir.get_mut(&dir) {
+            d.sharing = Sharing::Telling(number);
+        }
+    }
+
     /// The revocation of `dir`'s delegation was queued as invalidation
     /// `number` of its holder.
     pub fn revoking(&mut self, dir: Ino, number: u64) {
@@ -146,6 +222,11 @@ impl Delegations {
     /// `client` acknowledged its invalidations up to `acked`: the
     /// delegations they revoked are gone from its mount.
     pub fn acknowledged(&mut self, client: ClientId, acked: u64) {
+        for d in self.by_dir.values_mut().filter(|d| d.holder == client) {
+            if matches!(d.sharing, Sharing::Telling(n) if n <= acked) {
+                d.sharing = Sharing::Shared;
+            }
+        }
         let done: Vec<Ino> = self
             .by_dir
             .iter()
@@ -169,6 +250,16 @@ impl Delegations {
         shortest
     }
 
+    /// Forgets the delegations of `client`, which left the cluster (its
+    /// mount is gone, and sent what it answered first before it left).
+    pub fn drop_holder(&mut self, client: ClientId) {
+        let held: Vec<Ino> =
+            self.by_dir.iter().filter(|(_, d)| d.holder == client).map(|(dir, _)| *dir).collect();
+        for dir in held {
+            self.remove(dir);
+        }
+    }
+
     /// Forgets expired delegations.
     pub fn prune(&mut self, now: Instant) {
         let expired: Vec<Ino> =
@@ -189,6 +280,7 @@ impl Delegations {
 
     fn remove(&mut self, dir: Ino) {
         if let Some(d) = self.by_dir.remove(&dir) {
+            self.forgo(d.holder);
             self.forget_children(dir, d.children);
         }
     }
@@ -235,9 +327,35 @@ mod tests {
         assert_eq!(d.renew(A, now), None, "a revoked delegation renewed");
         d.acknowledged(A, 6);
         assert_eq!(d.len(), 1);
+        assert!(d.held_by_another_than(Some(B)) && !d.held_by_another_than(Some(A)));
+        assert!(d.held_by_another_than(None), "a client that does not cache is another");
         d.acknowledged(A, 7);
         assert_eq!(d.len(), 0);
         assert!(d.parent_of.is_empty(), "a child outlived its delegation");
+        assert!(!d.held_by_another_than(Some(B)), "a holder outlived its delegations");
+    }
+
+    #[test]
+    fn a_delegation_is_shared_once_and_awaited_until_acknowledged() {
+        let now = Instant::now();
+        let mut d = Delegations::default();
+        d.delegate(A, DIR, TTL, now);
+        assert!(d.hold_child(A, DIR, Ino(11), now));
+        assert_eq!(d.recalls(DIR, Some(A), now), vec![], "the holder's own request");
+        let [Revocation::Share { dir, holder, .. }] = d.recalls(Ino(11), Some(B), now)[..] else {
+            panic!("another client's look at a held child does not share");
+        };
+        assert_eq!((dir, holder), (DIR, A));
+        d.sharing(DIR, 4);
+        assert!(matches!(d.recalls(DIR, None, now)[..], [Revocation::Await { number: 4, .. }]));
+        d.acknowledged(A, 4);
+        assert_eq!(d.recalls(DIR, Some(B), now), vec![], "a shared delegation is shared again");
+        assert_eq!(d.len(), 1, "sharing ended the delegation");
+        // A change still revokes it.
+        assert!(matches!(d.revocations(DIR, Some(B), now)[..], [Revocation::Queue { .. }]));
+        d.drop_holder(A);
+        assert_eq!(d.len(), 0);
+        assert!(!d.held_by_another_than(Some(B)));
     }
 
     #[test]

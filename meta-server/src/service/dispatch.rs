@@ -8,11 +8,11 @@ use std::time::{Duration, Instant};
 
 use citron_rpc::auth::{Credential, KeyOptions};
 use citronfs_core::proto::{
-    ClientInfo, ClusterInfo, Delegated, EntryPlus, FileRelease, Grant, HeldAgain, Invalidation, MetaRequest,
-    MetaResponse, MAX_AHEAD_CHUNKS,
+    ClientInfo, ClusterInfo, Delegated, EntryPlus, FileRelease, Grant, HeldAgain, Invalidation, LateUnlink,
+    MetaRequest, MetaResponse, MAX_AHEAD_CHUNKS,
 };
 use citronfs_core::session::SessionKeys;
-use citronfs_core::types::{Attr, ClientId, DirEntry, FileKind, Ino};
+use citronfs_core::types::{Attr, ClientId, DirEntry, FileKind, Ino, Timestamp};
 use citronfs_core::FsError;
 
 use super::{ClientLease, MetaService};
@@ -45,6 +45,11 @@ impl MetaService {
         caching: Option<(ClientId, Duration)>,
         request: MetaRequest,
     ) -> Result<MetaResponse, FsError> {
+        let asker_id = match asker {
+            Asker::Client(client, _) => Some(*client),
+            _ => caching.map(|(client, _)| client),
+        };
+        self.recall_for(asker_id, &request);
         let mut changed = Changed::default();
         let answer = self.dispatch_changing(asker, caching, request, &mut changed);
         if !changed.keys.is_empty() {
@@ -52,6 +57,32 @@ impl MetaService {
             self.grants.revoke(spared, &changed.keys);
         }
         answer
+    }
+
+    /// Recalls the delegations of clients other than `asker` that
+    /// `request` names ([`MetaRequest::named`]: a delegated directory, a
+    /// name in one, a child held with one; and for a `ReadDirPlus`, the
+    /// directories it lists, whose attributes it answers) and waits for
+    /// them, before the request is served: their holders may have answered
+    /// unlinks there that they have not sent yet ([`crate::grants`], "Late
+    /// unlinks"). Nothing to resolve while no other client holds one.
+    fn recall_for(&self, asker: Option<ClientId>, request: &MetaRequest) {
+        if !self.grants.delegated_to_another_than(asker) {
+            return;
+        }
+        let named = request.named();
+        let mut inos = named.inos;
+        {
+            let ns = self.ns.lock();
+            inos.extend(
+                named.names.iter().filter_map(|(dir, name)| ns.lookup(*dir, name).ok().map(|a| a.ino)),
+            );
+            if let MetaRequest::ReadDirPlus { ino, after, max, .. } = request.inner() {
+                let listed = ns.readdir_plus(*ino, *after, (*max).min(MAX_READDIR)).unwrap_or_default();
+                inos.extend(listed.into_iter().filter(|(_, a)| a.kind == FileKind::Dir).map(|(_, a)| a.ino));
+            }
+        }
+        self.grants.recall(asker, &inos);
     }
 
     /// Attributes of `attr`'s inode may be granted: not a regular file
@@ -224,6 +255,28 @@ impl MetaService {
         }
     }
 
+    /// `unlink.name` of `unlink.parent` removed by `unlink.caller`, made at
+    /// `unlink.at` (now, or when a mount answered it before it sent it).
+    fn unlink(
+        &self,
+        checks: Checks,
+        caching: Option<(ClientId, Duration)>,
+        changed: &mut Changed,
+        unlink: LateUnlink,
+    ) -> Result<MetaResponse, FsError> {
+        let LateUnlink { caller, parent, name, at } = unlink;
+        let mut ns = self.ns.lock();
+        checks.remove_entry(&ns, caller, parent, &name)?;
+        // Looked up first so that the unlink's own error is answered.
+        let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
+        ns.unlink_at(parent, &name, at)?;
+        self.entry_changed(caching, changed, parent, name);
+        changed.keys.push(Invalidation::Attr(parent));
+        changed.keys.extend(victim.map(Invalidation::Attr));
+        let answer = victim.map_or(MetaResponse::Done, MetaResponse::Removed);
+        Ok(self.with_parent(&ns, caching, parent, answer, false, None))
+    }
+
     fn dispatch_changing(
         &self,
         asker: &Asker,
@@ -325,6 +378,7 @@ impl MetaService {
                     l.leaving = true;
                     log::info!("client {} leaves", client.0);
                 }
+                self.grants.left(client);
                 let _ = self.reaper_wake.lock().send(());
                 A::Done
             }
@@ -402,17 +456,15 @@ impl MetaService {
                 changed.keys.extend([AttrOf(ino), AttrOf(new_parent)]);
                 A::Attr(attr)
             }
-            R::Unlink { caller, parent, name } => {
-                let mut ns = self.ns.lock();
-                checks.remove_entry(&ns, caller, parent, &name)?;
-                // Looked up first so that the unlink's own error is answered.
-                let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
-                ns.unlink(parent, &name)?;
-                self.entry_changed(caching, changed, parent, name);
-                changed.keys.push(AttrOf(parent));
-                changed.keys.extend(victim.map(AttrOf));
-                self.with_parent(&ns, caching, parent, victim.map_or(A::Done, A::Removed), false, None)
-            }
+            R::Unlink { caller, parent, name } => self.unlink(
+                checks,
+                caching,
+                changed,
+                LateUnlink { caller, parent, name, at: Timestamp::now() },
+            )?,
+            R::UnlinkMany { unlinks } => A::UnlinkedMany(
+                unlinks.into_iter().map(|u| self.unlink(checks, caching, changed, u).map(drop)).collect(),
+            ),
             R::Rmdir { caller, parent, name } => {
                 let mut ns = self.ns.lock();
                 if name != b"." && name != b".." {

@@ -1,0 +1,230 @@
+//! Unlinks answered before they are sent (issue 13; `fs::client::late_unlinks`
+//! has the protocol): a caching mount answers the unlink of a file it made
+//! in a directory delegated to it at once and sends it later with others,
+//! and nobody can tell — its own next calls, and every other mount's first
+//! look at the directory, come after the unlink at the meta-server.
+//!
+//! Most tests hold the queued unlinks until a call sends them (a linger of
+//! an hour), so that what another mount sees is what the recall made the
+//! holder send, not what a timer happened to send first.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use citronfs_core::client::Transport;
+use citronfs_core::rpc_counts::MetaKind;
+use citronfs_mount::MountOptions;
+use citronfs_tests::coherence::{close, missing};
+use citronfs_tests::{TestCluster, TestMount};
+
+/// Long enough that no grant or delegation expires during a test.
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+fn caching() -> MountOptions {
+    MountOptions { cache_ttl: LONG_TTL, ..MountOptions::default() }
+}
+
+/// A caching mount whose answered unlinks wait until a call sends them
+/// (`hold`), or go as they would in use.
+fn mount(c: &TestCluster, hold: bool) -> TestMount {
+    let mut config = c.client_config(None, Transport::Auto);
+    if hold {
+        config.unlink_linger = Duration::from_secs(3600);
+    }
+    TestMount::with_config_and_options(config, caching())
+}
+
+fn cluster() -> (TestCluster, TestMount, TestMount) {
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let a = mount(&c, true);
+    let b = c.mount_with(caching());
+    (c, a, b)
+}
+
+/// Makes `files` empty files `dir/f<i>` through `m`, closed.
+fn make(m: &TestMount, dir: &str, files: usize) {
+    for i in 0..files {
+        close(m, fs::File::create(m.path(&format!("{dir}/f{i}"))).unwrap());
+    }
+}
+
+fn names(m: &TestMount, dir: &str) -> Vec<String> {
+    let mut names: Vec<String> =
+        fs::read_dir(m.path(dir)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
+/// Unlinks `dir/f0` for each of `dirs` on `m`, each answered first.
+fn unlink_on(m: &TestMount, dirs: &[&str]) {
+    for d in dirs {
+        fs::remove_file(m.path(&format!("{d}/f0"))).unwrap();
+    }
+    assert_eq!(m.client.queued_unlinks(), dirs.len(), "the unlinks were not answered first");
+}
+
+fn unlink_all_on(m: &TestMount) {
+    unlink_on(m, &["c", "r", "l"]);
+}
+
+#[test]
+fn unlinks_in_a_directory_made_here_cost_no_round_trip_and_go_together() {
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let a = mount(&c, false);
+    fs::create_dir(a.path("d")).unwrap();
+    make(&a, "d", 100);
+    let before = a.client.rpc_counts();
+    for i in 0..100 {
+        fs::remove_file(a.path(&format!("d/f{i}"))).unwrap();
+    }
+    a.client.flush_late_unlinks();
+    let spent = a.client.rpc_counts() - before;
+    assert_eq!(spent.get(MetaKind::Unlink), 0, "an unlink was sent at once: {}", spent.describe());
+    let batches = spent.get(MetaKind::UnlinkMany);
+    assert!((1..=100).contains(&batches), "{batches} batches for 100 unlinks: {}", spent.describe());
+    assert!(spent.operations() <= 100, "more than a call per unlink: {}", spent.describe());
+    assert_eq!(a.client.late_unlink_failures(), 0);
+    assert!(names(&a, "d").is_empty());
+    // Gone at the meta-server too: another mount sees nothing, and the
+    // directory can go.
+    let b = c.mount();
+    assert!(names(&b, "d").is_empty(), "unlinked names left at the meta-server");
+    fs::remove_dir(b.path("d")).unwrap();
+}
+
+#[test]
+fn another_mounts_first_look_at_the_directory_sees_the_queued_unlinks() {
+    let (_c, a, b) = cluster();
+    fs::create_dir(a.path("d")).unwrap();
+    make(&a, "d", 3);
+    fs::remove_file(a.path("d/f0")).unwrap();
+    fs::remove_file(a.path("d/f1")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 2, "the unlinks were not answered first");
+    // B's lookup recalls A's delegation, and A sends its unlinks before it
+    // acknowledges.
+    assert!(missing(&b, "d/f0"), "B found a name A had unlinked");
+    assert_eq!(a.client.queued_unlinks(), 0);
+    assert_eq!(names(&b, "d"), ["f2"]);
+    // The directory's times are those A's kernel showed.
+    let (on_a, on_b) = (fs::metadata(a.path("d")).unwrap(), fs::metadata(b.path("d")).unwrap());
+    assert_eq!((on_a.mtime(), on_a.mtime_nsec()), (on_b.mtime(), on_b.mtime_nsec()));
+    assert_eq!((on_a.ctime(), on_a.ctime_nsec()), (on_b.ctime(), on_b.ctime_nsec()));
+    // Recalled: A's unlinks there are sent at once from now on.
+    fs::remove_file(a.path("d/f2")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 0, "an unlink answered first after the recall");
+    assert!(missing(&b, "d/f2"));
+    assert_eq!(a.client.late_unlink_failures(), 0);
+}
+
+#[test]
+fn another_mounts_changes_in_the_directory_come_after_the_queued_unlinks() {
+    let (_c, a, b) = cluster();
+    // Each of A's calls sends what is queued: everything is made first.
+    for d in ["c", "r", "l"] {
+        fs::create_dir(a.path(d)).unwrap();
+        make(&a, d, 1);
+    }
+    unlink_all_on(&a);
+    // A create of the name A unlinked: no EEXIST.
+    let f = fs::OpenOptions::new().write(true).create_new(true).open(b.path("c/f0")).unwrap();
+    close(&b, f);
+    assert_eq!(a.client.queued_unlinks(), 0);
+    assert_eq!(names(&a, "c"), ["f0"], "A does not see B's create");
+    fs::remove_file(b.path("c/f0")).unwrap();
+    drop((a, b));
+
+    // An rmdir of a directory A emptied, and a listing of the parent (the
+    // directories' attributes, in B's READDIRPLUS), each come after them.
+    let (_c, a, b) = cluster();
+    for d in ["c", "r", "l"] {
+        fs::create_dir(a.path(d)).unwrap();
+        make(&a, d, 1);
+    }
+    unlink_all_on(&a);
+    fs::remove_dir(b.path("r")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 0);
+    make(&a, "c", 1);
+    // One unlink: A's next path walk may cost a call (the root's
+    // attributes are contended a moment after B's rmdir), which would
+    // send it.
+    unlink_on(&a, &["c"]);
+    let listed = names(&b, "");
+    assert_eq!(listed, ["c", "l"]);
+    assert_eq!(a.client.queued_unlinks(), 0, "B's listing of the parent did not recall c");
+    assert!(names(&b, "c").is_empty());
+    fs::remove_dir(b.path("c")).unwrap();
+}
+
+#[test]
+fn the_holders_own_calls_come_after_its_queued_unlinks() {
+    let (_c, a, _b) = cluster();
+    fs::create_dir(a.path("d")).unwrap();
+    make(&a, "d", 2);
+    fs::remove_file(a.path("d/f0")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 1);
+    // The name again, exclusively: the create sends the unlink first.
+    let f = fs::OpenOptions::new().write(true).create_new(true).open(a.path("d/f0")).unwrap();
+    close(&a, f);
+    assert_eq!(a.client.queued_unlinks(), 0);
+    assert_eq!(names(&a, "d"), ["f0", "f1"]);
+    for name in ["d/f0", "d/f1"] {
+        fs::remove_file(a.path(name)).unwrap();
+    }
+    assert_eq!(a.client.queued_unlinks(), 2);
+    // The directory is empty here; its rmdir sends the unlinks first.
+    fs::remove_dir(a.path("d")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 0);
+    assert_eq!(a.client.late_unlink_failures(), 0);
+}
+
+#[test]
+fn only_files_made_here_with_one_link_and_not_open_are_answered_first() {
+    let (_c, a, b) = cluster();
+    fs::create_dir(a.path("d")).unwrap();
+    make(&a, "d", 3);
+    // Open here: unlinked at once, so the meta-server counts it open.
+    let open = fs::File::open(a.path("d/f0")).unwrap();
+    fs::remove_file(a.path("d/f0")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 0, "a file open here was answered first");
+    close(&a, open);
+    // Two links: at once.
+    fs::hard_link(a.path("d/f1"), a.path("d/f1b")).unwrap();
+    fs::remove_file(a.path("d/f1")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 0, "a file with two links was answered first");
+    // Renamed in: at once (other mounts may know the inode).
+    fs::create_dir(a.path("e")).unwrap();
+    fs::rename(a.path("d/f2"), a.path("e/moved")).unwrap();
+    fs::remove_file(a.path("e/moved")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 0, "a file renamed in was answered first");
+    // A directory made elsewhere (by B): at once.
+    fs::create_dir(b.path("bdir")).unwrap();
+    close(&a, fs::File::create(a.path("bdir/x")).unwrap());
+    fs::remove_file(a.path("bdir/x")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 0, "a file in another mount's directory was answered first");
+    assert!(missing(&b, "bdir/x") && missing(&b, "e/moved") && missing(&b, "d/f0"));
+    assert_eq!(names(&b, "d"), ["f1b"]);
+}
+
+#[test]
+fn queued_unlinks_reach_the_meta_server_before_the_mount_goes() {
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let a = mount(&c, true);
+    fs::create_dir(a.path("d")).unwrap();
+    make(&a, "d", 5);
+    for i in 0..5 {
+        fs::remove_file(a.path(&format!("d/f{i}"))).unwrap();
+    }
+    assert_eq!(a.client.queued_unlinks(), 5);
+    // As `citronfs mount` ends: the session, then the client.
+    let client = a.client.clone();
+    drop(a);
+    client.shutdown();
+    let b = c.mount();
+    assert!(names(&b, "d").is_empty(), "unlinks answered first were lost with the mount");
+    match fs::remove_dir(b.path("d")) {
+        Err(e) if e.kind() == ErrorKind::DirectoryNotEmpty => panic!("d kept names"),
+        other => other.unwrap(),
+    }
+}
