@@ -230,9 +230,10 @@
 //! `inval_inode`) and acknowledges in its next poll. A client that does
 //! not acknowledge (stopped, partitioned, fenced) delays a change by at
 //! most its grant's remaining time: the waiter never answers before the
-//! grant has expired or been acknowledged. A fenced or departed client's
-//! queue goes with its lease; its grants are kept until they expire (its
-//! kernel may still be caching, if the process lives).
+//! grant has expired or been acknowledged. A fenced client's queue goes
+//! with its lease; its grants are kept until they expire (its kernel may
+//! still be caching, if the process lives). A client that leaves (its
+//! mount ended) is waited for no more ([`Grants::left`]).
 //!
 //! # The margin
 //!
@@ -754,9 +755,6 @@ impl Grants {
         s.delegations.held_dir(client, ino, Instant::now())
     }
 
-    /// A fenced or departed client: its queue and its writing opens go
-    /// (changers waiting for it wait for its grants to expire, which stay
-    /// until then).
     /// `client` left the cluster (`ClientLeaves`: its mount ended, after
     /// sending the unlinks it answered first): its kernel caches nothing
     /// any more, so its grants and delegations go and everything queued for
@@ -775,6 +773,9 @@ impl Grants {
         self.changed.notify_all();
     }
 
+    /// A fenced or departed client: its queue and its writing opens go
+    /// (changers waiting for it wait for its grants to expire, which stay
+    /// until then).
     pub fn drop_client(&self, client: ClientId) {
         let mut s = self.state.lock();
         s.queues.remove(&client);

@@ -69,6 +69,14 @@ fn unlink_all_on(m: &TestMount) {
     unlink_on(m, &["c", "r", "l"]);
 }
 
+/// Directories c, r and l made by `m`, each with a file f0.
+fn make_dirs(m: &TestMount) {
+    for d in ["c", "r", "l"] {
+        fs::create_dir(m.path(d)).unwrap();
+        make(m, d, 1);
+    }
+}
+
 #[test]
 fn unlinks_in_a_directory_made_here_cost_no_round_trip_and_go_together() {
     let c = TestCluster::start(1, 64 << 20, 1 << 20);
@@ -122,10 +130,7 @@ fn another_mounts_first_look_at_the_directory_sees_the_queued_unlinks() {
 fn another_mounts_changes_in_the_directory_come_after_the_queued_unlinks() {
     let (_c, a, b) = cluster();
     // Each of A's calls sends what is queued: everything is made first.
-    for d in ["c", "r", "l"] {
-        fs::create_dir(a.path(d)).unwrap();
-        make(&a, d, 1);
-    }
+    make_dirs(&a);
     unlink_all_on(&a);
     // A create of the name A unlinked: no EEXIST.
     let f = fs::OpenOptions::new().write(true).create_new(true).open(b.path("c/f0")).unwrap();
@@ -138,10 +143,7 @@ fn another_mounts_changes_in_the_directory_come_after_the_queued_unlinks() {
     // An rmdir of a directory A emptied, and a listing of the parent (the
     // directories' attributes, in B's READDIRPLUS), each come after them.
     let (_c, a, b) = cluster();
-    for d in ["c", "r", "l"] {
-        fs::create_dir(a.path(d)).unwrap();
-        make(&a, d, 1);
-    }
+    make_dirs(&a);
     unlink_all_on(&a);
     fs::remove_dir(b.path("r")).unwrap();
     assert_eq!(a.client.queued_unlinks(), 0);

@@ -81,6 +81,15 @@ impl<T> Batches<T> {
         }
     }
 
+    /// The sender thread's loop: sends each batch with `send` (which
+    /// returns once it is answered) as it falls due, until the queue stops.
+    pub(super) fn serve(&self, mut send: impl FnMut(Vec<T>)) {
+        while let Some(batch) = self.next_batch() {
+            send(batch);
+            self.sent();
+        }
+    }
+
     /// Has what is queued sent as soon as no batch is in flight.
     pub(super) fn send_now(&self) {
         let mut q = self.queue.lock();

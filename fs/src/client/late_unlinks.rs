@@ -86,10 +86,7 @@ impl LateUnlinks {
 
 /// The sender thread: batches until the client stops.
 pub(super) fn run(shared: Arc<Shared>) {
-    while let Some(batch) = shared.late_unlinks.batches.next_batch() {
-        send(&shared, batch);
-        shared.late_unlinks.batches.sent();
-    }
+    shared.late_unlinks.batches.serve(|batch| send(&shared, batch))
 }
 
 /// Sends `batch` as one `UnlinkMany` and reports each unlink it refused.

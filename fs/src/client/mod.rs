@@ -424,20 +424,15 @@ impl FsClient {
         };
         c.tuning = Some(reporter);
         c.start_waiters(probe)?;
-        c.releaser = Some({
+        let sender = |name: &str, run: fn(Arc<Shared>)| {
             let shared = shared.clone();
             std::thread::Builder::new()
-                .name("citronfs-release".into())
-                .spawn(move || releases::run(shared))
-                .map_err(|e| FsError::Io(e.to_string()))?
-        });
-        c.unlinker = Some({
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name("citronfs-unlink".into())
-                .spawn(move || late_unlinks::run(shared))
-                .map_err(|e| FsError::Io(e.to_string()))?
-        });
+                .name(name.into())
+                .spawn(move || run(shared))
+                .map_err(|e| FsError::Io(e.to_string()))
+        };
+        c.releaser = Some(sender("citronfs-release", releases::run)?);
+        c.unlinker = Some(sender("citronfs-unlink", late_unlinks::run)?);
         Ok(c)
     }
 

@@ -118,10 +118,7 @@ impl Releases {
 
 /// The sender thread: batches until the client stops.
 pub(super) fn run(shared: Arc<Shared>) {
-    while let Some(batch) = shared.releases.batches.next_batch() {
-        send(&shared, batch);
-        shared.releases.batches.sent();
-    }
+    shared.releases.batches.serve(|batch| send(&shared, batch))
 }
 
 /// Sends `batch` as one `ReleaseMany` (what the current registration
