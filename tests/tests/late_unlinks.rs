@@ -16,7 +16,7 @@ use std::time::Duration;
 use citronfs_core::client::Transport;
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_mount::MountOptions;
-use citronfs_tests::coherence::{close, missing};
+use citronfs_tests::coherence::{close, eventually, missing};
 use citronfs_tests::{TestCluster, TestMount};
 
 /// Long enough that no grant or delegation expires during a test.
@@ -29,11 +29,15 @@ fn caching() -> MountOptions {
 /// A caching mount whose answered unlinks wait until a call sends them
 /// (`hold`), or go as they would in use.
 fn mount(c: &TestCluster, hold: bool) -> TestMount {
+    mount_ttl(c, hold, LONG_TTL)
+}
+
+fn mount_ttl(c: &TestCluster, hold: bool, ttl: Duration) -> TestMount {
     let mut config = c.client_config(None, Transport::Auto);
     if hold {
         config.unlink_linger = Duration::from_secs(3600);
     }
-    TestMount::with_config_and_options(config, caching())
+    TestMount::with_config_and_options(config, MountOptions { cache_ttl: ttl, ..MountOptions::default() })
 }
 
 fn cluster() -> (TestCluster, TestMount, TestMount) {
@@ -228,5 +232,78 @@ fn queued_unlinks_reach_the_meta_server_before_the_mount_goes() {
     match fs::remove_dir(b.path("d")) {
         Err(e) if e.kind() == ErrorKind::DirectoryNotEmpty => panic!("d kept names"),
         other => other.unwrap(),
+    }
+}
+
+/// A holder that stops acknowledging (its invalidation thread stalled, as
+/// a frozen mount's) delays another mount's look at its directory by its
+/// delegation's time at most — the look is answered, not refused — and
+/// sends what it queued once it goes on.
+#[test]
+fn a_holder_that_stops_acknowledging_delays_another_mounts_look_and_catches_up() {
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let a = mount_ttl(&c, true, Duration::from_secs(1));
+    let b = c.mount_with(caching());
+    fs::create_dir(a.path("d")).unwrap();
+    make(&a, "d", 2);
+    fs::remove_file(a.path("d/f0")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 1);
+    a.invalidations.stall(true);
+    let _hang = b.watchdog(Duration::from_secs(120));
+    // B's request waits for A's acknowledgement or the delegation's expiry
+    // (a second and a margin), well within its own timeout.
+    assert_eq!(fs::metadata(b.path("d/f1")).unwrap().len(), 0);
+    a.invalidations.stall(false);
+    eventually("A sends the unlink it answered first", || a.client.queued_unlinks() == 0);
+    assert!(missing(&b, "d/f0"), "the unlink A answered first never reached the meta-server");
+    assert_eq!(a.client.late_unlink_failures(), 0);
+}
+
+/// An oracle for the race the recall closes: one thread of A unlinks
+/// files in directories A made, as fast as it can, counting what has
+/// returned; one of B stats, for the first time in its directory, the
+/// name whose unlink returned last. A stat that starts after an unlink
+/// returned never finds the name.
+#[test]
+fn another_mounts_first_look_racing_the_unlinks_never_finds_an_unlinked_name() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const DIRS: usize = 30;
+    const FILES: usize = 20;
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let a = mount(&c, false);
+    let b = c.mount_with(caching());
+    for d in 0..DIRS {
+        fs::create_dir(a.path(&format!("d{d}"))).unwrap();
+        make(&a, &format!("d{d}"), FILES);
+    }
+    let name = |i: usize| format!("d{}/f{}", i / FILES, i % FILES);
+    let returned = AtomicUsize::new(0);
+    let _hang = b.watchdog(Duration::from_secs(120));
+    let looks = std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..DIRS * FILES {
+                fs::remove_file(a.path(&name(i))).unwrap();
+                // SeqCst: B reads the count after this unlink returned.
+                returned.store(i + 1, Ordering::SeqCst);
+            }
+        });
+        let mut looks = 0;
+        loop {
+            let done = returned.load(Ordering::SeqCst);
+            if done == DIRS * FILES {
+                break looks;
+            }
+            if done > 0 {
+                let rel = name(done - 1);
+                assert!(missing(&b, &rel), "B found {rel} after its unlink on A returned");
+                looks += 1;
+            }
+        }
+    });
+    assert!(looks > 0, "B never looked while A unlinked");
+    assert!(a.client.rpc_counts().get(MetaKind::UnlinkMany) > 0, "no unlink was answered first");
+    assert_eq!(a.client.late_unlink_failures(), 0);
+    for d in 0..DIRS {
+        assert!(names(&b, &format!("d{d}")).is_empty());
     }
 }
