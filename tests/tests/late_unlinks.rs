@@ -307,3 +307,37 @@ fn another_mounts_first_look_racing_the_unlinks_never_finds_an_unlinked_name() {
         assert!(names(&b, &format!("d{d}")).is_empty());
     }
 }
+
+/// A root the mount's key squashes may remove, in its kernel's eyes, a
+/// file in a directory that nobody (what root is to the cluster) may
+/// write: the user sees the meta-server's refusal, never an unlink
+/// answered first and undone. (Two guards keep it from the late path:
+/// the key squashes root, and the directory's attributes kept by the mount
+/// went with its chmod.)
+#[test]
+fn an_unlink_a_squashed_root_may_not_make_is_sent_at_once_and_refused() {
+    use citron_rpc::auth::{Key, KeyOptions, Keyring, Role, Squash};
+    use std::os::unix::fs::PermissionsExt;
+    let cluster_key = Keyring::generate("cluster").unwrap();
+    let squashed = Key::generate(
+        "lab",
+        KeyOptions { role: Role::Client, squash: Squash::Root, ..KeyOptions::default() },
+    )
+    .unwrap();
+    let keys =
+        std::sync::Arc::new(Keyring::new(vec![cluster_key.first().clone(), squashed.clone()]).unwrap());
+    let c = TestCluster::keyed(keys, 1);
+    let admin = c.mount_tcp();
+    fs::create_dir(admin.path("public")).unwrap();
+    fs::set_permissions(admin.path("public"), fs::Permissions::from_mode(0o1777)).unwrap();
+    let lab = TestMount::with_config_and_options(c.client_config(Some(squashed), Transport::Tcp), caching());
+    // Made by the lab's root, that is by nobody: delegated to the lab.
+    fs::create_dir(lab.path("public/d")).unwrap();
+    make(&lab, "public/d", 1);
+    fs::set_permissions(lab.path("public/d"), fs::Permissions::from_mode(0o555)).unwrap();
+    let err = fs::remove_file(lab.path("public/d/f0")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
+    assert_eq!(lab.client.queued_unlinks(), 0);
+    assert_eq!(lab.client.late_unlink_failures(), 0, "answered first, then refused");
+    assert!(!missing(&admin, "public/d/f0"));
+}
