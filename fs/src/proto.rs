@@ -497,12 +497,16 @@ pub struct FileRelease {
 
 /// One unlink of a [`MetaRequest::UnlinkMany`]: `name` of `parent`,
 /// removed by `caller` at `at` (the time the mount gave the directory's
-/// mtime and ctime in its answer).
+/// mtime and ctime in its answer), if it still names `ino`, the inode the
+/// mount unlinked; else it is refused ([`FsError::NotFound`]): what the
+/// mount removed is no longer there, and whatever took the name since is
+/// not its to remove.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LateUnlink {
     pub caller: Caller,
     pub parent: Ino,
     pub name: Vec<u8>,
+    pub ino: Ino,
     pub at: Timestamp,
 }
 

@@ -199,7 +199,8 @@
 //! revokes it), and is waited for no more. Each unlink of a batch is made
 //! at the time the mount answered it (the directory's mtime and ctime, the
 //! file's ctime), so the holder's kernel and every other mount see the
-//! same times.
+//! same times, and only if its name still names the inode the mount
+//! unlinked (`LateUnlink::ino`).
 //!
 //! A client that leaves (`ClientLeaves`, at the end of its mount, after
 //! it sent its queue) is waited for no more at all ([`Grants::left`]).

@@ -58,7 +58,7 @@ impl CitronFuse {
             return Some(reply);
         }
         let at = Timestamp::now();
-        let unlink = LateUnlink { caller, parent, name: name.to_vec(), at };
+        let unlink = LateUnlink { caller, parent, name: name.to_vec(), ino: victim.ino, at };
         if !delegations.remove_late(parent, name, victim.ino, MARGIN, || self.client.unlink_later(unlink)) {
             return Some(reply);
         }

@@ -341,3 +341,30 @@ fn an_unlink_a_squashed_root_may_not_make_is_sent_at_once_and_refused() {
     assert_eq!(lab.client.late_unlink_failures(), 0, "answered first, then refused");
     assert!(!missing(&admin, "public/d/f0"));
 }
+
+/// A late unlink names the inode it was answered for: one that arrives
+/// after the name was taken by another file (a mount stopped past its
+/// delegation while others went on) removes nothing, and is no failure
+/// (what it removed is gone).
+#[test]
+fn a_late_unlink_removes_only_the_inode_it_was_answered_for() {
+    use citronfs_core::client::FsClient;
+    use citronfs_core::proto::LateUnlink;
+    use citronfs_core::types::{Caller, FileKind, Ino, Timestamp};
+    use citronfs_core::FsError;
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let client = FsClient::connect(c.client_config(None, Transport::Auto)).unwrap();
+    let (root, caller) = (Ino::ROOT, Caller::ROOT);
+    let old = client.create(caller, root, b"f", FileKind::File, 0o644, 0).unwrap().ino;
+    client.unlink(caller, root, b"f").unwrap();
+    let new = client.create(caller, root, b"f", FileKind::File, 0o644, 0).unwrap().ino;
+    assert_ne!(old, new);
+    let late = |ino| LateUnlink { caller, parent: root, name: b"f".to_vec(), ino, at: Timestamp::now() };
+    client.unlink_later(late(old));
+    assert!(client.flush_late_unlinks());
+    assert_eq!(client.lookup(caller, root, b"f").unwrap().ino, new, "it removed what took the name since");
+    assert_eq!(client.late_unlink_failures(), 0);
+    client.unlink_later(late(new));
+    assert!(client.flush_late_unlinks());
+    assert_eq!(client.lookup(caller, root, b"f").map(|a| a.ino), Err(FsError::NotFound));
+}

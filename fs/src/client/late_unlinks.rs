@@ -31,7 +31,11 @@
 //! What is not covered: a mount stopped (frozen, partitioned) between its
 //! answer and the batch, for longer than its delegation lasts. The other
 //! mounts stop waiting for its acknowledgement when the delegation expires
-//! and see the names until it comes back and sends them. A batch goes
+//! and see the names until it comes back and sends them. Each unlink names
+//! the inode it was answered for ([`LateUnlink::ino`]), so one that comes
+//! after another mount removed the file and made the name again removes
+//! nothing (the meta-server answers `NotFound`, which is no failure: what
+//! it removed is gone). A batch goes
 //! [`LINGER`] after its first unlink at the latest, against a delegation of
 //! the TTL (a second by default), so that takes a stop within those
 //! milliseconds.
@@ -50,6 +54,7 @@ use std::time::Duration;
 
 use super::batches::Batches;
 use super::{unexpected, FsClient, Shared};
+use crate::error::FsError;
 use crate::proto::{LateUnlink, MetaRequest, MetaResponse};
 use crate::types::Ino;
 
@@ -100,7 +105,14 @@ fn send(shared: &Shared, batch: Vec<LateUnlink>) {
     };
     let hook = shared.late_unlinks.hook.read();
     for ((dir, name), outcome) in dirs.into_iter().zip(names).zip(outcomes) {
-        if let Err(e) = outcome {
+        if let Err(FsError::NotFound) = outcome {
+            // What this mount removed is not there any more (another
+            // mount removed it while this one was stopped past its
+            // delegation): nothing is left to do, and nothing of another's
+            // is touched.
+            let name = String::from_utf8_lossy(&name);
+            log::info!("{name:?} in directory {} was gone when its late unlink came", dir.0);
+        } else if let Err(e) = outcome {
             shared.late_unlinks.failures.fetch_add(1, Ordering::Relaxed);
             log::error!(
                 "an unlink answered before it was sent failed: {:?} in directory {}: {e}",

@@ -117,6 +117,7 @@ mod tests {
             caller: CALLER,
             parent: Ino(parent),
             name: name.to_vec(),
+            ino: Ino(9),
             at: Timestamp::default(),
         };
         let r = MetaRequest::UnlinkMany { unlinks: vec![unlink(4, b"x"), unlink(5, b"y")] };

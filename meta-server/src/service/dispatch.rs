@@ -12,7 +12,7 @@ use citronfs_core::proto::{
     MetaRequest, MetaResponse, MAX_AHEAD_CHUNKS,
 };
 use citronfs_core::session::SessionKeys;
-use citronfs_core::types::{Attr, ClientId, DirEntry, FileKind, Ino, Timestamp};
+use citronfs_core::types::{Attr, Caller, ClientId, DirEntry, FileKind, Ino, Timestamp};
 use citronfs_core::FsError;
 
 use super::{ClientLease, MetaService};
@@ -255,20 +255,24 @@ impl MetaService {
         }
     }
 
-    /// `unlink.name` of `unlink.parent` removed by `unlink.caller`, made at
-    /// `unlink.at` (now, or when a mount answered it before it sent it).
+    /// `name` of `parent` removed by `caller`, made at `at` (now, or when a
+    /// mount answered it before it sent it); `expected`: the inode a late
+    /// unlink removed, which the name must still be ([`LateUnlink`]).
     fn unlink(
         &self,
         checks: Checks,
         caching: Option<(ClientId, Duration)>,
         changed: &mut Changed,
-        unlink: LateUnlink,
+        (caller, parent, name): (Caller, Ino, Vec<u8>),
+        at: Timestamp,
+        expected: Option<Ino>,
     ) -> Result<MetaResponse, FsError> {
-        let LateUnlink { caller, parent, name, at } = unlink;
         let mut ns = self.ns.lock();
-        checks.remove_entry(&ns, caller, parent, &name)?;
-        // Looked up first so that the unlink's own error is answered.
         let victim = ns.lookup(parent, &name).ok().map(|a| a.ino);
+        if expected.is_some_and(|ino| victim != Some(ino)) {
+            return Err(FsError::NotFound);
+        }
+        checks.remove_entry(&ns, caller, parent, &name)?;
         ns.unlink_at(parent, &name, at)?;
         self.entry_changed(caching, changed, parent, name);
         changed.keys.push(Invalidation::Attr(parent));
@@ -456,14 +460,16 @@ impl MetaService {
                 changed.keys.extend([AttrOf(ino), AttrOf(new_parent)]);
                 A::Attr(attr)
             }
-            R::Unlink { caller, parent, name } => self.unlink(
-                checks,
-                caching,
-                changed,
-                LateUnlink { caller, parent, name, at: Timestamp::now() },
-            )?,
+            R::Unlink { caller, parent, name } => {
+                self.unlink(checks, caching, changed, (caller, parent, name), Timestamp::now(), None)?
+            }
             R::UnlinkMany { unlinks } => A::UnlinkedMany(
-                unlinks.into_iter().map(|u| self.unlink(checks, caching, changed, u).map(drop)).collect(),
+                unlinks
+                    .into_iter()
+                    .map(|LateUnlink { caller, parent, name, ino, at }| {
+                        self.unlink(checks, caching, changed, (caller, parent, name), at, Some(ino)).map(drop)
+                    })
+                    .collect(),
             ),
             R::Rmdir { caller, parent, name } => {
                 let mut ns = self.ns.lock();
