@@ -776,9 +776,11 @@ impl Grants {
 
     /// A fenced or departed client: its queue and its writing opens go
     /// (changers waiting for it wait for its grants to expire, which stay
-    /// until then).
+    /// until then), and no recall waits for it
+    /// ([`delegations::Delegations::holder_fenced`]).
     pub fn drop_client(&self, client: ClientId) {
         let mut s = self.state.lock();
+        s.delegations.holder_fenced(client);
         s.queues.remove(&client);
         s.writers.retain(|_, w| {
             w.remove(&client);

@@ -368,3 +368,27 @@ fn a_late_unlink_removes_only_the_inode_it_was_answered_for() {
     assert!(client.flush_late_unlinks());
     assert_eq!(client.lookup(caller, root, b"f").map(|a| a.ino), Err(FsError::NotFound));
 }
+
+/// A mount that loses its lease with unlinks queued keeps them, and sends
+/// them once it may again: the unlinks it answered are not lost.
+#[test]
+fn unlinks_queued_through_a_lost_lease_are_sent_once_the_mount_may_again() {
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let a = mount(&c, true);
+    let b = c.mount();
+    fs::create_dir(a.path("d")).unwrap();
+    make(&a, "d", 2);
+    fs::remove_file(a.path("d/f0")).unwrap();
+    assert_eq!(a.client.queued_unlinks(), 1);
+    a.client.pause_lease_renewal(true);
+    eventually("A is fenced", || a.client.is_fenced());
+    // Tried, refused by the client itself, kept (the sender tries again
+    // too: it may have the batch in hand at any moment).
+    a.client.flush_late_unlinks();
+    assert!(!missing(&b, "d/f0"), "applied by a fenced client");
+    assert_eq!(a.client.late_unlink_failures(), 0, "the unlink was given up");
+    a.client.pause_lease_renewal(false);
+    eventually("the unlink A answered reaches the meta-server once A may send it", || missing(&b, "d/f0"));
+    assert!(!missing(&b, "d/f1"));
+    assert_eq!(a.client.late_unlink_failures(), 0);
+}

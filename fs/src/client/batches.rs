@@ -106,6 +106,21 @@ impl<T> Batches<T> {
         std::mem::take(&mut q.waiting)
     }
 
+    /// Puts `items`, a batch that could not be sent, back in front of
+    /// what was queued since, to go as soon as it can (before the batch
+    /// that took them is marked [`Self::sent`]).
+    pub(super) fn requeue(&self, mut items: Vec<T>) {
+        if items.is_empty() {
+            return;
+        }
+        let mut q = self.queue.lock();
+        items.append(&mut q.waiting);
+        q.waiting = items;
+        q.since.get_or_insert_with(Instant::now);
+        q.now = true;
+        self.changed.notify_all();
+    }
+
     /// The batch [`Self::next_batch`] or [`Self::flush`] took is answered.
     pub(super) fn sent(&self) {
         self.queue.lock().in_flight = false;
@@ -231,5 +246,19 @@ mod tests {
         assert_eq!(flusher.join().unwrap(), (true, vec![2]));
         assert_eq!(b.len(), 0);
         assert!(!b.flush(|_| panic!("nothing was queued")), "an empty flush reported work");
+    }
+
+    /// A batch that could not be sent goes back in front of what was
+    /// queued since, and goes without waiting out the linger.
+    #[test]
+    fn a_batch_put_back_goes_first_and_at_once() {
+        let b = Batches::new(Duration::from_secs(3600), 128);
+        b.push(1);
+        b.send_now();
+        let batch = b.next_batch().unwrap();
+        b.push(2);
+        b.requeue(batch);
+        b.sent();
+        assert_eq!(b.next_batch(), Some(vec![1, 2]));
     }
 }

@@ -22,11 +22,20 @@
 //! * **times**: each unlink carries the time the mount answered it, which
 //!   its kernel shows as the directory's mtime and ctime, and the
 //!   meta-server sets those (and the file's ctime) to it;
+//! * **a batch not answered** (the meta-server unreachable, this client
+//!   fenced until it registers again): put back in front of the queue and
+//!   sent again, by the sender after a nap or by the client's next call;
+//!   each unlink names the inode it was answered for, so one sent twice or
+//!   late removes nothing else (the meta-server answers `NotFound`, which
+//!   is no failure: what it removed is gone). Until then the client's
+//!   calls fail as well (fenced, or the meta-server away), and each tries
+//!   the queue first, so none overtakes them but one sent in the moment
+//!   the meta-server comes back, between the queue's try and its own;
 //! * **an unlink refused anyway** (the mount checks what the meta-server
-//!   checks, so only a meta-server gone or a client fenced): logged,
-//!   counted ([`FsClient::late_unlink_failures`]) and handed to the mount's
-//!   hook ([`FsClient::on_late_unlink_failed`]), which drops what it knew
-//!   of the directory so that the name shows again.
+//!   checks): logged, counted ([`FsClient::late_unlink_failures`]) and
+//!   handed to the mount's hook ([`FsClient::on_late_unlink_failed`]),
+//!   which drops what it knew of the directory so that the name shows
+//!   again.
 //!
 //! What is not covered: a mount stopped (frozen, partitioned) between its
 //! answer and the batch, for longer than its delegation lasts. The other
@@ -63,6 +72,9 @@ use crate::types::Ino;
 pub const LINGER: Duration = Duration::from_millis(2);
 /// Unlinks that go at once, without waiting out the linger.
 pub const BATCH: usize = 256;
+/// How long the sender waits before it tries a batch again that was not
+/// answered (the meta-server away, or this client fenced).
+const RETRY_NAP: Duration = Duration::from_millis(100);
 
 /// Where the directory of an unlink the meta-server refused goes (the
 /// mount's delegations).
@@ -89,19 +101,35 @@ impl LateUnlinks {
     }
 }
 
-/// The sender thread: batches until the client stops.
+/// The sender thread: batches until the client stops; after a batch that
+/// could not be sent, a nap before it tries again.
 pub(super) fn run(shared: Arc<Shared>) {
-    shared.late_unlinks.batches.serve(|batch| send(&shared, batch))
+    let batches = &shared.late_unlinks.batches;
+    while let Some(batch) = batches.next_batch() {
+        let sent = send(&shared, batch);
+        batches.sent();
+        if !sent {
+            std::thread::sleep(RETRY_NAP);
+        }
+    }
 }
 
 /// Sends `batch` as one `UnlinkMany` and reports each unlink it refused.
-fn send(shared: &Shared, batch: Vec<LateUnlink>) {
+/// A batch the meta-server did not answer (unreachable, or this client
+/// fenced until it registers again) goes back in front of the queue, to be
+/// sent again: each unlink names its inode, so sending one twice, or late,
+/// removes nothing else. Returns whether it was answered.
+fn send(shared: &Shared, batch: Vec<LateUnlink>) -> bool {
     let dirs: Vec<Ino> = batch.iter().map(|u| u.parent).collect();
     let names: Vec<Vec<u8>> = batch.iter().map(|u| u.name.clone()).collect();
-    let outcomes = match shared.call_as_client(&MetaRequest::UnlinkMany { unlinks: batch }) {
+    let outcomes = match shared.call_as_client(&MetaRequest::UnlinkMany { unlinks: batch.clone() }) {
         Ok(MetaResponse::UnlinkedMany(outcomes)) if outcomes.len() == dirs.len() => outcomes,
         Ok(other) => vec![Err(unexpected(other)); dirs.len()],
-        Err(e) => vec![Err(e); dirs.len()],
+        Err(e) => {
+            log::warn!("{} unlinks answered before they were sent wait to be sent again: {e}", dirs.len());
+            shared.late_unlinks.batches.requeue(batch);
+            return false;
+        }
     };
     let hook = shared.late_unlinks.hook.read();
     for ((dir, name), outcome) in dirs.into_iter().zip(names).zip(outcomes) {
@@ -124,6 +152,7 @@ fn send(shared: &Shared, batch: Vec<LateUnlink>) {
             }
         }
     }
+    true
 }
 
 impl FsClient {
@@ -137,7 +166,9 @@ impl FsClient {
     /// applied them (and any batch already on its way); whether there
     /// were any.
     pub fn flush_late_unlinks(&self) -> bool {
-        self.shared.late_unlinks.batches.flush(|batch| send(&self.shared, batch))
+        self.shared.late_unlinks.batches.flush(|batch| {
+            send(&self.shared, batch);
+        })
     }
 
     /// Unlinks answered before they were sent that the meta-server then

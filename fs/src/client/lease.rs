@@ -141,6 +141,12 @@ impl FsClient {
         if !self.shared.stop.load(Ordering::Relaxed) && !self.shared.fenced() {
             self.flush_late_unlinks();
         }
+        let unsent = self.queued_unlinks();
+        if unsent > 0 {
+            log::error!(
+                "{unsent} unlinks answered before they were sent are lost with the client (never answered)"
+            );
+        }
         self.shared.late_unlinks.stop();
         self.shared.releases.stop();
         if self.shared.stop.swap(true, Ordering::Relaxed) {

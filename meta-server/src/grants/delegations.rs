@@ -260,6 +260,17 @@ impl Delegations {
         }
     }
 
+    /// `client` was fenced: it can send nothing any more under this
+    /// registration (what it answered first it sends again once registered
+    /// anew, each unlink naming its inode), so no recall waits for it: its
+    /// delegations count as shared. They stay until they expire, so that a
+    /// change still waits for what its kernel may cache from them.
+    pub fn holder_fenced(&mut self, client: ClientId) {
+        for d in self.by_dir.values_mut().filter(|d| d.holder == client) {
+            d.sharing = Sharing::Shared;
+        }
+    }
+
     /// Forgets expired delegations.
     pub fn prune(&mut self, now: Instant) {
         let expired: Vec<Ino> =
@@ -356,6 +367,11 @@ mod tests {
         d.drop_holder(A);
         assert_eq!(d.len(), 0);
         assert!(!d.held_by_another_than(Some(B)));
+        // A fenced holder is waited for by no recall, and still revoked.
+        d.delegate(A, DIR, TTL, now);
+        d.holder_fenced(A);
+        assert_eq!(d.recalls(DIR, Some(B), now), vec![], "a recall waits for a fenced holder");
+        assert!(matches!(d.revocations(DIR, Some(B), now)[..], [Revocation::Queue { .. }]));
     }
 
     #[test]
