@@ -46,6 +46,12 @@ pub fn may_remove(dir: &Attr, victim: &Attr, caller: Caller) -> Result<(), FsErr
     if !may(dir, caller, MAY_WRITE | MAY_EXEC) {
         return Err(FsError::Access);
     }
+    sticky_allows(dir, victim, caller)
+}
+
+/// The sticky-directory half of [`may_remove`]: in a sticky `dir`, only
+/// the owner of `victim` or of `dir` (or root) removes it.
+pub fn sticky_allows(dir: &Attr, victim: &Attr, caller: Caller) -> Result<(), FsError> {
     if dir.perm & STICKY != 0 && caller.uid != 0 && caller.uid != dir.uid && caller.uid != victim.uid {
         return Err(FsError::Perm);
     }

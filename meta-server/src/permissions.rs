@@ -154,8 +154,9 @@ pub fn add_entry(ns: &Namespace, caller: Caller, parent: Ino) -> Result<(), FsEr
 /// directory only the owner of the entry or of the directory (or root).
 pub fn remove_entry(ns: &Namespace, caller: Caller, parent: Ino, name: &[u8]) -> Result<(), FsError> {
     let dir = ns.attr(parent)?;
+    // The directory first: no lookup for a caller who may not remove.
     check(&dir, caller, MAY_WRITE | MAY_EXEC)?;
-    citronfs_core::permissions::may_remove(&dir, &ns.lookup(parent, name)?, caller)
+    citronfs_core::permissions::sticky_allows(&dir, &ns.lookup(parent, name)?, caller)
 }
 
 /// A rename: the source is removed from `parent`, the target (if any)

@@ -81,12 +81,17 @@ impl<T> Batches<T> {
         }
     }
 
-    /// The sender thread's loop: sends each batch with `send` (which
-    /// returns once it is answered) as it falls due, until the queue stops.
-    pub(super) fn serve(&self, mut send: impl FnMut(Vec<T>)) {
+    /// The sender thread's loop: sends each batch with `send` as it falls
+    /// due, until the queue stops. `send` returns once the batch is
+    /// answered, with how long to wait before the next one (a batch it
+    /// could not send and put back, [`Self::requeue`]) or `None`.
+    pub(super) fn serve(&self, mut send: impl FnMut(Vec<T>) -> Option<Duration>) {
         while let Some(batch) = self.next_batch() {
-            send(batch);
+            let nap = send(batch);
             self.sent();
+            if let Some(nap) = nap {
+                std::thread::sleep(nap);
+            }
         }
     }
 

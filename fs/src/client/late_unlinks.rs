@@ -104,14 +104,7 @@ impl LateUnlinks {
 /// The sender thread: batches until the client stops; after a batch that
 /// could not be sent, a nap before it tries again.
 pub(super) fn run(shared: Arc<Shared>) {
-    let batches = &shared.late_unlinks.batches;
-    while let Some(batch) = batches.next_batch() {
-        let sent = send(&shared, batch);
-        batches.sent();
-        if !sent {
-            std::thread::sleep(RETRY_NAP);
-        }
-    }
+    shared.late_unlinks.batches.serve(|batch| (!send(&shared, batch)).then_some(RETRY_NAP))
 }
 
 /// Sends `batch` as one `UnlinkMany` and reports each unlink it refused.
@@ -120,19 +113,17 @@ pub(super) fn run(shared: Arc<Shared>) {
 /// sent again: each unlink names its inode, so sending one twice, or late,
 /// removes nothing else. Returns whether it was answered.
 fn send(shared: &Shared, batch: Vec<LateUnlink>) -> bool {
-    let dirs: Vec<Ino> = batch.iter().map(|u| u.parent).collect();
-    let names: Vec<Vec<u8>> = batch.iter().map(|u| u.name.clone()).collect();
     let outcomes = match shared.call_as_client(&MetaRequest::UnlinkMany { unlinks: batch.clone() }) {
-        Ok(MetaResponse::UnlinkedMany(outcomes)) if outcomes.len() == dirs.len() => outcomes,
-        Ok(other) => vec![Err(unexpected(other)); dirs.len()],
+        Ok(MetaResponse::UnlinkedMany(outcomes)) if outcomes.len() == batch.len() => outcomes,
+        Ok(other) => vec![Err(unexpected(other)); batch.len()],
         Err(e) => {
-            log::warn!("{} unlinks answered before they were sent wait to be sent again: {e}", dirs.len());
+            log::warn!("{} unlinks answered before they were sent wait to be sent again: {e}", batch.len());
             shared.late_unlinks.batches.requeue(batch);
             return false;
         }
     };
     let hook = shared.late_unlinks.hook.read();
-    for ((dir, name), outcome) in dirs.into_iter().zip(names).zip(outcomes) {
+    for (LateUnlink { parent: dir, name, .. }, outcome) in batch.into_iter().zip(outcomes) {
         if let Err(FsError::NotFound) = outcome {
             // What this mount removed is not there any more (another
             // mount removed it while this one was stopped past its

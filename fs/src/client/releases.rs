@@ -118,7 +118,10 @@ impl Releases {
 
 /// The sender thread: batches until the client stops.
 pub(super) fn run(shared: Arc<Shared>) {
-    shared.releases.batches.serve(|batch| send(&shared, batch))
+    shared.releases.batches.serve(|batch| {
+        send(&shared, batch);
+        None
+    })
 }
 
 /// Sends `batch` as one `ReleaseMany` (what the current registration
