@@ -1,8 +1,9 @@
 //! The permission rules the meta-server checks for every client
 //! (meta-server `permissions`, which has why they are what they are), here
 //! so that a mount can tell beforehand what the meta-server will decide:
-//! a mount that answers an unlink before it sends it (a late unlink,
-//! `client::late_unlinks`) must not answer one the meta-server refuses.
+//! a mount that answers a create or unlink before it sends it (a late
+//! change, `client::late_changes`) must not answer one the meta-server
+//! refuses.
 
 use crate::error::FsError;
 use crate::types::{Attr, Caller, FileKind};

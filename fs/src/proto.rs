@@ -248,12 +248,22 @@ pub enum MetaRequest {
         parent: Ino,
         name: Vec<u8>,
     },
-    /// Unlinks a caching mount answered before it sent them (late
-    /// unlinks in directories delegated to it, meta-server `grants`,
-    /// "Late unlinks"), applied in order, each as an `Unlink` made at its
-    /// time `at`. Answered [`MetaResponse::UnlinkedMany`].
-    UnlinkMany {
-        unlinks: Vec<LateUnlink>,
+    /// Creates and unlinks a caching mount answered before it sent them
+    /// (in directories delegated to it, meta-server `grants`, "Late
+    /// changes"), applied in order: each unlink as an `Unlink`, each create
+    /// as an exclusive `CreateOpen` with the inode and cookie lent to
+    /// `client` ([`MetaRequest::LendInodes`]), made at its time `at`.
+    /// Answered [`MetaResponse::LateApplied`].
+    LateChanges {
+        client: ClientId,
+        changes: Vec<LateChange>,
+    },
+    /// Lends `client` up to `count` inode numbers, each with a listing
+    /// cookie and an attribute slot kept for it, for creates it answers
+    /// before it sends them. Answered [`MetaResponse::Lent`].
+    LendInodes {
+        client: ClientId,
+        count: u32,
     },
     Rmdir {
         caller: Caller,
@@ -439,9 +449,9 @@ pub enum Invalidation {
     /// held with it. Only the mount kept them; the kernel never did.
     Listing(Ino),
     /// Another client looked into directory `dir`, delegated to this one
-    /// (meta-server `grants`, "Late unlinks"): the holder keeps the
-    /// delegation, but from now on sends every unlink there before it
-    /// answers it, and sends those it answered first before it
+    /// (meta-server `grants`, "Late changes"): the holder keeps the
+    /// delegation, but from now on sends every create and unlink there
+    /// before it answers it, and sends those it answered first before it
     /// acknowledges.
     Shared(Ino),
 }
@@ -495,7 +505,79 @@ pub struct FileRelease {
     pub opens: u32,
 }
 
-/// One unlink of a [`MetaRequest::UnlinkMany`]: `name` of `parent`,
+/// One change of a [`MetaRequest::LateChanges`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LateChange {
+    Create(LateCreate),
+    Unlink(LateUnlink),
+}
+
+impl LateChange {
+    /// The directory it changes.
+    pub fn parent(&self) -> Ino {
+        match self {
+            LateChange::Create(c) => c.parent,
+            LateChange::Unlink(u) => u.parent,
+        }
+    }
+
+    /// The name it makes or removes.
+    pub fn name(&self) -> &[u8] {
+        match self {
+            LateChange::Create(c) => &c.name,
+            LateChange::Unlink(u) => &u.name,
+        }
+    }
+
+    pub fn caller_mut(&mut self) -> &mut Caller {
+        match self {
+            LateChange::Create(c) => &mut c.caller,
+            LateChange::Unlink(u) => &mut u.caller,
+        }
+    }
+}
+
+/// One create of a [`MetaRequest::LateChanges`]: regular file `name` in
+/// `parent`, made by `caller` with `perm` at `at` (the time the mount gave
+/// its times and the directory's mtime and ctime in its answer), as inode
+/// `ino`, lent to the client ([`LentInodes`]) with the cookie its listing
+/// entry gets; opened for the client, as `CreateOpen` does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LateCreate {
+    pub caller: Caller,
+    pub parent: Ino,
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub perm: u16,
+    pub at: Timestamp,
+}
+
+/// Inode numbers `first_ino ..` lent to a client, `count` of them; the
+/// `i`-th has cookie `first_cookie + i` in its directory's listing
+/// ([`MetaRequest::LendInodes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LentInodes {
+    pub first_ino: Ino,
+    pub first_cookie: u64,
+    pub count: u32,
+}
+
+impl LentInodes {
+    /// The `i`-th inode and its cookie.
+    pub fn nth(&self, i: u32) -> Option<(Ino, u64)> {
+        (i < self.count).then(|| (Ino(self.first_ino.0 + i as u64), self.first_cookie + i as u64))
+    }
+}
+
+/// What a late change did ([`MetaResponse::LateApplied`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LateDone {
+    Unlinked,
+    /// The create's open: the layout, with the file's lock memory.
+    Created(FileLayout),
+}
+
+/// One unlink of a [`MetaRequest::LateChanges`]: `name` of `parent`,
 /// removed by `caller` at `at` (the time the mount gave the directory's
 /// mtime and ctime in its answer), if it still names `ino`, the inode the
 /// mount unlinked; else it is refused ([`FsError::NotFound`]): what the
@@ -584,9 +666,11 @@ pub enum MetaResponse {
     /// link count and ctime changed; a caching changer drops what it kept
     /// of it).
     Removed(Ino),
-    /// The answer to [`MetaRequest::UnlinkMany`]: each unlink's outcome,
+    /// The answer to [`MetaRequest::LateChanges`]: each change's outcome,
     /// in order.
-    UnlinkedMany(Vec<Result<(), FsError>>),
+    LateApplied(Vec<Result<LateDone, FsError>>),
+    /// The answer to [`MetaRequest::LendInodes`].
+    Lent(LentInodes),
     /// Invalidations numbered up to `through` (the next `acked`).
     /// `renewed`: the poll renewed the client's delegations when it arrived
     /// and `items` holds every invalidation queued before this answer (none

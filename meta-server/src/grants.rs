@@ -180,11 +180,13 @@
 //! every invalidation queued before it (`renewed`), so a delegation
 //! revoked before the poll arrived is dropped by that answer, not renewed.
 //!
-//! # Late unlinks
+//! # Late changes
 //!
-//! A mount answers the unlink of a file it made in a directory delegated
-//! to it before it sends it, and sends such unlinks in batches
-//! (`UnlinkMany`; the client's `late_unlinks` module). That is coherent
+//! A mount answers the create of a regular file in a directory delegated
+//! to it, and the unlink of a file it made there, before it sends them,
+//! and sends them in batches (`LateChanges`; the client's `late_changes`
+//! module; a create's inode and cookie were lent to the mount ahead,
+//! `namespace::lending`). That is coherent
 //! only while nobody else can look: so before it serves any request that
 //! names a delegated directory, a name in one or a child held with one
 //! ([`MetaRequest::named`]; for a `ReadDirPlus`, the directories it lists
@@ -192,15 +194,16 @@
 //! the meta-server *shares* the delegation ([`Grants::recall`]): it queues
 //! [`Invalidation::Shared`] for the holder and waits, as for a grant, for
 //! its acknowledgement or the delegation's expiry. The holder's mount
-//! answers no unlink there first from then on, and its poll that
+//! answers no change there first from then on, and its poll that
 //! acknowledges is a call like any other, which sends what it queued
 //! first. A shared delegation is otherwise a delegation (the holder still
 //! answers lookups and listings from it: only another client's *change*
-//! revokes it), and is waited for no more. Each unlink of a batch is made
+//! revokes it), and is waited for no more. Each change of a batch is made
 //! at the time the mount answered it (the directory's mtime and ctime, the
-//! file's ctime), so the holder's kernel and every other mount see the
-//! same times, and only if its name still names the inode the mount
-//! unlinked (`LateUnlink::ino`).
+//! file's times), so the holder's kernel and every other mount see the
+//! same times; an unlink only if its name still names the inode the mount
+//! unlinked (`LateUnlink::ino`), a create only as an inode lent to the
+//! client that sends it.
 //!
 //! A client that leaves (`ClientLeaves`, at the end of its mount, after
 //! it sent its queue) is waited for no more at all ([`Grants::left`]).
@@ -565,7 +568,7 @@ impl Grants {
     /// directory, or a child held with one) and that a client other than
     /// `asker` holds, and waits until each holder has acknowledged (sent
     /// what it answered first there) or the delegation expired: before a
-    /// request that names them is served (see "Late unlinks"). A
+    /// request that names them is served (see "Late changes"). A
     /// delegation shared once is waited for no more. Called without the
     /// namespace mutex. Returns how many invalidations were waited for.
     pub fn recall(&self, asker: Option<ClientId>, inos: &[Ino]) -> usize {

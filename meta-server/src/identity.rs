@@ -78,6 +78,8 @@ pub fn vet(
         | MetaRequest::ClientLeaves { client }
         | MetaRequest::ReportLockTiming { client, .. }
         | MetaRequest::CreateOpen { client, .. }
+        | MetaRequest::LateChanges { client, .. }
+        | MetaRequest::LendInodes { client, .. }
         | MetaRequest::Open { client, .. }
         | MetaRequest::Release { client, .. }
         | MetaRequest::ReleaseMany { client, .. }
@@ -94,8 +96,8 @@ pub fn vet(
         let (uid, gid) = options.squash_ids(caller.uid, caller.gid);
         *caller = Caller { uid, gid, pid: caller.pid };
     };
-    if let MetaRequest::UnlinkMany { unlinks } = request {
-        unlinks.iter_mut().for_each(|u| squash(&mut u.caller));
+    if let MetaRequest::LateChanges { changes, .. } = request {
+        changes.iter_mut().for_each(|c| squash(c.caller_mut()));
     }
     if let Some(caller) = caller_mut(request) {
         squash(caller);
@@ -144,8 +146,9 @@ fn caller_mut(request: &mut MetaRequest) -> Option<&mut Caller> {
         | R::ReportLockTiming { .. }
         | R::DataServerLeaves { .. }
         | R::Status
-        // Each of its unlinks carries its caller (squashed by `vet`).
-        | R::UnlinkMany { .. }
+        // Each of its changes carries its caller (squashed by `vet`).
+        | R::LateChanges { .. }
+        | R::LendInodes { .. }
         | R::Caching { .. }
         | R::AwaitInvalidations { .. }
         | R::StatFs => None,

@@ -36,8 +36,12 @@ use crate::extents::ExtentAllocator;
 use crate::lock_areas::{FileLockMemory, LockAreas};
 use crate::reclaim::{Cause, Reclamation};
 
+mod lending;
 mod memory;
+mod slots;
+pub use lending::Lent;
 pub use memory::extent_memory;
+use slots::Slots;
 
 /// Names' cookies start after those of "." and "..".
 const FIRST_COOKIE: u64 = DOTDOT_COOKIE + 1;
@@ -88,56 +92,6 @@ pub struct NewInode {
     pub symlink_target: Option<Vec<u8>>,
 }
 
-/// Attribute slots in the meta-server's region: one per regular file, so
-/// the region's size is the most regular files there can be.
-struct Slots {
-    memory: Arc<RegionMemory>,
-    next: u64,
-    free: Vec<u64>,
-    /// When the meta-server last said it is out of slots.
-    last_warning: Option<std::time::Instant>,
-}
-
-impl Slots {
-    fn capacity(&self) -> u64 {
-        self.memory.len() / AttrSlot::BYTES
-    }
-
-    fn in_use(&self) -> u64 {
-        self.next / AttrSlot::BYTES - self.free.len() as u64
-    }
-
-    fn allocate(&mut self) -> Result<AttrSlot, FsError> {
-        let off = match self.free.pop() {
-            Some(off) => off,
-            None if self.next + AttrSlot::BYTES <= self.memory.len() => {
-                self.next += AttrSlot::BYTES;
-                self.next - AttrSlot::BYTES
-            }
-            None => {
-                if self.last_warning.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(10)) {
-                    self.last_warning = Some(std::time::Instant::now());
-                    log::warn!(
-                        "no attribute slot left: {} regular files exist, the most the meta-server was \
-                         started for; creating files answers ENOSPC. Raise --max-files",
-                        self.capacity()
-                    );
-                }
-                return Err(FsError::NoSpace);
-            }
-        };
-        let slot = AttrSlot(RemoteAddr::new(self.memory.id(), off));
-        for w in 0..AttrSlot::BYTES / 8 {
-            self.word(slot.0 + 8 * w).store(0, SeqCst);
-        }
-        Ok(slot)
-    }
-
-    fn word(&self, addr: RemoteAddr) -> &std::sync::atomic::AtomicU64 {
-        self.memory.word(addr).expect("attribute slots are inside the slot region by construction")
-    }
-}
-
 pub struct Namespace {
     inodes: HashMap<Ino, Inode>,
     /// Inodes with no link and no open, kept for `orphan_grace` before they
@@ -149,6 +103,9 @@ pub struct Namespace {
     next_ino: u64,
     next_cookie: u64,
     slots: Slots,
+    /// Inodes lent to clients for their late creates, each with its
+    /// cookie and a slot kept for it ([`lending`]).
+    lent: HashMap<ClientId, HashMap<Ino, u64>>,
     pub extents: ExtentAllocator,
     geometry: ChunkGeometry,
     /// Files' lock memory (areas, trees, record tables).
@@ -222,7 +179,8 @@ impl Namespace {
             orphan_grace,
             next_ino: Ino::ROOT.0 + 1,
             next_cookie: FIRST_COOKIE,
-            slots: Slots { memory: slot_memory, next: 0, free: Vec::new(), last_warning: None },
+            slots: Slots::new(slot_memory),
+            lent: HashMap::new(),
             extents,
             geometry,
             locks: locking.areas,
@@ -334,8 +292,11 @@ impl Namespace {
     }
 
     fn link_entry(&mut self, parent: Ino, name: &[u8], ino: Ino) -> Result<(), FsError> {
-        let cookie = self.next_cookie;
         self.next_cookie += 1;
+        self.link_entry_as(parent, name, ino, self.next_cookie - 1)
+    }
+
+    fn link_entry_as(&mut self, parent: Ino, name: &[u8], ino: Ino, cookie: u64) -> Result<(), FsError> {
         let dir = self.dir_mut(parent)?;
         dir.by_name.insert(name.to_vec(), (cookie, ino));
         dir.by_cookie.insert(cookie, (name.to_vec(), ino));
@@ -368,6 +329,21 @@ impl Namespace {
         name: &[u8],
         new: NewInode,
     ) -> Result<Attr, FsError> {
+        self.create_as(caller, parent, name, new, None, Timestamp::now())
+    }
+
+    /// [`Self::create`] made at `now`, as `lent` (an inode lent to a client
+    /// with its cookie, whose slot is kept: [`lending`]) or as the next
+    /// inode.
+    fn create_as(
+        &mut self,
+        caller: Caller,
+        parent: Ino,
+        name: &[u8],
+        new: NewInode,
+        lent: Option<(Ino, u64)>,
+        now: Timestamp,
+    ) -> Result<Attr, FsError> {
         let NewInode { kind, perm, rdev, symlink_target } = new;
         check_name(name)?;
         let pdir = self.dir(parent)?;
@@ -386,10 +362,13 @@ impl Namespace {
                 Content::Dir(Dir { parent, by_name: HashMap::new(), by_cookie: BTreeMap::new() })
             }
             FileKind::File => Content::File(RegularFile {
-                slot: match self.slots.allocate() {
-                    // Unlinked files in their grace hold slots: they go now.
-                    Err(FsError::NoSpace) if self.free_orphans_now() => self.slots.allocate()?,
-                    slot => slot?,
+                slot: match lent {
+                    Some(_) => self.slots.allocate_kept(),
+                    None => match self.slots.allocate() {
+                        // Unlinked files in their grace hold slots: they go now.
+                        Err(FsError::NoSpace) if self.free_orphans_now() => self.slots.allocate()?,
+                        slot => slot?,
+                    },
                 },
                 chunks: BTreeMap::new(),
                 allocated: 0,
@@ -408,9 +387,14 @@ impl Namespace {
             }
             _ => Content::Special,
         };
-        let ino = Ino(self.next_ino);
-        self.next_ino += 1;
-        let now = Timestamp::now();
+        let (ino, cookie) = match lent {
+            Some((ino, cookie)) => (ino, cookie),
+            None => {
+                self.next_ino += 1;
+                self.next_cookie += 1;
+                (Ino(self.next_ino - 1), self.next_cookie - 1)
+            }
+        };
         let attr = Attr {
             ino,
             kind,
@@ -428,8 +412,8 @@ impl Namespace {
         };
         self.inodes.insert(ino, Inode { attr, content, xattrs: BTreeMap::new() });
         self.mirror_perm(ino);
-        self.link_entry(parent, name, ino)?;
-        self.touch_dir(parent, if kind == FileKind::Dir { 1 } else { 0 });
+        self.link_entry_as(parent, name, ino, cookie)?;
+        self.touch_dir_at(parent, if kind == FileKind::Dir { 1 } else { 0 }, now);
         self.attr(ino)
     }
 
@@ -539,7 +523,7 @@ impl Namespace {
             for (_, loc) in f.chunks {
                 self.reclaim.extent(&mut self.extents, loc, Cause::InodeFreed);
             }
-            self.slots.free.push(f.slot.0.offset);
+            self.slots.free(f.slot);
             if let Some(locks) = f.locks {
                 self.reclaim.lock_memory(&mut self.locks, ino, locks, Cause::InodeFreed);
             }

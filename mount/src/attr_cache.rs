@@ -316,12 +316,15 @@ impl AttrCache {
         s.recent.push_back(ino);
     }
 
-    /// An own late unlink in directory `dir`, answered at `at` without a
-    /// round trip (`crate::late_unlinks`): its kept attributes take `at`
-    /// as their mtime and ctime, and an answer in flight that would
-    /// install older ones is dropped (as after [`Self::changing`]).
-    /// Returns them, or `None` if none were kept (nothing is then).
-    pub fn changed_here(&self, dir: Ino, at: Timestamp) -> Option<Attr> {
+    /// An own late change of directory `dir`'s entries, answered at `at`
+    /// without a round trip (`crate::late_changes`), that added
+    /// `entries` names (a create one, an unlink minus one): its kept
+    /// attributes take `at` as their mtime and ctime and count the names
+    /// in their size, as the meta-server's will, and an answer in flight
+    /// that would install older ones is dropped (as after
+    /// [`Self::changing`]). Returns them, or `None` if none were kept
+    /// (nothing is then).
+    pub fn changed_here(&self, dir: Ino, at: Timestamp, entries: i64) -> Option<Attr> {
         let now = Instant::now();
         let mut s = self.state.lock();
         *s.generation(dir) += 1;
@@ -329,6 +332,7 @@ impl AttrCache {
             Some(c) if c.expires > now => {
                 c.attr.mtime = at;
                 c.attr.ctime = at;
+                c.attr.size = c.attr.size.saturating_add_signed(entries);
                 Some(c.attr.clone())
             }
             _ => {
@@ -429,6 +433,7 @@ impl CitronFuse {
         if self.caching() {
             for ino in inos {
                 self.invalidations.delegations().forget(*ino);
+                self.invalidations.delegations().forget_own(*ino);
                 self.invalidations.attrs().invalidate(*ino);
             }
         }
@@ -558,11 +563,12 @@ pub(crate) mod tests {
     fn a_late_unlink_dates_the_kept_directory_and_overtakes_answers_in_flight() {
         let c = AttrCache::default();
         let at = Timestamp { secs: 7, nanos: 8 };
-        assert!(c.changed_here(Ino(7), at).is_none(), "attributes made up");
+        assert!(c.changed_here(Ino(7), at, -1).is_none(), "attributes made up");
         c.install(c.changing(Ino(7)), dir(7, 3), TTL);
         let in_flight = c.changing(Ino(7));
-        let kept = c.changed_here(Ino(7), at).expect("kept");
-        assert_eq!((kept.mtime, kept.ctime, kept.nlink), (at, at, 3));
+        let before = c.get(Ino(7)).map(|(a, _)| a.size).unwrap();
+        let kept = c.changed_here(Ino(7), at, 1).expect("kept");
+        assert_eq!((kept.mtime, kept.ctime, kept.nlink, kept.size), (at, at, 3, before + 1));
         c.install(in_flight, dir(7, 9), TTL);
         assert_eq!(
             c.get(Ino(7)).map(|(a, _)| (a.mtime, a.nlink)),

@@ -80,6 +80,7 @@ use parking_lot::Mutex;
 use crate::invalidation::Sample;
 use crate::{fuse_attr, CitronFuse};
 
+mod late;
 mod page;
 pub use page::Page;
 
@@ -108,8 +109,14 @@ struct Listing {
     /// kernel's entries.
     handed_until: Option<Instant>,
     /// Another mount looked into it (`Invalidation::Shared`): no unlink
-    /// there is answered before it is sent (`crate::late_unlinks`).
+    /// there is answered before it is sent (`crate::late_changes`).
     shared: bool,
+    /// The directory's own attributes from its mkdir's answer, following
+    /// this mount's changes of it; dropped at an own setattr (any other
+    /// mount's change of it revokes the listing). What a late change
+    /// checks its permission against when the mount keeps no newer ones
+    /// (`crate::late_changes`).
+    own: Option<Attr>,
 }
 
 #[derive(Default)]
@@ -185,25 +192,12 @@ impl Listing {
             valid_until,
             handed_until: None,
             shared: false,
+            own: None,
         }
     }
 
     fn get(&self, name: &[u8]) -> Option<Ino> {
         self.names.get(name).map(|&(ino, _)| ino)
-    }
-
-    /// The inode under `name` if this mount made it here (its entry came
-    /// with a cookie, which only an own create's answer brings; a name an
-    /// own rename or link put here has none) and no other mount looked
-    /// into the directory since.
-    fn made_here(&self, name: &[u8]) -> Option<Ino> {
-        if self.shared {
-            return None;
-        }
-        match self.names.get(name) {
-            Some(&(ino, Some(_))) => Some(ino),
-            _ => None,
-        }
     }
 
     /// Adds or replaces `name`, with its cookie and kind if the answer
@@ -308,7 +302,7 @@ impl Delegations {
         let now = Instant::now();
         let mut s = self.state.lock();
         if delegated.dir && s.revocations == ticket.revocations && s.names < MAX_NAMES {
-            let listing = Listing::new(dir, ticket.sent + ttl);
+            let listing = Listing { own: Some(attr.clone()), ..Listing::new(dir, ticket.sent + ttl) };
             if s.listings.insert(attr.ino, listing).is_some() {
                 log::warn!("directory {} delegated twice", attr.ino.0);
             }
@@ -421,44 +415,9 @@ impl Delegations {
         if let Some((_, held)) = s.held.get_mut(&attr.ino) {
             *held = attr.clone();
         }
-    }
-
-    /// The held attributes of `name` in `dir`, if this mount made it
-    /// there and `dir` is delegated here for at least `margin` more: a
-    /// candidate for a late unlink (`crate::late_unlinks`).
-    pub fn made_here(&self, dir: Ino, name: &[u8], margin: Duration) -> Option<Attr> {
-        let s = self.state.lock();
-        let ino = s.listing(dir, Instant::now() + margin)?.made_here(name)?;
-        s.held.get(&ino).filter(|(d, _)| *d == dir).map(|(_, attr)| attr.clone())
-    }
-
-    /// A late unlink of `name` in `dir` (`crate::late_unlinks`): if it is
-    /// still `ino`, made and held here with one link, and `dir` is still
-    /// delegated here for at least `margin`, removes it and calls `queue`,
-    /// under the lock [`Self::revoked`] takes, so a revocation processed
-    /// after this finds the unlink queued (and the poll that acknowledges
-    /// it sends it first). Whether it did.
-    pub fn remove_late(
-        &self,
-        dir: Ino,
-        name: &[u8],
-        ino: Ino,
-        margin: Duration,
-        queue: impl FnOnce(),
-    ) -> bool {
-        let mut s = self.state.lock();
-        let Some(listing) = s.listing(dir, Instant::now() + margin) else { return false };
-        let one_link = |s: &State| s.held.get(&ino).is_some_and(|(d, a)| *d == dir && a.nlink == 1);
-        if listing.made_here(name) != Some(ino) || !one_link(&s) {
-            return false;
+        if let Some(own) = s.listings.get_mut(&attr.ino).and_then(|l| l.own.as_mut()) {
+            *own = attr.clone();
         }
-        queue();
-        if let Some(listing) = s.listings.get_mut(&dir) {
-            listing.remove(name);
-        }
-        s.names -= 1;
-        s.held.remove(&ino);
-        true
     }
 
     /// An own change of `ino`'s attributes whose answer does not carry
@@ -473,14 +432,6 @@ impl Delegations {
         let mut s = self.state.lock();
         let _ = s.drop_listing(dir);
         s.held.remove(&dir);
-    }
-
-    /// Another mount looked into `dir` (`Invalidation::Shared`): its
-    /// delegation stays, without unlinks answered first.
-    pub fn shared(&self, dir: Ino) {
-        if let Some(listing) = self.state.lock().listings.get_mut(&dir) {
-            listing.shared = true;
-        }
     }
 
     /// The meta-server revoked `dir`'s delegation (`Invalidation::Listing`):
@@ -554,7 +505,7 @@ impl Ttls {
 
     /// These, unless an invalidation was processed while they were read
     /// (`before`, `after`; see [`crate::invalidation`]): then nothing.
-    fn unless_overtaken(self, before: Sample, after: Sample) -> Self {
+    pub(crate) fn unless_overtaken(self, before: Sample, after: Sample) -> Self {
         Self {
             attr: unless_overtaken(self.attr, before, after),
             entry: unless_overtaken(self.entry, before, after),

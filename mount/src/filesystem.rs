@@ -537,6 +537,7 @@ impl Filesystem for CitronFuse {
         self.requests.count(FuseOp::Create);
         let perm = (mode & !umask & 0o7777) as u16;
         let (who, parent, n) = (caller(req), Ino(parent.0), name(n));
+        let Some(reply) = self.create_late(who, (parent, n), perm, flags, reply) else { return };
         let (ticket, new, making) = (self.dir_changing(parent), self.creating(), self.making());
         // Without O_EXCL, a name another mount created since our kernel
         // looked it up is opened, not refused.

@@ -290,7 +290,7 @@ impl InvalidationControl {
                 }
                 // Another mount looked into a directory delegated here: no
                 // more unlinks answered first there (the poll that
-                // acknowledges sends those queued, `crate::late_unlinks`).
+                // acknowledges sends those queued, `crate::late_changes`).
                 // The kernel keeps what it has.
                 Invalidation::Shared(dir) => self.0.delegations.shared(*dir),
             }

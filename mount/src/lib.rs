@@ -19,7 +19,7 @@ mod coherence;
 mod delegation;
 mod filesystem;
 mod invalidation;
-mod late_unlinks;
+mod late_changes;
 mod listing;
 mod locking;
 mod requests;
@@ -241,9 +241,9 @@ impl CitronFuse {
             client.on_held_again(Box::new(move |dir, attr| control.delegations().held_again(dir, attr)));
             let control = invalidations.clone();
             // An unlink answered first and refused after all
-            // (`late_unlinks`): what is known here of its directory goes,
+            // (`late_changes`): what is known here of its directory goes,
             // so that the name shows again.
-            client.on_late_unlink_failed(Box::new(move |dir| {
+            client.on_late_change_failed(Box::new(move |dir| {
                 control.delegations().unsure(dir);
                 control.attrs().invalidate(dir);
             }));

@@ -35,7 +35,7 @@ fn mount(c: &TestCluster, hold: bool) -> TestMount {
 fn mount_ttl(c: &TestCluster, hold: bool, ttl: Duration) -> TestMount {
     let mut config = c.client_config(None, Transport::Auto);
     if hold {
-        config.unlink_linger = Duration::from_secs(3600);
+        config.late_linger = Duration::from_secs(3600);
     }
     TestMount::with_config_and_options(config, MountOptions { cache_ttl: ttl, ..MountOptions::default() })
 }
@@ -66,7 +66,7 @@ fn unlink_on(m: &TestMount, dirs: &[&str]) {
     for d in dirs {
         fs::remove_file(m.path(&format!("{d}/f0"))).unwrap();
     }
-    assert_eq!(m.client.queued_unlinks(), dirs.len(), "the unlinks were not answered first");
+    assert_eq!(m.client.queued_changes(), dirs.len(), "the unlinks were not answered first");
 }
 
 fn unlink_all_on(m: &TestMount) {
@@ -91,13 +91,13 @@ fn unlinks_in_a_directory_made_here_cost_no_round_trip_and_go_together() {
     for i in 0..100 {
         fs::remove_file(a.path(&format!("d/f{i}"))).unwrap();
     }
-    a.client.flush_late_unlinks();
+    a.client.flush_late_changes();
     let spent = a.client.rpc_counts() - before;
     assert_eq!(spent.get(MetaKind::Unlink), 0, "an unlink was sent at once: {}", spent.describe());
-    let batches = spent.get(MetaKind::UnlinkMany);
+    let batches = spent.get(MetaKind::LateChanges);
     assert!((1..=100).contains(&batches), "{batches} batches for 100 unlinks: {}", spent.describe());
     assert!(spent.operations() <= 100, "more than a call per unlink: {}", spent.describe());
-    assert_eq!(a.client.late_unlink_failures(), 0);
+    assert_eq!(a.client.late_change_failures(), 0);
     assert!(names(&a, "d").is_empty());
     // Gone at the meta-server too: another mount sees nothing, and the
     // directory can go.
@@ -107,17 +107,17 @@ fn unlinks_in_a_directory_made_here_cost_no_round_trip_and_go_together() {
 }
 
 #[test]
-fn another_mounts_first_look_at_the_directory_sees_the_queued_unlinks() {
+fn another_mounts_first_look_at_the_directory_sees_the_queued_changes() {
     let (_c, a, b) = cluster();
     fs::create_dir(a.path("d")).unwrap();
     make(&a, "d", 3);
     fs::remove_file(a.path("d/f0")).unwrap();
     fs::remove_file(a.path("d/f1")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 2, "the unlinks were not answered first");
+    assert_eq!(a.client.queued_changes(), 2, "the unlinks were not answered first");
     // B's lookup recalls A's delegation, and A sends its unlinks before it
     // acknowledges.
     assert!(missing(&b, "d/f0"), "B found a name A had unlinked");
-    assert_eq!(a.client.queued_unlinks(), 0);
+    assert_eq!(a.client.queued_changes(), 0);
     assert_eq!(names(&b, "d"), ["f2"]);
     // The directory's times are those A's kernel showed.
     let (on_a, on_b) = (fs::metadata(a.path("d")).unwrap(), fs::metadata(b.path("d")).unwrap());
@@ -125,13 +125,13 @@ fn another_mounts_first_look_at_the_directory_sees_the_queued_unlinks() {
     assert_eq!((on_a.ctime(), on_a.ctime_nsec()), (on_b.ctime(), on_b.ctime_nsec()));
     // Recalled: A's unlinks there are sent at once from now on.
     fs::remove_file(a.path("d/f2")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 0, "an unlink answered first after the recall");
+    assert_eq!(a.client.queued_changes(), 0, "an unlink answered first after the recall");
     assert!(missing(&b, "d/f2"));
-    assert_eq!(a.client.late_unlink_failures(), 0);
+    assert_eq!(a.client.late_change_failures(), 0);
 }
 
 #[test]
-fn another_mounts_changes_in_the_directory_come_after_the_queued_unlinks() {
+fn another_mounts_changes_in_the_directory_come_after_the_queued_changes() {
     let (_c, a, b) = cluster();
     // Each of A's calls sends what is queued: everything is made first.
     make_dirs(&a);
@@ -139,7 +139,7 @@ fn another_mounts_changes_in_the_directory_come_after_the_queued_unlinks() {
     // A create of the name A unlinked: no EEXIST.
     let f = fs::OpenOptions::new().write(true).create_new(true).open(b.path("c/f0")).unwrap();
     close(&b, f);
-    assert_eq!(a.client.queued_unlinks(), 0);
+    assert_eq!(a.client.queued_changes(), 0);
     assert_eq!(names(&a, "c"), ["f0"], "A does not see B's create");
     fs::remove_file(b.path("c/f0")).unwrap();
     drop((a, b));
@@ -150,7 +150,7 @@ fn another_mounts_changes_in_the_directory_come_after_the_queued_unlinks() {
     make_dirs(&a);
     unlink_all_on(&a);
     fs::remove_dir(b.path("r")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 0);
+    assert_eq!(a.client.queued_changes(), 0);
     make(&a, "c", 1);
     // One unlink: A's next path walk may cost a call (the root's
     // attributes are contended a moment after B's rmdir), which would
@@ -158,31 +158,31 @@ fn another_mounts_changes_in_the_directory_come_after_the_queued_unlinks() {
     unlink_on(&a, &["c"]);
     let listed = names(&b, "");
     assert_eq!(listed, ["c", "l"]);
-    assert_eq!(a.client.queued_unlinks(), 0, "B's listing of the parent did not recall c");
+    assert_eq!(a.client.queued_changes(), 0, "B's listing of the parent did not recall c");
     assert!(names(&b, "c").is_empty());
     fs::remove_dir(b.path("c")).unwrap();
 }
 
 #[test]
-fn the_holders_own_calls_come_after_its_queued_unlinks() {
+fn the_holders_own_calls_come_after_its_queued_changes() {
     let (_c, a, _b) = cluster();
     fs::create_dir(a.path("d")).unwrap();
     make(&a, "d", 2);
     fs::remove_file(a.path("d/f0")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 1);
+    assert_eq!(a.client.queued_changes(), 1);
     // The name again, exclusively: the create sends the unlink first.
     let f = fs::OpenOptions::new().write(true).create_new(true).open(a.path("d/f0")).unwrap();
     close(&a, f);
-    assert_eq!(a.client.queued_unlinks(), 0);
+    assert_eq!(a.client.queued_changes(), 0);
     assert_eq!(names(&a, "d"), ["f0", "f1"]);
     for name in ["d/f0", "d/f1"] {
         fs::remove_file(a.path(name)).unwrap();
     }
-    assert_eq!(a.client.queued_unlinks(), 2);
+    assert_eq!(a.client.queued_changes(), 2);
     // The directory is empty here; its rmdir sends the unlinks first.
     fs::remove_dir(a.path("d")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 0);
-    assert_eq!(a.client.late_unlink_failures(), 0);
+    assert_eq!(a.client.queued_changes(), 0);
+    assert_eq!(a.client.late_change_failures(), 0);
 }
 
 #[test]
@@ -193,28 +193,28 @@ fn only_files_made_here_with_one_link_and_not_open_are_answered_first() {
     // Open here: unlinked at once, so the meta-server counts it open.
     let open = fs::File::open(a.path("d/f0")).unwrap();
     fs::remove_file(a.path("d/f0")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 0, "a file open here was answered first");
+    assert_eq!(a.client.queued_changes(), 0, "a file open here was answered first");
     close(&a, open);
     // Two links: at once.
     fs::hard_link(a.path("d/f1"), a.path("d/f1b")).unwrap();
     fs::remove_file(a.path("d/f1")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 0, "a file with two links was answered first");
+    assert_eq!(a.client.queued_changes(), 0, "a file with two links was answered first");
     // Renamed in: at once (other mounts may know the inode).
     fs::create_dir(a.path("e")).unwrap();
     fs::rename(a.path("d/f2"), a.path("e/moved")).unwrap();
     fs::remove_file(a.path("e/moved")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 0, "a file renamed in was answered first");
+    assert_eq!(a.client.queued_changes(), 0, "a file renamed in was answered first");
     // A directory made elsewhere (by B): at once.
     fs::create_dir(b.path("bdir")).unwrap();
     close(&a, fs::File::create(a.path("bdir/x")).unwrap());
     fs::remove_file(a.path("bdir/x")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 0, "a file in another mount's directory was answered first");
+    assert_eq!(a.client.queued_changes(), 0, "a file in another mount's directory was answered first");
     assert!(missing(&b, "bdir/x") && missing(&b, "e/moved") && missing(&b, "d/f0"));
     assert_eq!(names(&b, "d"), ["f1b"]);
 }
 
 #[test]
-fn queued_unlinks_reach_the_meta_server_before_the_mount_goes() {
+fn queued_changes_reach_the_meta_server_before_the_mount_goes() {
     let c = TestCluster::start(1, 64 << 20, 1 << 20);
     let a = mount(&c, true);
     fs::create_dir(a.path("d")).unwrap();
@@ -222,7 +222,7 @@ fn queued_unlinks_reach_the_meta_server_before_the_mount_goes() {
     for i in 0..5 {
         fs::remove_file(a.path(&format!("d/f{i}"))).unwrap();
     }
-    assert_eq!(a.client.queued_unlinks(), 5);
+    assert_eq!(a.client.queued_changes(), 5);
     // As `citronfs mount` ends: the session, then the client.
     let client = a.client.clone();
     drop(a);
@@ -247,16 +247,16 @@ fn a_holder_that_stops_acknowledging_delays_another_mounts_look_and_catches_up()
     fs::create_dir(a.path("d")).unwrap();
     make(&a, "d", 2);
     fs::remove_file(a.path("d/f0")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 1);
+    assert_eq!(a.client.queued_changes(), 1);
     a.invalidations.stall(true);
     let _hang = b.watchdog(Duration::from_secs(120));
     // B's request waits for A's acknowledgement or the delegation's expiry
     // (a second and a margin), well within its own timeout.
     assert_eq!(fs::metadata(b.path("d/f1")).unwrap().len(), 0);
     a.invalidations.stall(false);
-    eventually("A sends the unlink it answered first", || a.client.queued_unlinks() == 0);
+    eventually("A sends the unlink it answered first", || a.client.queued_changes() == 0);
     assert!(missing(&b, "d/f0"), "the unlink A answered first never reached the meta-server");
-    assert_eq!(a.client.late_unlink_failures(), 0);
+    assert_eq!(a.client.late_change_failures(), 0);
 }
 
 /// An oracle for the race the recall closes: one thread of A unlinks
@@ -301,8 +301,8 @@ fn another_mounts_first_look_racing_the_unlinks_never_finds_an_unlinked_name() {
         }
     });
     assert!(looks > 0, "B never looked while A unlinked");
-    assert!(a.client.rpc_counts().get(MetaKind::UnlinkMany) > 0, "no unlink was answered first");
-    assert_eq!(a.client.late_unlink_failures(), 0);
+    assert!(a.client.rpc_counts().get(MetaKind::LateChanges) > 0, "no unlink was answered first");
+    assert_eq!(a.client.late_change_failures(), 0);
     for d in 0..DIRS {
         assert!(names(&b, &format!("d{d}")).is_empty());
     }
@@ -337,8 +337,8 @@ fn an_unlink_a_squashed_root_may_not_make_is_sent_at_once_and_refused() {
     fs::set_permissions(lab.path("public/d"), fs::Permissions::from_mode(0o555)).unwrap();
     let err = fs::remove_file(lab.path("public/d/f0")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
-    assert_eq!(lab.client.queued_unlinks(), 0);
-    assert_eq!(lab.client.late_unlink_failures(), 0, "answered first, then refused");
+    assert_eq!(lab.client.queued_changes(), 0);
+    assert_eq!(lab.client.late_change_failures(), 0, "answered first, then refused");
     assert!(!missing(&admin, "public/d/f0"));
 }
 
@@ -361,11 +361,11 @@ fn a_late_unlink_removes_only_the_inode_it_was_answered_for() {
     assert_ne!(old, new);
     let late = |ino| LateUnlink { caller, parent: root, name: b"f".to_vec(), ino, at: Timestamp::now() };
     client.unlink_later(late(old));
-    assert!(client.flush_late_unlinks());
+    assert!(client.flush_late_changes());
     assert_eq!(client.lookup(caller, root, b"f").unwrap().ino, new, "it removed what took the name since");
-    assert_eq!(client.late_unlink_failures(), 0);
+    assert_eq!(client.late_change_failures(), 0);
     client.unlink_later(late(new));
-    assert!(client.flush_late_unlinks());
+    assert!(client.flush_late_changes());
     assert_eq!(client.lookup(caller, root, b"f").map(|a| a.ino), Err(FsError::NotFound));
 }
 
@@ -379,16 +379,16 @@ fn unlinks_queued_through_a_lost_lease_are_sent_once_the_mount_may_again() {
     fs::create_dir(a.path("d")).unwrap();
     make(&a, "d", 2);
     fs::remove_file(a.path("d/f0")).unwrap();
-    assert_eq!(a.client.queued_unlinks(), 1);
+    assert_eq!(a.client.queued_changes(), 1);
     a.client.pause_lease_renewal(true);
     eventually("A is fenced", || a.client.is_fenced());
     // Tried, refused by the client itself, kept (the sender tries again
     // too: it may have the batch in hand at any moment).
-    a.client.flush_late_unlinks();
+    a.client.flush_late_changes();
     assert!(!missing(&b, "d/f0"), "applied by a fenced client");
-    assert_eq!(a.client.late_unlink_failures(), 0, "the unlink was given up");
+    assert_eq!(a.client.late_change_failures(), 0, "the unlink was given up");
     a.client.pause_lease_renewal(false);
     eventually("the unlink A answered reaches the meta-server once A may send it", || missing(&b, "d/f0"));
     assert!(!missing(&b, "d/f1"));
-    assert_eq!(a.client.late_unlink_failures(), 0);
+    assert_eq!(a.client.late_change_failures(), 0);
 }

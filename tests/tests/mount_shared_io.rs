@@ -352,7 +352,8 @@ fn a_big_direct_write_allocates_ahead_and_gives_back_the_rest_at_close() {
     // Chunks 8 to 14 came with chunk 7, ahead of the writer.
     let open_blocks = f.metadata().unwrap().blocks() * 512;
     assert_eq!(open_blocks, 15 * MIB as u64, "while open, the chunks ahead count");
-    drop(f);
+    // FUSE sends the release after close(2) returned: waited for.
+    citronfs_tests::coherence::close(&a, f);
     let closed = std::fs::metadata(b.path("big")).unwrap();
     assert_eq!(closed.len(), 9 * MIB as u64);
     assert_eq!(closed.blocks() * 512, 9 * MIB as u64, "closed, the file holds what its size needs");

@@ -580,10 +580,16 @@ fn bench_meta_measures_every_phase_and_counts_round_trips() {
         assert!(per_s > 0.0, "{r:?}");
     }
     for r in &citron {
-        let rpcs: f64 = r[col("rpcs_per_op")].parse().unwrap();
         let fuse: f64 = r[col("fuse_per_op")].parse().unwrap();
-        assert!(rpcs >= 1.0 && fuse >= 1.0, "every call reaches the daemon and the meta-server: {r:?}");
+        assert!(fuse >= 1.0, "every call reaches the daemon: {r:?}");
     }
+    // Without caching every call reaches the meta-server too. A coherent
+    // mount answers creates and unlinks in a directory it made before it
+    // sends them, many in one call, which may go after the phase.
+    for r in &uncached {
+        assert!(rpcs(r) >= 1.0, "every call reaches the meta-server: {r:?}");
+    }
+    assert!(coherent.iter().map(|r| rpcs(r)).sum::<f64>() > 0.0, "{coherent:?}");
     assert!(out_dir.join("meta.png").exists());
     let _ = std::fs::remove_dir_all(out_dir);
 }

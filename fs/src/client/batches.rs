@@ -1,7 +1,7 @@
 //! A queue of messages to the meta-server that go in batches, one batch at
 //! a time, sent by one thread of the client: the releases after closes
 //! ([`super::releases`]) and the unlinks answered before they are sent
-//! ([`super::late_unlinks`]). Each module says what its messages may wait
+//! ([`super::late_changes`]). Each module says what its messages may wait
 //! for; this one only decides when a batch goes:
 //!
 //! * at once when `max` items are waiting;

@@ -15,7 +15,7 @@ use citron_lock::rdma::{
 };
 
 use super::opens::Pinned;
-use super::{reachable, unexpected, FsClient, Transport};
+use super::{reachable, unexpected, FsClient, Shared, Transport};
 use crate::error::FsError;
 use crate::locks::LockArea;
 use crate::proto::{DataServerInfo, MetaRequest, MetaResponse};
@@ -118,30 +118,6 @@ impl FsClient {
             nodes.insert(info.id, (info, node));
         }
         Ok(())
-    }
-
-    /// A lock area whose lock servers (a hosted Citron tree's host, the RPC
-    /// range server) listen on an unspecified address: reached at the IP we
-    /// reach the meta-server at.
-    pub(super) fn reachable_area(&self, mut area: LockArea) -> LockArea {
-        let meta = self.shared.rpc.server();
-        area.range = match area.range {
-            RangeLockSite::CitronHosted { tree, depth, spillover, host, instance, max_depth } => {
-                RangeLockSite::CitronHosted {
-                    tree,
-                    depth,
-                    spillover,
-                    host: reachable(host, meta),
-                    instance,
-                    max_depth,
-                }
-            }
-            RangeLockSite::Rpc { server, instance } => {
-                RangeLockSite::Rpc { server: reachable(server, meta), instance }
-            }
-            other => other,
-        };
-        area
     }
 
     /// [`FsClient::with_endpoints`] for a call through an open of this
@@ -348,5 +324,31 @@ fn data_verb_error(server: DataServerId, e: VerbError) -> FsError {
             FsError::NoSpace
         }
         e => FsError::Io(format!("data server {}: {e}", server.0)),
+    }
+}
+
+impl Shared {
+    /// A lock area whose lock servers (a hosted Citron tree's host, the RPC
+    /// range server) listen on an unspecified address: reached at the IP we
+    /// reach the meta-server at.
+    pub(super) fn reachable_area(&self, mut area: LockArea) -> LockArea {
+        let meta = self.rpc.server();
+        area.range = match area.range {
+            RangeLockSite::CitronHosted { tree, depth, spillover, host, instance, max_depth } => {
+                RangeLockSite::CitronHosted {
+                    tree,
+                    depth,
+                    spillover,
+                    host: reachable(host, meta),
+                    instance,
+                    max_depth,
+                }
+            }
+            RangeLockSite::Rpc { server, instance } => {
+                RangeLockSite::Rpc { server: reachable(server, meta), instance }
+            }
+            other => other,
+        };
+        area
     }
 }

@@ -129,7 +129,10 @@ impl FsClient {
     /// The file's lock addresses, lent by this client's open of it and
     /// pinned for one call (its `area` is `None` only if the meta-server
     /// gave it none); an error if the file is not open here.
+    /// A file created here by a create not sent yet gets them from its
+    /// answer: the queue is sent first ([`super::late_changes`]).
     pub(super) fn pin(&self, ino: Ino) -> Result<Pinned, FsError> {
+        self.settle_late(ino);
         self.shared.opens.pin(ino, self.registration())
     }
 

@@ -124,6 +124,9 @@ impl FsClient {
         if let Some(l) = self.layouts.read().get(&ino) {
             return Ok(l.clone());
         }
+        if let Some(l) = self.created_layout(ino) {
+            return Ok(self.install_layout(l));
+        }
         self.refresh_layout(ino)
     }
 

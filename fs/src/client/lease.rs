@@ -135,19 +135,19 @@ impl FsClient {
         if let Some(w) = &self.waiters {
             w.shutdown();
         }
-        // Unlinks already answered must reach the meta-server before the
+        // Changes already answered must reach the meta-server before the
         // client leaves; releases still queued go with the client (leaving
         // ends every open of it at the meta-server).
         if !self.shared.stop.load(Ordering::Relaxed) && !self.shared.fenced() {
-            self.flush_late_unlinks();
+            self.flush_late_changes();
         }
-        let unsent = self.queued_unlinks();
+        let unsent = self.queued_changes();
         if unsent > 0 {
             log::error!(
-                "{unsent} unlinks answered before they were sent are lost with the client (never answered)"
+                "{unsent} creates and unlinks answered before they were sent are lost with the client"
             );
         }
-        self.shared.late_unlinks.stop();
+        self.shared.late_changes.stop();
         self.shared.releases.stop();
         if self.shared.stop.swap(true, Ordering::Relaxed) {
             return;
@@ -170,7 +170,7 @@ impl Drop for FsClient {
         if let Some(h) = self.releaser.take() {
             let _ = h.join();
         }
-        if let Some(h) = self.unlinker.take() {
+        if let Some(h) = self.late_sender.take() {
             let _ = h.join();
         }
         self.heartbeat.take();

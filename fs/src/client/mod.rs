@@ -26,7 +26,7 @@ mod endpoints;
 mod holds;
 mod identity;
 mod io;
-mod late_unlinks;
+mod late_changes;
 mod layouts;
 mod lease;
 mod locks;
@@ -131,10 +131,10 @@ pub struct ClientConfig {
     /// How long a release queued at a close waits for others to go to the
     /// meta-server with it (`client::releases`); tests hold them longer.
     pub release_linger: Duration,
-    /// How long an unlink answered before it was sent waits for others
-    /// when no call sends it (`client::late_unlinks`); tests hold them
-    /// longer.
-    pub unlink_linger: Duration,
+    /// How long a create or unlink answered before it was sent waits for
+    /// others when no call sends it (`client::late_changes`); tests hold
+    /// them longer.
+    pub late_linger: Duration,
 }
 
 impl ClientConfig {
@@ -147,7 +147,7 @@ impl ClientConfig {
             key: None,
             added_rtt: Duration::ZERO,
             release_linger: releases::LINGER,
-            unlink_linger: late_unlinks::LINGER,
+            late_linger: late_changes::LINGER,
         }
     }
 
@@ -182,8 +182,9 @@ struct Shared {
     caching_ms: AtomicU64,
     /// Releases queued to go to the meta-server in batches ([`releases`]).
     releases: releases::Releases,
-    /// Unlinks answered and queued to go in batches ([`late_unlinks`]).
-    late_unlinks: late_unlinks::LateUnlinks,
+    /// Creates and unlinks answered and queued to go in batches
+    /// ([`late_changes`]).
+    late_changes: late_changes::LateChanges,
     /// The options of the key this client registered with (how the
     /// meta-server squashes its callers), if it has one.
     key_options: Option<citron_rpc::auth::KeyOptions>,
@@ -252,8 +253,8 @@ pub struct FsClient {
     heartbeat: Option<Heartbeat>,
     /// Sends queued releases ([`releases`]).
     releaser: Option<std::thread::JoinHandle<()>>,
-    /// Sends queued unlinks ([`late_unlinks`]).
-    unlinker: Option<std::thread::JoinHandle<()>>,
+    /// Sends queued creates and unlinks ([`late_changes`]).
+    late_sender: Option<std::thread::JoinHandle<()>>,
     /// Reports the Citron T_wait this client needs ([`tuning`]).
     tuning: Option<std::thread::JoinHandle<()>>,
     timing: LockTiming,
@@ -381,7 +382,7 @@ impl FsClient {
             rpc_counts: RpcCounters::default(),
             caching_ms: AtomicU64::new(0),
             releases: releases::Releases::new(config.release_linger),
-            late_unlinks: late_unlinks::LateUnlinks::new(config.unlink_linger),
+            late_changes: late_changes::LateChanges::new(config.late_linger),
             key_options: config.key.as_ref().map(|k| k.options),
         });
         let heartbeat = Heartbeat::start(&shared)?;
@@ -404,7 +405,7 @@ impl FsClient {
             retired_counts: Mutex::new(VerbCounts::default()),
             heartbeat: Some(heartbeat),
             releaser: None,
-            unlinker: None,
+            late_sender: None,
             tuning: None,
             timing,
             waits_for,
@@ -432,7 +433,7 @@ impl FsClient {
                 .map_err(|e| FsError::Io(e.to_string()))
         };
         c.releaser = Some(sender("citronfs-release", releases::run)?);
-        c.unlinker = Some(sender("citronfs-unlink", late_unlinks::run)?);
+        c.late_sender = Some(sender("citronfs-late", late_changes::run)?);
         Ok(c)
     }
 
@@ -484,13 +485,13 @@ impl FsClient {
     }
 
     /// Before a file-system operation's call: the test-only distance, the
-    /// queued unlinks applied (`late_unlinks`: the meta-server sees this
-    /// client's operations in the order they were answered), and the
+    /// queued creates and unlinks applied (`late_changes`: the meta-server
+    /// sees this client's operations in the order they were answered), the
     /// queued releases sent now unless the call is a create's, an open's
     /// or a write's allocation (`releases`, "When a batch goes").
     fn before_call(&self, request: &MetaRequest) {
         self.add_distance();
-        self.flush_late_unlinks();
+        self.flush_late_changes();
         if !opens_or_allocates(request) {
             self.shared.releases.send_now();
         }

@@ -87,7 +87,9 @@ impl FsClient {
         }
         e.registration = registration;
         e.count += 1;
-        let area = l.locks.map(|a| self.reachable_area(a));
+        // An open's answer lends the lock memory a late create's would.
+        e.late = false;
+        let area = l.locks.map(|a| self.shared.reachable_area(a));
         if e.area != area {
             e.table = None;
         }
@@ -153,6 +155,8 @@ impl FsClient {
         e.reset(true);
         self.shared.opens.forget(ino, &entry);
         self.layouts.write().remove(&ino);
+        // After the entry went (see `late_changes::created`).
+        self.created_layout(ino);
         tell(opens).map(Some)
     }
 

@@ -57,6 +57,10 @@ pub(super) struct OpenFile {
     /// Set when the last open went: the entry is out of the map, and a
     /// thread that was waiting for it takes a fresh one.
     pub closed: bool,
+    /// Created here and answered before the create was sent
+    /// ([`late_changes`](super::late_changes)): the create's answer brings
+    /// its lock memory and layout.
+    pub late: bool,
 }
 
 impl OpenFile {
@@ -150,6 +154,12 @@ impl OpenFiles {
             }
             return r;
         }
+    }
+
+    /// Whether `ino` is open here by a create not answered yet
+    /// ([`OpenFile::late`]).
+    pub fn created_late(&self, ino: Ino) -> bool {
+        self.get(ino).is_some_and(|e| e.lock().late)
     }
 
     /// The entry of `ino`, if the file is open here.

@@ -127,6 +127,8 @@ pub(super) fn run(shared: Arc<Shared>) {
 /// Sends `batch` as one `ReleaseMany` (what the current registration
 /// counted of it) and hands on what came back held.
 fn send(shared: &Shared, batch: Vec<Queued>) {
+    // A file created late is released after its create (`late_changes`).
+    shared.late_changes.flush(shared);
     let current = shared.registration.load(std::sync::atomic::Ordering::Relaxed);
     let files: Vec<FileRelease> =
         batch.iter().filter(|q| q.registration == current).map(|q| q.release).collect();

@@ -5,7 +5,7 @@
 //! unlinks"): that client may have answered unlinks there it has not sent
 //! yet.
 
-use super::{LateUnlink, MetaRequest};
+use super::MetaRequest;
 use crate::types::Ino;
 
 /// The inodes and names a request names ([`MetaRequest::named`]).
@@ -32,9 +32,9 @@ impl MetaRequest {
             | R::Symlink { parent, name, .. }
             | R::Unlink { parent, name, .. }
             | R::Rmdir { parent, name, .. } => (vec![*parent], vec![(*parent, &name[..])]),
-            R::UnlinkMany { unlinks } => (
-                unlinks.iter().map(|u| u.parent).collect(),
-                unlinks.iter().map(|LateUnlink { parent, name, .. }| (*parent, &name[..])).collect(),
+            R::LateChanges { changes, .. } => (
+                changes.iter().map(|c| c.parent()).collect(),
+                changes.iter().map(|c| (c.parent(), c.name())).collect(),
             ),
             R::Link { ino, new_parent, new_name, .. } => {
                 (vec![*ino, *new_parent], vec![(*new_parent, &new_name[..])])
@@ -68,6 +68,7 @@ impl MetaRequest {
             | R::DataServerLeaves { .. }
             | R::Release { .. }
             | R::ReleaseMany { .. }
+            | R::LendInodes { .. }
             | R::GrowWaitsFor { .. }
             | R::Clients
             | R::StatFs
@@ -82,7 +83,7 @@ impl MetaRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::RenameMode;
+    use crate::proto::{LateChange, LateCreate, LateUnlink, RenameMode};
     use crate::types::{Caller, ClientId, Timestamp};
 
     const CALLER: Caller = Caller { uid: 0, gid: 0, pid: 1 };
@@ -112,15 +113,23 @@ mod tests {
     }
 
     #[test]
-    fn late_unlinks_name_each_directory_and_name() {
-        let unlink = |parent, name: &[u8]| LateUnlink {
+    fn late_changes_name_each_directory_and_name() {
+        let unlink = LateChange::Unlink(LateUnlink {
             caller: CALLER,
-            parent: Ino(parent),
-            name: name.to_vec(),
+            parent: Ino(4),
+            name: b"x".to_vec(),
             ino: Ino(9),
             at: Timestamp::default(),
-        };
-        let r = MetaRequest::UnlinkMany { unlinks: vec![unlink(4, b"x"), unlink(5, b"y")] };
+        });
+        let create = LateChange::Create(LateCreate {
+            caller: CALLER,
+            parent: Ino(5),
+            name: b"y".to_vec(),
+            ino: Ino(10),
+            perm: 0o644,
+            at: Timestamp::default(),
+        });
+        let r = MetaRequest::LateChanges { client: ClientId(1), changes: vec![unlink, create] };
         let named = r.named();
         assert_eq!(named.inos, vec![Ino(4), Ino(5)]);
         assert_eq!(named.names, vec![(Ino(4), &b"x"[..]), (Ino(5), &b"y"[..])]);

@@ -44,8 +44,8 @@ struct Delegation {
 }
 
 /// Whether a client other than the holder looked into a delegated
-/// directory: from then on the holder answers no unlink there before it
-/// sends it (meta-server `grants`, "Late unlinks").
+/// directory: from then on the holder answers no create or unlink there
+/// before it sends it (meta-server `grants`, "Late changes").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Sharing {
     /// Nobody else did.

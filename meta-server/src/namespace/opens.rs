@@ -82,6 +82,7 @@ impl Namespace {
     /// ([`crate::reclaim::Reclamation::fence`]); files it leaves idle give
     /// their lock memory back.
     pub fn drop_client(&mut self, client: ClientId) {
+        self.forget_loan(client);
         let inos: Vec<Ino> = self
             .inodes
             .iter()

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use citron_rpc::auth::{Credential, KeyOptions};
 use citronfs_core::proto::{
-    ClientInfo, ClusterInfo, Delegated, EntryPlus, FileRelease, Grant, HeldAgain, Invalidation, LateUnlink,
-    MetaRequest, MetaResponse, MAX_AHEAD_CHUNKS,
+    ClientInfo, ClusterInfo, Delegated, EntryPlus, FileRelease, Grant, HeldAgain, Invalidation, LateChange,
+    LateCreate, LateDone, LateUnlink, MetaRequest, MetaResponse, MAX_AHEAD_CHUNKS,
 };
 use citronfs_core::session::SessionKeys;
 use citronfs_core::types::{Attr, Caller, ClientId, DirEntry, FileKind, Ino, Timestamp};
@@ -18,11 +18,21 @@ use citronfs_core::FsError;
 use super::{ClientLease, MetaService};
 use crate::grants::POLL_WAIT;
 use crate::identity::Asker;
-use crate::namespace::NewInode;
+use crate::namespace::{Lent, NewInode};
 use crate::permissions::Checks;
 
 /// Most entries one `ReadDir` or `ReadDirPlus` answers.
 const MAX_READDIR: u32 = 4096;
+
+/// How a create makes its inode.
+#[derive(Clone, Copy, Debug)]
+enum Making {
+    /// The next inode, now; an existing name is refused if `exclusive`,
+    /// else opened.
+    Now { exclusive: bool },
+    /// A late create: the inode lent for it, made at its time.
+    Lent { ino: Ino, at: Timestamp },
+}
 
 /// What a request changed that kernels may cache ([`crate::grants`]).
 #[derive(Default)]
@@ -146,6 +156,89 @@ impl MetaService {
             self.grants.end(client, &key);
         }
         changed.keys.push(key);
+    }
+
+    /// A create of regular file `name` in `parent` by `caller` for
+    /// `client`, opened for it (`CreateOpen`; a late create's, made as
+    /// the inode lent for it at its time).
+    fn create_open(
+        &self,
+        checks: Checks,
+        caching: Option<(ClientId, Duration)>,
+        changed: &mut Changed,
+        (caller, client, parent, name): (Caller, ClientId, Ino, Vec<u8>),
+        perm: u16,
+        making: Making,
+    ) -> Result<MetaResponse, FsError> {
+        use Invalidation::Attr as AttrOf;
+        use MetaResponse as A;
+        let new = NewInode { kind: FileKind::File, perm, rdev: 0, symlink_target: None };
+        let mut ns = self.ns.lock();
+        checks.add_entry(&ns, caller, parent)?;
+        let (made, exclusive) = match making {
+            Making::Now { exclusive } => (ns.create(caller, parent, &name, new), exclusive),
+            Making::Lent { ino, at } => {
+                match ns.create_lent(client, (caller, parent, &name), perm, ino, at)? {
+                    Lent::Made(attr) => (Ok(attr), true),
+                    // Its first arrival's answer was lost: that one opened it.
+                    Lent::Again(attr) => return Ok(A::Opened(attr, ns.layout_again(ino)?)),
+                }
+            }
+        };
+        let opened = match made {
+            Ok(attr) => match ns.open(client, attr.ino) {
+                Ok(layout) => A::Opened(attr, layout),
+                Err(e) => {
+                    // As a kernel does, refuse without leaving a file.
+                    if let Err(u) = ns.unlink(parent, &name) {
+                        log::error!("undoing the create of inode {}: {u}", attr.ino.0);
+                    }
+                    return Err(e);
+                }
+            },
+            // O_CREAT without O_EXCL opens what is there (under the
+            // same namespace lock, so the file cannot go between).
+            Err(FsError::Exists) if !exclusive => {
+                let attr = ns.lookup(parent, &name)?;
+                match attr.kind {
+                    FileKind::File => {}
+                    FileKind::Dir => return Err(FsError::IsDir),
+                    _ => return Err(FsError::Exists),
+                }
+                let layout = ns.open(client, attr.ino)?;
+                A::OpenedExisting(attr, layout)
+            }
+            Err(e) => return Err(e),
+        };
+        if let A::Opened(attr, _) | A::OpenedExisting(attr, _) = &opened {
+            // Pushed before the answer leaves (a NIC holds a verb that
+            // outruns its grant).
+            self.access.opened(client, attr.ino, ns.file_memory(attr.ino), true);
+            // Its size and mtime may now change one-sidedly.
+            self.grants.writing(client, attr.ino);
+            changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
+        }
+        let mut new = None;
+        if let (A::Opened(attr, _), Some((creator, ttl))) = (&opened, caching) {
+            // The new file's attributes, granted to its creator, its
+            // only opener, until its release ([`crate::grants`],
+            // "Creators"; after `writing`, which grants nothing).
+            self.grants.grant_until_closed(creator, attr.ino, ttl);
+            new = Some(attr.clone());
+        }
+        let made = matches!(opened, A::Opened(..));
+        let answer = self.with_parent(
+            &ns,
+            caching,
+            parent,
+            opened,
+            new.is_some(),
+            new.as_ref().map(|a| (a, &name[..])),
+        );
+        if made {
+            self.entry_changed(caching, changed, parent, name);
+        }
+        Ok(answer)
     }
 
     /// What a change of `dir`'s entries answers a caching changer: the
@@ -383,6 +476,7 @@ impl MetaService {
                     log::info!("client {} leaves", client.0);
                 }
                 self.grants.left(client);
+                self.ns.lock().forget_loan(client);
                 let _ = self.reaper_wake.lock().send(());
                 A::Done
             }
@@ -463,14 +557,6 @@ impl MetaService {
             R::Unlink { caller, parent, name } => {
                 self.unlink(checks, caching, changed, (caller, parent, name), Timestamp::now(), None)?
             }
-            R::UnlinkMany { unlinks } => A::UnlinkedMany(
-                unlinks
-                    .into_iter()
-                    .map(|LateUnlink { caller, parent, name, ino, at }| {
-                        self.unlink(checks, caching, changed, (caller, parent, name), at, Some(ino)).map(drop)
-                    })
-                    .collect(),
-            ),
             R::Rmdir { caller, parent, name } => {
                 let mut ns = self.ns.lock();
                 if name != b"." && name != b".." {
@@ -505,65 +591,43 @@ impl MetaService {
                 checks.access(&self.ns.lock(), caller, ino, access)?;
                 A::Done
             }
-            R::CreateOpen { caller, client, parent, name, perm, exclusive } => {
-                let new = NewInode { kind: FileKind::File, perm, rdev: 0, symlink_target: None };
-                let mut ns = self.ns.lock();
-                checks.add_entry(&ns, caller, parent)?;
-                let opened = match ns.create(caller, parent, &name, new) {
-                    Ok(attr) => match ns.open(client, attr.ino) {
-                        Ok(layout) => A::Opened(attr, layout),
-                        Err(e) => {
-                            // As a kernel does, refuse without leaving a file.
-                            if let Err(u) = ns.unlink(parent, &name) {
-                                log::error!("undoing the create of inode {}: {u}", attr.ino.0);
+            R::CreateOpen { caller, client, parent, name, perm, exclusive } => self.create_open(
+                checks,
+                caching,
+                changed,
+                (caller, client, parent, name),
+                perm,
+                Making::Now { exclusive },
+            )?,
+            R::LendInodes { client, count } => A::Lent(self.ns.lock().lend(client, count)),
+            R::LateChanges { client, changes } => A::LateApplied(
+                changes
+                    .into_iter()
+                    .map(|change| match change {
+                        LateChange::Unlink(LateUnlink { caller, parent, name, ino, at }) => self
+                            .unlink(checks, caching, changed, (caller, parent, name), at, Some(ino))
+                            .map(|_| LateDone::Unlinked),
+                        LateChange::Create(LateCreate { caller, parent, name, ino, perm, at }) => {
+                            let making = Making::Lent { ino, at };
+                            match self.create_open(
+                                checks,
+                                caching,
+                                changed,
+                                (caller, client, parent, name),
+                                perm,
+                                making,
+                            )? {
+                                A::ParentGranted { answer, .. } => match *answer {
+                                    A::Opened(_, layout) => Ok(LateDone::Created(layout)),
+                                    other => Err(FsError::Io(format!("a late create answered {other:?}"))),
+                                },
+                                A::Opened(_, layout) => Ok(LateDone::Created(layout)),
+                                other => Err(FsError::Io(format!("a late create answered {other:?}"))),
                             }
-                            return Err(e);
                         }
-                    },
-                    // O_CREAT without O_EXCL opens what is there (under the
-                    // same namespace lock, so the file cannot go between).
-                    Err(FsError::Exists) if !exclusive => {
-                        let attr = ns.lookup(parent, &name)?;
-                        match attr.kind {
-                            FileKind::File => {}
-                            FileKind::Dir => return Err(FsError::IsDir),
-                            _ => return Err(FsError::Exists),
-                        }
-                        let layout = ns.open(client, attr.ino)?;
-                        A::OpenedExisting(attr, layout)
-                    }
-                    Err(e) => return Err(e),
-                };
-                if let A::Opened(attr, _) | A::OpenedExisting(attr, _) = &opened {
-                    // Pushed before the answer leaves (a NIC holds a verb that
-                    // outruns its grant).
-                    self.access.opened(client, attr.ino, ns.file_memory(attr.ino), true);
-                    // Its size and mtime may now change one-sidedly.
-                    self.grants.writing(client, attr.ino);
-                    changed.keys.extend([AttrOf(parent), AttrOf(attr.ino)]);
-                }
-                let mut new = None;
-                if let (A::Opened(attr, _), Some((creator, ttl))) = (&opened, caching) {
-                    // The new file's attributes, granted to its creator, its
-                    // only opener, until its release ([`crate::grants`],
-                    // "Creators"; after `writing`, which grants nothing).
-                    self.grants.grant_until_closed(creator, attr.ino, ttl);
-                    new = Some(attr.clone());
-                }
-                let made = matches!(opened, A::Opened(..));
-                let answer = self.with_parent(
-                    &ns,
-                    caching,
-                    parent,
-                    opened,
-                    new.is_some(),
-                    new.as_ref().map(|a| (a, &name[..])),
-                );
-                if made {
-                    self.entry_changed(caching, changed, parent, name);
-                }
-                answer
-            }
+                    })
+                    .collect(),
+            ),
             R::KillSuidGid { ino, groups } => {
                 // Sent by a writer in the middle of its write: its kernel
                 // does not know the mode changed.
