@@ -1,6 +1,7 @@
-//! Helpers of the coherence tests (`mount_coherence`, `mount_delegation`):
-//! what one `stat` or `close` on a mount costs, and waiting for the
-//! kernel's asynchronous releases.
+//! Helpers of the coherence tests (`mount_coherence`, `mount_delegation`,
+//! `late_creates`, `late_unlinks`): what one `stat` or `close` on a mount
+//! costs, waiting for the kernel's asynchronous releases, and a race of
+//! one mount's changes against another's looks.
 
 use std::fs;
 use std::time::{Duration, Instant};
@@ -69,4 +70,33 @@ pub fn stat_cost(m: &TestMount, rel: &str) -> (fs::Metadata, RpcCounts, u64) {
     let (calls, requests) = (m.client.rpc_counts(), m.requests.snapshot().total());
     let meta = fs::metadata(m.path(rel)).unwrap();
     (meta, m.client.rpc_counts() - calls, m.requests.snapshot().total() - requests)
+}
+
+/// A race oracle: one thread makes `changes` changes in order
+/// (`change(i)`, on one mount) while this one, each time it finds a new
+/// change returned, checks with `seen(i)` that the last one returned is
+/// seen (on another mount). Answers how many looks it made.
+pub fn race_looks(changes: usize, change: impl Fn(usize) + Sync, seen: impl Fn(usize) -> bool) -> usize {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let returned = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..changes {
+                change(i);
+                // SeqCst: the looks read the count after this change returned.
+                returned.store(i + 1, Ordering::SeqCst);
+            }
+        });
+        let mut looks = 0;
+        loop {
+            let done = returned.load(Ordering::SeqCst);
+            if done == changes {
+                break looks;
+            }
+            if done > 0 {
+                assert!(seen(done - 1), "change {} was not seen after it returned", done - 1);
+                looks += 1;
+            }
+        }
+    })
 }

@@ -22,7 +22,7 @@ use citronfs_core::proto::{AttrSlot, LateCreate};
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_core::types::{Caller, Ino, Timestamp};
 use citronfs_mount::MountOptions;
-use citronfs_tests::coherence::{close, missing};
+use citronfs_tests::coherence::{close, missing, race_looks};
 use citronfs_tests::probe::Probe;
 use citronfs_tests::{TestCluster, TestMount};
 
@@ -58,6 +58,11 @@ fn names(m: &TestMount, dir: &str) -> Vec<String> {
         fs::read_dir(m.path(dir)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     names.sort();
     names
+}
+
+/// Creates `rel` on `m` and opens it for reading and writing.
+fn create_rw(m: &TestMount, rel: &str) -> fs::File {
+    fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(m.path(rel)).unwrap()
 }
 
 /// What two mounts must agree on about a file.
@@ -131,13 +136,7 @@ fn another_mounts_first_look_at_the_directory_sees_the_queued_creates() {
 fn a_file_created_late_is_written_locked_and_read_at_once() {
     let (_c, a, b) = cluster();
     fs::create_dir(a.path("d")).unwrap();
-    let mut f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(a.path("d/f"))
-        .unwrap();
+    let mut f = create_rw(&a, "d/f");
     assert!(a.client.queued_changes() >= 1, "the create was not answered first");
     // A lock needs the file's lock memory, which the create's answer lends.
     let lock = libc::flock {
@@ -179,13 +178,7 @@ fn a_file_created_late_is_opened_again_while_its_create_is_queued() {
     let (_c, a, b) = cluster();
     let _hang = a.watchdog(Duration::from_secs(120));
     fs::create_dir(a.path("d")).unwrap();
-    let first = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(a.path("d/f"))
-        .unwrap();
+    let first = create_rw(&a, "d/f");
     assert!(a.client.queued_changes() >= 1, "the create was not answered first");
     std::thread::scope(|s| {
         for i in 0..3u64 {
@@ -292,7 +285,6 @@ fn with_few_attribute_slots_left_no_create_is_answered_and_then_refused() {
 /// file whose create returned.
 #[test]
 fn another_mounts_first_look_racing_the_creates_never_misses_a_created_name() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     const DIRS: usize = 30;
     const FILES: usize = 20;
     let c = TestCluster::start(1, 64 << 20, 1 << 20);
@@ -302,29 +294,9 @@ fn another_mounts_first_look_racing_the_creates_never_misses_a_created_name() {
         fs::create_dir(a.path(&format!("d{d}"))).unwrap();
     }
     let name = |i: usize| format!("d{}/f{}", i / FILES, i % FILES);
-    let returned = AtomicUsize::new(0);
     let _hang = b.watchdog(Duration::from_secs(120));
-    let looks = std::thread::scope(|s| {
-        s.spawn(|| {
-            for i in 0..DIRS * FILES {
-                drop(fs::File::create(a.path(&name(i))).unwrap());
-                // SeqCst: B reads the count after this create returned.
-                returned.store(i + 1, Ordering::SeqCst);
-            }
-        });
-        let mut looks = 0;
-        loop {
-            let done = returned.load(Ordering::SeqCst);
-            if done == DIRS * FILES {
-                break looks;
-            }
-            if done > 0 {
-                let rel = name(done - 1);
-                assert!(!missing(&b, &rel), "B missed {rel} after its create on A returned");
-                looks += 1;
-            }
-        }
-    });
+    let create = |i| drop(fs::File::create(a.path(&name(i))).unwrap());
+    let looks = race_looks(DIRS * FILES, create, |i| !missing(&b, &name(i)));
     assert!(looks > 0, "B never looked while A created");
     assert!(a.client.rpc_counts().get(MetaKind::LateChanges) > 0, "no create was answered first");
     assert_eq!(a.client.late_change_failures(), 0);

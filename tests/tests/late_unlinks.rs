@@ -16,7 +16,7 @@ use std::time::Duration;
 use citronfs_core::client::Transport;
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_mount::MountOptions;
-use citronfs_tests::coherence::{close, eventually, missing};
+use citronfs_tests::coherence::{close, eventually, missing, race_looks};
 use citronfs_tests::{TestCluster, TestMount};
 
 /// Long enough that no grant or delegation expires during a test.
@@ -266,7 +266,6 @@ fn a_holder_that_stops_acknowledging_delays_another_mounts_look_and_catches_up()
 /// returned never finds the name.
 #[test]
 fn another_mounts_first_look_racing_the_unlinks_never_finds_an_unlinked_name() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     const DIRS: usize = 30;
     const FILES: usize = 20;
     let c = TestCluster::start(1, 64 << 20, 1 << 20);
@@ -277,29 +276,9 @@ fn another_mounts_first_look_racing_the_unlinks_never_finds_an_unlinked_name() {
         make(&a, &format!("d{d}"), FILES);
     }
     let name = |i: usize| format!("d{}/f{}", i / FILES, i % FILES);
-    let returned = AtomicUsize::new(0);
     let _hang = b.watchdog(Duration::from_secs(120));
-    let looks = std::thread::scope(|s| {
-        s.spawn(|| {
-            for i in 0..DIRS * FILES {
-                fs::remove_file(a.path(&name(i))).unwrap();
-                // SeqCst: B reads the count after this unlink returned.
-                returned.store(i + 1, Ordering::SeqCst);
-            }
-        });
-        let mut looks = 0;
-        loop {
-            let done = returned.load(Ordering::SeqCst);
-            if done == DIRS * FILES {
-                break looks;
-            }
-            if done > 0 {
-                let rel = name(done - 1);
-                assert!(missing(&b, &rel), "B found {rel} after its unlink on A returned");
-                looks += 1;
-            }
-        }
-    });
+    let unlink = |i| fs::remove_file(a.path(&name(i))).unwrap();
+    let looks = race_looks(DIRS * FILES, unlink, |i| missing(&b, &name(i)));
     assert!(looks > 0, "B never looked while A unlinked");
     assert!(a.client.rpc_counts().get(MetaKind::LateChanges) > 0, "no unlink was answered first");
     assert_eq!(a.client.late_change_failures(), 0);
