@@ -112,7 +112,7 @@ struct Listing {
     /// there is answered before it is sent (`crate::late_changes`).
     shared: bool,
     /// The directory's own attributes from its mkdir's answer, following
-    /// this mount's changes of it; dropped at an own setattr (any other
+    /// this mount's changes of it and its setattrs' answers (any other
     /// mount's change of it revokes the listing). What a late change
     /// checks its permission against when the mount keeps no newer ones
     /// (`crate::late_changes`).

@@ -162,6 +162,9 @@ impl Filesystem for CitronFuse {
             }
         });
         self.attrs_changed(&[ino]);
+        if let Ok(a) = &r {
+            self.setattr_answered(a);
+        }
         match r {
             Ok(a) => reply.attr(&self.options.attr_ttl, &fuse_attr(&a)),
             Err(e) => reply.error(errno(&e)),

@@ -53,8 +53,16 @@ const ENTRY: i64 = 1;
 const SETGID: u16 = 0o2000;
 
 impl CitronFuse {
+    /// An own setattr answered `attr`: a delegated directory keeps it as
+    /// its own attributes, which its late changes are checked against.
+    pub(crate) fn setattr_answered(&self, attr: &Attr) {
+        if self.caching() && attr.kind == FileKind::Dir {
+            self.invalidations.delegations().set_own(attr);
+        }
+    }
+
     /// Directory `dir`'s attributes as this mount knows them: kept from
-    /// its last own change's answer, or from its mkdir's.
+    /// its last own change's answer, or from its mkdir's or setattr's.
     fn dir_attr(&self, dir: Ino) -> Option<Attr> {
         let kept = self.invalidations.attrs().get(dir).map(|(attr, _)| attr);
         kept.or_else(|| self.invalidations.delegations().own_attr(dir).map(|(attr, _)| attr))

@@ -48,6 +48,15 @@ impl Delegations {
         }
     }
 
+    /// An own setattr of a delegated directory answered `attr`: kept as
+    /// its own attributes (any other mount's change of it revokes the
+    /// listing, which they go with).
+    pub fn set_own(&self, attr: &Attr) {
+        if let Some(l) = self.state.lock().listings.get_mut(&attr.ino) {
+            l.own = Some(attr.clone());
+        }
+    }
+
     /// Whether `name` is not in `dir`, which is delegated here for at
     /// least `margin` more and no other mount looked into: a candidate
     /// for a late create.
@@ -172,9 +181,10 @@ mod tests {
     }
 
     /// A directory made here keeps its own attributes with its listing,
-    /// following the mount's changes of it, until an own setattr.
+    /// following the mount's changes of it and its own setattrs' answers,
+    /// until it is revoked.
     #[test]
-    fn a_made_directory_keeps_its_attributes_until_an_own_setattr() {
+    fn a_made_directory_keeps_its_attributes_while_delegated() {
         let d = with_dir();
         assert_eq!(d.own_attr(DIR).map(|(a, _)| a.ino), Some(DIR));
         let newer = Attr { size: 7, ..attr(2, FileKind::Dir) };
@@ -182,5 +192,10 @@ mod tests {
         assert_eq!(d.own_attr(DIR).map(|(a, _)| a.size), Some(7));
         d.forget_own(DIR);
         assert_eq!(d.own_attr(DIR), None);
+        let chmodded = Attr { perm: 0o2777, ..attr(2, FileKind::Dir) };
+        d.set_own(&chmodded);
+        assert_eq!(d.own_attr(DIR).map(|(a, _)| a.perm), Some(0o2777));
+        d.revoked(DIR);
+        assert_eq!(d.own_attr(DIR), None, "kept past a revocation");
     }
 }
