@@ -132,6 +132,11 @@ impl FsClient {
     /// A file created here by a create not sent yet gets them from its
     /// answer: the queue is sent first ([`super::late_changes`]).
     pub(super) fn pin(&self, ino: Ino) -> Result<Pinned, FsError> {
+        let pin = self.shared.opens.pin(ino, self.registration())?;
+        if !pin.late {
+            return Ok(pin);
+        }
+        drop(pin);
         self.settle_late(ino);
         self.shared.opens.pin(ino, self.registration())
     }

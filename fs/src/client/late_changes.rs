@@ -175,21 +175,23 @@ fn send(shared: &Shared, batch: Vec<LateChange>) -> bool {
     };
     let hook = shared.late_changes.hook.read();
     for (change, outcome) in batch.into_iter().zip(outcomes) {
-        let (dir, name) = (change.parent(), String::from_utf8_lossy(change.name()).into_owned());
-        match (change, outcome) {
+        let dir = change.parent();
+        let name = || String::from_utf8_lossy(change.name());
+        match (&change, outcome) {
             (LateChange::Create(c), Ok(LateDone::Created(layout))) => created(shared, c.ino, layout),
             (_, Ok(_)) => {}
             // What this mount removed is not there any more (another mount
             // removed it while this one was stopped past its delegation):
             // nothing is left to do, and nothing of another's is touched.
             (LateChange::Unlink(_), Err(FsError::NotFound)) => {
-                log::info!("{name:?} in directory {} was gone when its late unlink came", dir.0)
+                log::info!("{:?} in directory {} was gone when its late unlink came", name(), dir.0)
             }
             (change, Err(e)) => {
                 shared.late_changes.failures.fetch_add(1, Ordering::Relaxed);
                 let what = if matches!(change, LateChange::Create(_)) { "a create" } else { "an unlink" };
                 log::error!(
-                    "{what} answered before it was sent failed: {name:?} in directory {}: {e}",
+                    "{what} answered before it was sent failed: {:?} in directory {}: {e}",
+                    name(),
                     dir.0
                 );
                 if let Some(hook) = hook.as_ref() {
@@ -296,14 +298,11 @@ impl FsClient {
         self.shared.late_changes.layouts.lock().remove(&ino)
     }
 
-    /// Before a use of `ino` that needs its lock memory or layout: if it
-    /// was created here late, the queue is sent and the create's answer
-    /// gives its open here the lock memory it lent (none if the create
-    /// was refused). Called holding no file's entry.
+    /// Before a use of `ino`, created here late, that needs its lock
+    /// memory or layout: the queue is sent and the create's answer gives
+    /// its open here the lock memory it lent (none if the create was
+    /// refused). Called holding no file's entry.
     pub(super) fn settle_late(&self, ino: Ino) {
-        if !self.shared.opens.created_late(ino) {
-            return;
-        }
         self.flush_late_changes();
         let layout = self.shared.late_changes.layouts.lock().get(&ino).cloned();
         let Some(entry) = self.shared.opens.get(ino) else { return };

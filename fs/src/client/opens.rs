@@ -109,6 +109,9 @@ pub(super) struct Pinned {
     /// this client's only while that registration lasts
     /// ([`FsClient::with_pinned_endpoints`](super::FsClient)).
     pub registration: u64,
+    /// The file was created here by a create not answered yet
+    /// ([`OpenFile::late`]): `area` is still to come.
+    pub late: bool,
 }
 
 impl Pinned {
@@ -156,12 +159,6 @@ impl OpenFiles {
         }
     }
 
-    /// Whether `ino` is open here by a create not answered yet
-    /// ([`OpenFile::late`]).
-    pub fn created_late(&self, ino: Ino) -> bool {
-        self.get(ino).is_some_and(|e| e.lock().late)
-    }
-
     /// The entry of `ino`, if the file is open here.
     pub fn get(&self, ino: Ino) -> Option<OpenEntry> {
         self.map.lock().get(&ino).cloned()
@@ -171,13 +168,13 @@ impl OpenFiles {
     /// file is not open here, or was opened by an older registration.
     pub fn pin(&self, ino: Ino, registration: u64) -> Result<Pinned, FsError> {
         let entry = self.get(ino).ok_or_else(|| not_open(ino))?;
-        let (area, table) = {
+        let (area, table, late) = {
             let mut e = entry.lock();
             let area = area_of(&e, ino, registration)?;
             e.users += 1;
-            (area, e.table)
+            (area, e.table, e.late)
         };
-        Ok(Pinned { entry, area, table, registration })
+        Ok(Pinned { entry, area, table, registration, late })
     }
 
     /// Removes `entry` from the map if it is still the one for `ino`.

@@ -609,18 +609,13 @@ impl MetaService {
                             .map(|_| LateDone::Unlinked),
                         LateChange::Create(LateCreate { caller, parent, name, ino, perm, at }) => {
                             let making = Making::Lent { ino, at };
-                            match self.create_open(
-                                checks,
-                                caching,
-                                changed,
-                                (caller, client, parent, name),
-                                perm,
-                                making,
-                            )? {
-                                A::ParentGranted { answer, .. } => match *answer {
-                                    A::Opened(_, layout) => Ok(LateDone::Created(layout)),
-                                    other => Err(FsError::Io(format!("a late create answered {other:?}"))),
-                                },
+                            let who = (caller, client, parent, name);
+                            let answer =
+                                match self.create_open(checks, caching, changed, who, perm, making)? {
+                                    A::ParentGranted { answer, .. } => *answer,
+                                    answer => answer,
+                                };
+                            match answer {
                                 A::Opened(_, layout) => Ok(LateDone::Created(layout)),
                                 other => Err(FsError::Io(format!("a late create answered {other:?}"))),
                             }
