@@ -550,6 +550,13 @@ pub struct LateCreate {
     pub ino: Ino,
     pub perm: u16,
     pub at: Timestamp,
+    /// Extents allocated with the create, as an `AllocChunks` of these
+    /// chunks would (each chunk and the bytes of it to hold; at most
+    /// [`MAX_AHEAD_CHUNKS`]): the chunks of a write that waits for the
+    /// create, so that the write needs no call of its own. Empty when no
+    /// write waited. The create stands if they cannot be allocated (the
+    /// write asks again and is told why).
+    pub first_write: Vec<(ChunkIndex, u64)>,
 }
 
 /// Inode numbers `first_ino ..` lent to a client, `count` of them; the

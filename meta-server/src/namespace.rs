@@ -39,7 +39,7 @@ use crate::reclaim::{Cause, Reclamation};
 mod lending;
 mod memory;
 mod slots;
-pub use lending::Lent;
+pub use lending::{Lent, MAX_LOAN};
 pub use memory::extent_memory;
 use slots::Slots;
 

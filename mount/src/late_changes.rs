@@ -136,7 +136,8 @@ impl CitronFuse {
             ctime: at,
             crtime: at,
         };
-        let create = LateCreate { caller, parent, name: name.to_vec(), ino, perm, at };
+        let create =
+            LateCreate { caller, parent, name: name.to_vec(), ino, perm, at, first_write: Vec::new() };
         let kept = self.creating();
         let epochs = self.invalidations.epochs();
         let before = epochs.all();

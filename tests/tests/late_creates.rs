@@ -14,13 +14,17 @@
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::time::Duration;
 
+use citron_lock::rdma::tcp::RpcClient;
+use citron_rpc::auth::Keyring;
 use citronfs_core::client::{FsClient, Transport};
-use citronfs_core::proto::{AttrSlot, LateCreate};
+use citronfs_core::proto::{AttrSlot, LateCreate, MetaRequest, MetaResponse};
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_core::types::{Caller, Ino, Timestamp};
+use citronfs_meta_server::namespace::MAX_LOAN;
 use citronfs_mount::MountOptions;
 use citronfs_tests::coherence::{close, missing, race_looks};
 use citronfs_tests::probe::Probe;
@@ -167,6 +171,80 @@ fn a_file_created_late_is_written_locked_and_read_at_once() {
     p.kill();
     drop(f);
     assert_eq!(a.client.late_change_failures(), 0);
+}
+
+/// A file created late and then written (mdtest-hard-write's files, a
+/// SQLite journal): the write sends the create, which brings the extents
+/// the write needs with it. One call for the create and its first write,
+/// wherever the write lands, and another mount reads what was written.
+#[test]
+fn a_create_and_its_first_write_cost_one_call() {
+    const FILES: usize = 20;
+    /// mdtest-hard-write's bytes per file.
+    const BYTES: usize = 3901;
+    let (_c, a, b) = cluster();
+    fs::create_dir(a.path("d")).unwrap();
+    let bytes = |i: usize| -> Vec<u8> { (0..BYTES).map(|j| (i * 31 + j) as u8).collect() };
+    let before = a.client.rpc_counts();
+    for i in 0..FILES {
+        let mut f = create_rw(&a, &format!("d/f{i}"));
+        f.write_all(&bytes(i)).unwrap();
+        close(&a, f);
+    }
+    let spent = a.client.rpc_counts() - before;
+    assert_eq!(spent.get(MetaKind::CreateOpen), 0, "a create was sent at once: {}", spent.describe());
+    assert_eq!(spent.get(MetaKind::LateChanges), FILES as u64, "{}", spent.describe());
+    assert_eq!(spent.get(MetaKind::AllocChunks), 0, "a write asked for its extent: {}", spent.describe());
+    assert_eq!(spent.get(MetaKind::GrowExtents), 0, "{}", spent.describe());
+    assert_eq!(spent.get(MetaKind::Layout), 0, "{}", spent.describe());
+    // Past a hole, across a chunk's end, and appended.
+    let f = create_rw(&a, "d/hole");
+    f.write_all_at(b"after a hole", 5000).unwrap();
+    drop(f);
+    let f = create_rw(&a, "d/across");
+    f.write_all_at(&[7u8; 8192], (1 << 20) - 4096).unwrap();
+    drop(f);
+    let mut f = fs::OpenOptions::new().append(true).create(true).open(a.path("d/appended")).unwrap();
+    f.write_all(b"appended").unwrap();
+    drop(f);
+    assert_eq!(a.client.late_change_failures(), 0);
+    for i in 0..FILES {
+        assert_eq!(fs::read(b.path(&format!("d/f{i}"))).unwrap(), bytes(i), "B reads other bytes in f{i}");
+    }
+    let mut expected = vec![0u8; 5000];
+    expected.extend_from_slice(b"after a hole");
+    assert_eq!(fs::read(b.path("d/hole")).unwrap(), expected);
+    let mut expected = vec![0u8; (1 << 20) - 4096];
+    expected.extend_from_slice(&[7u8; 8192]);
+    assert!(fs::read(b.path("d/across")).unwrap() == expected, "B reads other bytes across the chunk's end");
+    assert_eq!(fs::read(b.path("d/appended")).unwrap(), b"appended");
+}
+
+/// On a keyed cluster, where each data server lets a client's verbs reach
+/// only the extents of files it has open, the extents a late create
+/// brought are granted before its answer leaves: the write into them is
+/// not refused, and another mount reads it.
+#[test]
+fn on_a_keyed_cluster_the_extents_a_late_create_brought_are_granted() {
+    let c = TestCluster::keyed(std::sync::Arc::new(Keyring::generate("cluster").unwrap()), 1);
+    let mut config = c.client_config(None, Transport::Tcp);
+    config.late_linger = Duration::from_secs(3600);
+    let a = TestMount::with_config_and_options(config, caching());
+    let b = c.mount_tcp();
+    fs::create_dir(a.path("d")).unwrap();
+    let before = a.client.rpc_counts();
+    for i in 0..10 {
+        fs::write(a.path(&format!("d/f{i}")), format!("file {i}")).unwrap();
+    }
+    let spent = a.client.rpc_counts() - before;
+    assert_eq!(spent.get(MetaKind::CreateOpen), 0, "a create was sent at once: {}", spent.describe());
+    assert_eq!(spent.get(MetaKind::AllocChunks), 0, "a write asked for its extent: {}", spent.describe());
+    for i in 0..10 {
+        assert_eq!(fs::read_to_string(b.path(&format!("d/f{i}"))).unwrap(), format!("file {i}"));
+    }
+    assert_eq!(a.client.late_change_failures(), 0);
+    let refused = c.data[0].access().stats().refused.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(refused, 0, "the data server refused verbs");
 }
 
 /// Other processes open a file created late while its create is still
@@ -316,6 +394,7 @@ fn an_inode_lent_to_one_client_is_refused_to_another() {
         ino,
         perm: 0o644,
         at: Timestamp::now(),
+        first_write: Vec::new(),
     };
     b.open_late(ino);
     b.create_later(create(b"stolen", ino));
@@ -329,4 +408,39 @@ fn an_inode_lent_to_one_client_is_refused_to_another() {
     assert_eq!(a.late_change_failures(), 0);
     assert_eq!(a.lookup(Caller::ROOT, Ino::ROOT, b"mine").unwrap().ino, ino);
     a.release(ino).unwrap();
+}
+
+/// However often a client asks, it holds at most [`MAX_LOAN`] inodes on
+/// loan; the attribute slots kept for them are free again when it leaves,
+/// so that another client, lent what was left, is then lent its whole cap.
+#[test]
+fn a_loan_is_capped_per_client_and_its_slots_come_back_when_the_client_leaves() {
+    /// The cap and a few more (the region is rounded up to whole pages):
+    /// after A's loan, B can't be lent its whole cap.
+    const SLOTS: u64 = MAX_LOAN as u64 + 200;
+    let mut cfg = citronfs_meta_server::MetaServerConfig::new("127.0.0.1:0".parse().unwrap());
+    cfg.chunk_size = 1 << 20;
+    cfg.slot_bytes = SLOTS * AttrSlot::BYTES;
+    let c = TestCluster::start_sized(cfg, 1, 64 << 20);
+    let rpc: RpcClient<MetaRequest, MetaResponse> =
+        RpcClient::new(c.meta.local_addr(), Duration::from_secs(10));
+    let register = || match rpc.call(&MetaRequest::RegisterClient { hostname: "raw".into(), pid: 1 }).unwrap()
+    {
+        MetaResponse::Registered(info) => info.client,
+        other => panic!("{other:?}"),
+    };
+    let lend = |client, count| match rpc.call(&MetaRequest::LendInodes { client, count }).unwrap() {
+        MetaResponse::Lent(lent) => lent.count,
+        other => panic!("{other:?}"),
+    };
+    let a = register();
+    let lent_to_a: u32 = (0..8).map(|_| lend(a, 256)).sum();
+    assert_eq!(lent_to_a, MAX_LOAN, "A asked for 2048");
+    assert_eq!(lend(a, 1), 0, "A is past its cap");
+    let b = register();
+    let first_to_b: u32 = (0..8).map(|_| lend(b, 256)).sum();
+    assert!(first_to_b < MAX_LOAN, "B was lent {first_to_b} of about {SLOTS} slots while A holds {MAX_LOAN}");
+    assert!(matches!(rpc.call(&MetaRequest::ClientLeaves { client: a }).unwrap(), MetaResponse::Done));
+    let then_to_b: u32 = (0..8).map(|_| lend(b, 256)).sum();
+    assert_eq!(first_to_b + then_to_b, MAX_LOAN, "A's kept slots did not come back");
 }

@@ -104,6 +104,12 @@ impl<T> Batches<T> {
         }
     }
 
+    /// Changes, with `f`, the items still waiting (not those of a batch on
+    /// its way).
+    pub(super) fn amend_waiting(&self, f: impl FnMut(&mut T)) {
+        self.queue.lock().waiting.iter_mut().for_each(f);
+    }
+
     fn take(q: &mut Queue<T>) -> Vec<T> {
         q.since = None;
         q.now = false;

@@ -44,7 +44,7 @@ use super::{Endpoints, FsClient, Written};
 use crate::error::FsError;
 use crate::locks::guard::{RangeHold, Released};
 use crate::locks::{ByteRange, LockArea};
-use crate::proto::AttrSlot;
+use crate::proto::{AttrSlot, MAX_AHEAD_CHUNKS};
 use crate::types::{
     perm_without_setid, Attr, Caller, Ino, SetAttr, Timestamp, MAX_FILE_SIZE, S_ISGID, S_ISUID,
 };
@@ -132,12 +132,38 @@ impl FsClient {
     /// A file created here by a create not sent yet gets them from its
     /// answer: the queue is sent first ([`super::late_changes`]).
     pub(super) fn pin(&self, ino: Ino) -> Result<Pinned, FsError> {
+        self.pin_for(ino, None)
+    }
+
+    /// [`Self::pin`] for a write of `len` bytes at `offset` (`append`: at
+    /// the end, which is 0 while the file's create is queued: every call
+    /// that could change its size sends the queue first). A file whose
+    /// create is still queued has the write's extents allocated with it
+    /// (`LateCreate::first_write`): a create and its first write cost one
+    /// call, not two.
+    fn pin_for_write(&self, ino: Ino, offset: u64, len: u64, append: bool) -> Result<Pinned, FsError> {
+        self.pin_for(ino, Some((if append { 0 } else { offset }, len)))
+    }
+
+    fn pin_for(&self, ino: Ino, write: Option<(u64, u64)>) -> Result<Pinned, FsError> {
         let pin = self.shared.opens.pin(ino, self.registration())?;
         if !pin.late {
             return Ok(pin);
         }
         drop(pin);
-        self.settle_late(ino);
+        let first_write = match write {
+            Some((offset, len)) if len > 0 && offset.saturating_add(len) <= MAX_FILE_SIZE => {
+                let pieces = self.geometry.split(offset, len).take(MAX_AHEAD_CHUNKS + 1);
+                let needs: Vec<_> = pieces.map(|p| (p.chunk, p.offset_in_chunk + p.len)).collect();
+                if needs.len() <= MAX_AHEAD_CHUNKS {
+                    needs
+                } else {
+                    Vec::new()
+                }
+            }
+            _ => Vec::new(),
+        };
+        self.settle_late(ino, first_write);
         self.shared.opens.pin(ino, self.registration())
     }
 
@@ -237,7 +263,7 @@ impl FsClient {
     /// every write makes, so this costs an RPC only when there is a bit
     /// to clear.
     pub fn write_as(&self, ino: Ino, offset: u64, data: &[u8], how: WriteMode) -> Result<u64, FsError> {
-        let pin = self.pin(ino)?;
+        let pin = self.pin_for_write(ino, offset, data.len() as u64, how.append)?;
         // A write the cached layout already shows must grow an extent goes
         // straight to the exclusive mutex it will need, without a shared
         // attempt that could only find that out.

@@ -32,7 +32,10 @@
 //!   lock memory and layout lent, by the create's answer. Until then the
 //!   client's use of the file that needs them — a lock, a read, a write —
 //!   sends the queue first ([`FsClient::pin`](super::FsClient)), and its
-//!   release waits behind the queue (`releases`);
+//!   release waits behind the queue (`releases`). A write that sends it
+//!   names the extents it needs, which the meta-server allocates with the
+//!   file's create ([`LateCreate::first_write`]): a create and its first
+//!   write cost one call, as `CreateOpen` and `AllocChunks` cost two;
 //! * **times**: each change carries the time the mount answered it, which
 //!   its kernel shows as the file's times and the directory's mtime and
 //!   ctime, and the meta-server sets those to it;
@@ -89,7 +92,7 @@ use crate::error::FsError;
 use crate::proto::{
     FileLayout, LateChange, LateCreate, LateDone, LateUnlink, LentInodes, MetaRequest, MetaResponse,
 };
-use crate::types::Ino;
+use crate::types::{ChunkIndex, Ino};
 
 /// How long a queued change waits for others when nothing else sends it:
 /// a few ms, well within a delegation's TTL (see the module header).
@@ -301,8 +304,19 @@ impl FsClient {
     /// Before a use of `ino`, created here late, that needs its lock
     /// memory or layout: the queue is sent and the create's answer gives
     /// its open here the lock memory it lent (none if the create was
-    /// refused). Called holding no file's entry.
-    pub(super) fn settle_late(&self, ino: Ino) {
+    /// refused). A write's use names the extents it needs (`first_write`,
+    /// empty otherwise): if the create is still queued, they are allocated
+    /// with it and the write needs no call of its own. Called holding no
+    /// file's entry.
+    pub(super) fn settle_late(&self, ino: Ino, first_write: Vec<(ChunkIndex, u64)>) {
+        if !first_write.is_empty() {
+            self.shared.late_changes.batches.amend_waiting(|change| match change {
+                LateChange::Create(c) if c.ino == ino && c.first_write.is_empty() => {
+                    c.first_write = first_write.clone()
+                }
+                _ => {}
+            });
+        }
         self.flush_late_changes();
         let layout = self.shared.late_changes.layouts.lock().get(&ino).cloned();
         let Some(entry) = self.shared.opens.get(ino) else { return };

@@ -128,6 +128,7 @@ mod tests {
             ino: Ino(10),
             perm: 0o644,
             at: Timestamp::default(),
+            first_write: Vec::new(),
         });
         let r = MetaRequest::LateChanges { client: ClientId(1), changes: vec![unlink, create] };
         let named = r.named();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use citron_lock::rdma::RegionId;
-use citronfs_core::proto::{Allocated, DataServerInfo, MetaResponse};
+use citronfs_core::proto::{Allocated, DataServerInfo, FileLayout, MetaResponse, MAX_AHEAD_CHUNKS};
 use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId, Ino};
 use citronfs_core::FsError;
 
@@ -129,6 +129,39 @@ impl MetaService {
             self.access.file_allocated(ino, gained, lost);
         }
         Ok(allocated)
+    }
+
+    /// The extents a late create asked for (`LateCreate::first_write`),
+    /// allocated as `AllocChunks` of those chunks would be, and put into
+    /// `layout`, the create's answer, when nothing moved the file's layout
+    /// between the create and this commit (another client may have opened
+    /// and written it meanwhile: then its layout stays as the create left
+    /// it, and the writer refetches it, as after any allocation). The
+    /// create stands whatever happens here: an allocation refused (the
+    /// data servers full) is only logged, and the write that waited asks
+    /// for its extents itself and is told why.
+    pub(super) fn allocate_first_write(&self, chunks: &[(ChunkIndex, u64)], layout: &mut FileLayout) {
+        let ino = layout.ino;
+        if chunks.is_empty() {
+            return;
+        }
+        if chunks.len() > MAX_AHEAD_CHUNKS {
+            log::warn!("a late create of inode {} asked for {} extents; none allocated", ino.0, chunks.len());
+            return;
+        }
+        match self.with_extents(ino, |ns| ns.plan_extents(ino, chunks, false)) {
+            Ok(allocated)
+                if allocated.epoch_before == layout.epoch && allocated.allocs_before == layout.allocs =>
+            {
+                layout.chunks.retain(|(c, _)| !allocated.chunks.iter().any(|(new, _)| new == c));
+                layout.chunks.extend(allocated.chunks);
+                layout.chunks.sort_by_key(|(c, _)| *c);
+                layout.epoch = allocated.epoch;
+                layout.allocs = allocated.allocs_after;
+            }
+            Ok(_) => {}
+            Err(e) => log::info!("the first extents of inode {}, created late: {e}", ino.0),
+        }
     }
 
     /// Makes a plan's new extents ready for clients: a moving chunk's bytes

@@ -607,7 +607,15 @@ impl MetaService {
                         LateChange::Unlink(LateUnlink { caller, parent, name, ino, at }) => self
                             .unlink(checks, caching, changed, (caller, parent, name), at, Some(ino))
                             .map(|_| LateDone::Unlinked),
-                        LateChange::Create(LateCreate { caller, parent, name, ino, perm, at }) => {
+                        LateChange::Create(LateCreate {
+                            caller,
+                            parent,
+                            name,
+                            ino,
+                            perm,
+                            at,
+                            first_write,
+                        }) => {
                             let making = Making::Lent { ino, at };
                             let who = (caller, client, parent, name);
                             let answer =
@@ -616,7 +624,10 @@ impl MetaService {
                                     answer => answer,
                                 };
                             match answer {
-                                A::Opened(_, layout) => Ok(LateDone::Created(layout)),
+                                A::Opened(_, mut layout) => {
+                                    self.allocate_first_write(&first_write, &mut layout);
+                                    Ok(LateDone::Created(layout))
+                                }
                                 other => Err(FsError::Io(format!("a late create answered {other:?}"))),
                             }
                         }
