@@ -46,7 +46,7 @@ use crate::locks::guard::{RangeHold, Released};
 use crate::locks::{ByteRange, LockArea};
 use crate::proto::{AttrSlot, MAX_AHEAD_CHUNKS};
 use crate::types::{
-    perm_without_setid, Attr, Caller, Ino, SetAttr, Timestamp, MAX_FILE_SIZE, S_ISGID, S_ISUID,
+    perm_without_setid, Attr, Caller, ChunkIndex, Ino, SetAttr, Timestamp, MAX_FILE_SIZE, S_ISGID, S_ISUID,
 };
 
 /// How a write was asked for.
@@ -151,20 +151,25 @@ impl FsClient {
             return Ok(pin);
         }
         drop(pin);
-        let first_write = match write {
-            Some((offset, len)) if len > 0 && offset.saturating_add(len) <= MAX_FILE_SIZE => {
-                let pieces = self.geometry.split(offset, len).take(MAX_AHEAD_CHUNKS + 1);
-                let needs: Vec<_> = pieces.map(|p| (p.chunk, p.offset_in_chunk + p.len)).collect();
-                if needs.len() <= MAX_AHEAD_CHUNKS {
-                    needs
-                } else {
-                    Vec::new()
-                }
-            }
-            _ => Vec::new(),
-        };
+        let first_write = write.map_or_else(Vec::new, |(offset, len)| self.extents_of_write(offset, len));
         self.settle_late(ino, first_write);
         self.shared.opens.pin(ino, self.registration())
+    }
+
+    /// The extents a write of `len` bytes at `offset` needs (each chunk,
+    /// and the bytes of it up to the write's end), as `AllocChunks` asks
+    /// for them; none if the write is empty, past the largest file, or
+    /// spans more chunks than one request may ask for.
+    fn extents_of_write(&self, offset: u64, len: u64) -> Vec<(ChunkIndex, u64)> {
+        if len == 0 || offset.saturating_add(len) > MAX_FILE_SIZE {
+            return Vec::new();
+        }
+        let pieces = self.geometry.split(offset, len).take(MAX_AHEAD_CHUNKS + 1);
+        let needs: Vec<_> = pieces.map(|p| (p.chunk, p.offset_in_chunk + p.len)).collect();
+        if needs.len() > MAX_AHEAD_CHUNKS {
+            return Vec::new();
+        }
+        needs
     }
 
     /// The lock area of a file open here (where its locks live), if it has
