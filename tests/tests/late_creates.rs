@@ -220,6 +220,40 @@ fn a_create_and_its_first_write_cost_one_call() {
     assert_eq!(fs::read(b.path("d/appended")).unwrap(), b"appended");
 }
 
+/// A late create whose first write finds the data servers full: the
+/// create stands (another client finds the file), and the write is
+/// refused with ENOSPC, as any write into a full file system.
+#[test]
+fn a_late_create_stands_when_its_first_write_finds_no_space() {
+    const CHUNK: u64 = 1 << 20;
+    let c = TestCluster::start(1, 4 * CHUNK, CHUNK);
+    let a = FsClient::connect(c.client_config(None, Transport::Auto)).unwrap();
+    let b = FsClient::connect(c.client_config(None, Transport::Auto)).unwrap();
+    let filler = a.create_open(Caller::ROOT, Ino::ROOT, b"filler", 0o644).unwrap().ino;
+    let chunk = vec![1u8; CHUNK as usize];
+    let mut offset = 0;
+    while a.write(filler, offset, &chunk, false).is_ok() {
+        offset += CHUNK;
+        assert!(offset <= 16 * CHUNK, "a data server of 4 chunks took {offset} bytes");
+    }
+    let (ino, _) = a.lent_inode().expect("no inode lent");
+    a.open_late(ino);
+    a.create_later(LateCreate {
+        caller: Caller::ROOT,
+        parent: Ino::ROOT,
+        name: b"late".to_vec(),
+        ino,
+        perm: 0o644,
+        at: Timestamp::now(),
+        first_write: Vec::new(),
+    });
+    assert_eq!(a.write(ino, 0, b"no room", false).err(), Some(citronfs_core::FsError::NoSpace));
+    assert_eq!(a.late_change_failures(), 0, "the create was refused");
+    assert_eq!(b.lookup(Caller::ROOT, Ino::ROOT, b"late").unwrap().ino, ino, "the create did not stand");
+    a.release(ino).unwrap();
+    a.release(filler).unwrap();
+}
+
 /// On a keyed cluster, where each data server lets a client's verbs reach
 /// only the extents of files it has open, the extents a late create
 /// brought are granted before its answer leaves: the write into them is
