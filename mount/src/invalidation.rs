@@ -76,7 +76,7 @@ use std::time::{Duration, Instant};
 
 use citronfs_core::client::FsClient;
 use citronfs_core::proto::Invalidation;
-use citronfs_core::types::Ino;
+use citronfs_core::types::{ClientId, Ino};
 
 use crate::attr_cache::AttrCache;
 use crate::delegation::Delegations;
@@ -215,12 +215,17 @@ impl InvalidationControl {
     ) -> std::io::Result<std::thread::JoinHandle<()>> {
         let control = self.clone();
         let notify = Notify { notifier, epochs: Some(Device(device)) };
-        std::thread::Builder::new().name("citronfs-inval".into()).spawn(move || control.run(client, notify))
+        // The registration the mount serves under from now on: the
+        // delegations its requests take before the thread's first turn (a
+        // busy machine may run that late) are this one's, not an old one's.
+        let registration = client.upgrade().map(|c| c.client_id());
+        std::thread::Builder::new()
+            .name("citronfs-inval".into())
+            .spawn(move || control.run(client, notify, registration))
     }
 
-    fn run(&self, client: Weak<FsClient>, mut notifier: Notify) {
+    fn run(&self, client: Weak<FsClient>, mut notifier: Notify, mut registration: Option<ClientId>) {
         let mut acked = 0;
-        let mut registration = None;
         loop {
             self.wait_while_stalled();
             if self.0.stop.load(Ordering::SeqCst) {

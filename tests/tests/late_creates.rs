@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use citron_lock::rdma::tcp::RpcClient;
 use citron_rpc::auth::Keyring;
-use citronfs_core::client::{FsClient, Transport};
+use citronfs_core::client::{ClientConfig, FsClient, Transport};
 use citronfs_core::proto::{AttrSlot, LateCreate, MetaRequest, MetaResponse};
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_core::types::{Caller, Ino, Timestamp};
@@ -39,14 +39,20 @@ fn caching() -> MountOptions {
     MountOptions { cache_ttl: LONG_TTL, ..MountOptions::default() }
 }
 
+/// A client of `c` over `transport` whose answered creates and unlinks,
+/// and releases, wait until a call sends them: none goes on its own, at
+/// a linger's end, however slowly the test runs.
+fn holding(c: &TestCluster, transport: Transport) -> ClientConfig {
+    let mut config = c.client_config(None, transport);
+    config.late_linger = Duration::from_secs(3600);
+    config.release_linger = Duration::from_secs(3600);
+    config
+}
+
 /// A caching mount whose answered creates (and releases) wait until a
 /// call sends them (`hold`), or go as they would in use.
 fn mount(c: &TestCluster, hold: bool) -> TestMount {
-    let mut config = c.client_config(None, Transport::Auto);
-    if hold {
-        config.late_linger = Duration::from_secs(3600);
-        config.release_linger = Duration::from_secs(3600);
-    }
+    let config = if hold { holding(c, Transport::Auto) } else { c.client_config(None, Transport::Auto) };
     TestMount::with_config_and_options(config, caching())
 }
 
@@ -220,6 +226,27 @@ fn a_create_and_its_first_write_cost_one_call() {
     assert_eq!(fs::read(b.path("d/appended")).unwrap(), b"appended");
 }
 
+/// The mount's idle invalidation polls (one per `POLL_WAIT` while nothing
+/// happens) send nothing queued: a create waits for its batch, or for the
+/// write that brings its extents, however many polls go by.
+#[test]
+fn idle_polls_leave_the_queued_creates_to_their_batch() {
+    let (_c, a, _b) = cluster();
+    fs::create_dir(a.path("d")).unwrap();
+    let f = create_rw(&a, "d/f");
+    assert_eq!(a.client.queued_changes(), 1, "the create was not answered first");
+    let polled = || a.client.rpc_counts().get(MetaKind::AwaitInvalidations);
+    let before = polled();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while polled() < before + 2 {
+        assert!(std::time::Instant::now() < deadline, "the mount stopped polling");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(a.client.queued_changes(), 1, "an idle poll sent the queued create");
+    drop(f);
+    assert_eq!(a.client.late_change_failures(), 0);
+}
+
 /// A late create whose first write finds the data servers full: the
 /// create stands (another client finds the file), and the write is
 /// refused with ENOSPC, as any write into a full file system.
@@ -227,8 +254,8 @@ fn a_create_and_its_first_write_cost_one_call() {
 fn a_late_create_stands_when_its_first_write_finds_no_space() {
     const CHUNK: u64 = 1 << 20;
     let c = TestCluster::start(1, 4 * CHUNK, CHUNK);
-    let a = FsClient::connect(c.client_config(None, Transport::Auto)).unwrap();
-    let b = FsClient::connect(c.client_config(None, Transport::Auto)).unwrap();
+    let a = FsClient::connect(holding(&c, Transport::Auto)).unwrap();
+    let b = FsClient::connect(holding(&c, Transport::Auto)).unwrap();
     let filler = a.create_open(Caller::ROOT, Ino::ROOT, b"filler", 0o644).unwrap().ino;
     let chunk = vec![1u8; CHUNK as usize];
     let mut offset = 0;
@@ -261,9 +288,7 @@ fn a_late_create_stands_when_its_first_write_finds_no_space() {
 #[test]
 fn on_a_keyed_cluster_the_extents_a_late_create_brought_are_granted() {
     let c = TestCluster::keyed(std::sync::Arc::new(Keyring::generate("cluster").unwrap()), 1);
-    let mut config = c.client_config(None, Transport::Tcp);
-    config.late_linger = Duration::from_secs(3600);
-    let a = TestMount::with_config_and_options(config, caching());
+    let a = TestMount::with_config_and_options(holding(&c, Transport::Tcp), caching());
     let b = c.mount_tcp();
     fs::create_dir(a.path("d")).unwrap();
     let before = a.client.rpc_counts();
@@ -418,8 +443,8 @@ fn another_mounts_first_look_racing_the_creates_never_misses_a_created_name() {
 #[test]
 fn an_inode_lent_to_one_client_is_refused_to_another() {
     let c = TestCluster::start(1, 64 << 20, 1 << 20);
-    let a = FsClient::connect(c.client_config(None, Transport::Auto)).unwrap();
-    let b = FsClient::connect(c.client_config(None, Transport::Auto)).unwrap();
+    let a = FsClient::connect(holding(&c, Transport::Auto)).unwrap();
+    let b = FsClient::connect(holding(&c, Transport::Auto)).unwrap();
     let (ino, _) = a.lent_inode().expect("no inode lent");
     let create = |name: &[u8], ino| LateCreate {
         caller: Caller::ROOT,

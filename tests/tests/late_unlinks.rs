@@ -332,7 +332,10 @@ fn a_late_unlink_removes_only_the_inode_it_was_answered_for() {
     use citronfs_core::types::{Caller, FileKind, Ino, Timestamp};
     use citronfs_core::FsError;
     let c = TestCluster::start(1, 64 << 20, 1 << 20);
-    let client = FsClient::connect(c.client_config(None, Transport::Auto)).unwrap();
+    // The unlink goes only when the test sends it, however slowly it runs.
+    let mut config = c.client_config(None, Transport::Auto);
+    config.late_linger = Duration::from_secs(3600);
+    let client = FsClient::connect(config).unwrap();
     let (root, caller) = (Ino::ROOT, Caller::ROOT);
     let old = client.create(caller, root, b"f", FileKind::File, 0o644, 0).unwrap().ino;
     client.unlink(caller, root, b"f").unwrap();

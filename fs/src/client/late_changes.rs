@@ -20,8 +20,9 @@
 //!   name again, an rmdir of the directory, a statfs, a write's
 //!   allocation or a release of a file created late;
 //! * **other clients**: their request waits for the recall, and the mount
-//!   acknowledges a recall in its next poll, which is a call like any
-//!   other: the queued changes are applied before it is sent;
+//!   acknowledges a recall in its next poll, which sends the queued
+//!   changes first and is sent once they are applied (an idle poll,
+//!   acknowledging nothing, sends nothing: `FsClient::await_invalidations`);
 //! * **inode numbers**: a create is answered with an inode (and its
 //!   listing cookie) the meta-server lent this client ahead, with an
 //!   attribute slot kept for it, so the create cannot find the attribute

@@ -70,10 +70,25 @@ impl FsClient {
     /// while), with the number to acknowledge next and whether it renewed
     /// the client's delegations. Numbers start again at zero for a new
     /// registration ([`FsClient::client_id`]).
+    ///
+    /// A poll that acknowledges anything may acknowledge a recall, which
+    /// tells the meta-server that this client answers no change there
+    /// first and that what it answered is applied: it sends the queued
+    /// changes first, as every file-system operation's call does
+    /// (`late_changes`). An idle poll, one per `POLL_WAIT` while nothing
+    /// happens, acknowledges nothing new and leaves the queues to their
+    /// batching: a create queued at that moment still goes with the
+    /// extents of the write that follows it.
     pub fn await_invalidations(&self, acked: u64) -> Result<Polled, FsError> {
         let client = self.client_id();
         let request = MetaRequest::AwaitInvalidations { client, acked };
-        match self.call_plain(&request)? {
+        let acknowledges = self.poll_acked.swap(acked, Ordering::Relaxed) != acked;
+        if acknowledges {
+            self.before_call(&request);
+        } else {
+            self.add_distance();
+        }
+        match self.shared.call_plain(&request)? {
             MetaResponse::Invalidations { through, items, renewed } => {
                 Ok(Polled { client, through, items, renewed })
             }

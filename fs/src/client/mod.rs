@@ -248,6 +248,9 @@ pub struct FsClient {
     /// Held around an allocation's RPC, so that concurrent writes into the
     /// same new chunk ask for it once ([`FsClient::write_data`]).
     allocating: Mutex<()>,
+    /// What the last invalidation poll acknowledged
+    /// ([`FsClient::await_invalidations`]); `u64::MAX` before the first.
+    poll_acked: AtomicU64,
     /// Verbs of endpoints returned to the pool and dropped, for statistics.
     retired_counts: Mutex<VerbCounts>,
     heartbeat: Option<Heartbeat>,
@@ -402,6 +405,7 @@ impl FsClient {
             pool: Mutex::new(Vec::new()),
             layouts: RwLock::new(HashMap::new()),
             allocating: Mutex::new(()),
+            poll_acked: AtomicU64::new(u64::MAX),
             retired_counts: Mutex::new(VerbCounts::default()),
             heartbeat: Some(heartbeat),
             releaser: None,
@@ -477,11 +481,6 @@ impl FsClient {
             }
             answer => answer,
         }
-    }
-
-    fn call_plain(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
-        self.before_call(request);
-        self.shared.call_plain(request)
     }
 
     /// Before a file-system operation's call: the test-only distance, the
