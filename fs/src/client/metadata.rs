@@ -82,6 +82,8 @@ impl FsClient {
     pub fn await_invalidations(&self, acked: u64) -> Result<Polled, FsError> {
         let client = self.client_id();
         let request = MetaRequest::AwaitInvalidations { client, acked };
+        // Relaxed: one thread polls (the mount's invalidation thread), and
+        // this orders nothing else.
         let acknowledges = self.poll_acked.swap(acked, Ordering::Relaxed) != acked;
         if acknowledges {
             self.before_call(&request);
