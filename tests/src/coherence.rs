@@ -100,3 +100,23 @@ pub fn race_looks(changes: usize, change: impl Fn(usize) + Sync, seen: impl Fn(u
         }
     })
 }
+
+/// [`race_looks`] over mount `a`'s late changes (`fs::client::late_changes`):
+/// `dirs` directories `d0 ..` that `a` made, `files` names `f0 ..` in each,
+/// changed in order by `change(rel)` on `a` while `seen(rel)` checks on
+/// `b` that the last change that returned is seen. Checks that `b` looked
+/// during the race, that `a` answered changes first and that none was
+/// refused.
+pub fn race_late_changes(
+    (a, b): (&TestMount, &TestMount),
+    (dirs, files): (usize, usize),
+    change: impl Fn(&str) + Sync,
+    seen: impl Fn(&str) -> bool,
+) {
+    let name = |i: usize| format!("d{}/f{}", i / files, i % files);
+    let _hang = b.watchdog(Duration::from_secs(120));
+    let looks = race_looks(dirs * files, |i| change(&name(i)), |i| seen(&name(i)));
+    assert!(looks > 0, "B never looked while A changed the directories");
+    assert!(a.client.rpc_counts().get(MetaKind::LateChanges) > 0, "no change was answered first");
+    assert_eq!(a.client.late_change_failures(), 0);
+}

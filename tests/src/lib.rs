@@ -427,6 +427,19 @@ impl TestCluster {
         config
     }
 
+    /// [`Self::client_config`] for a client whose answered creates and
+    /// unlinks, and releases, wait until a call sends them: none goes on
+    /// its own at a linger's end, however slowly the test runs.
+    pub fn holding_config(
+        &self,
+        transport: citronfs_core::client::Transport,
+    ) -> citronfs_core::client::ClientConfig {
+        let mut config = self.client_config(None, transport);
+        config.late_linger = std::time::Duration::from_secs(3600);
+        config.release_linger = std::time::Duration::from_secs(3600);
+        config
+    }
+
     /// A mount on the shm backend (servers and mount share this host).
     pub fn mount(&self) -> TestMount {
         TestMount::with_config(self.client_config(None, citronfs_core::client::Transport::Auto))

@@ -20,13 +20,13 @@ use std::time::Duration;
 
 use citron_lock::rdma::tcp::RpcClient;
 use citron_rpc::auth::Keyring;
-use citronfs_core::client::{ClientConfig, FsClient, Transport};
+use citronfs_core::client::{FsClient, Transport};
 use citronfs_core::proto::{AttrSlot, LateCreate, MetaRequest, MetaResponse};
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_core::types::{Caller, Ino, Timestamp};
 use citronfs_meta_server::namespace::MAX_LOAN;
 use citronfs_mount::MountOptions;
-use citronfs_tests::coherence::{close, missing, race_looks};
+use citronfs_tests::coherence::{close, missing, race_late_changes};
 use citronfs_tests::probe::Probe;
 use citronfs_tests::{TestCluster, TestMount};
 
@@ -39,20 +39,11 @@ fn caching() -> MountOptions {
     MountOptions { cache_ttl: LONG_TTL, ..MountOptions::default() }
 }
 
-/// A client of `c` over `transport` whose answered creates and unlinks,
-/// and releases, wait until a call sends them: none goes on its own, at
-/// a linger's end, however slowly the test runs.
-fn holding(c: &TestCluster, transport: Transport) -> ClientConfig {
-    let mut config = c.client_config(None, transport);
-    config.late_linger = Duration::from_secs(3600);
-    config.release_linger = Duration::from_secs(3600);
-    config
-}
-
 /// A caching mount whose answered creates (and releases) wait until a
 /// call sends them (`hold`), or go as they would in use.
 fn mount(c: &TestCluster, hold: bool) -> TestMount {
-    let config = if hold { holding(c, Transport::Auto) } else { c.client_config(None, Transport::Auto) };
+    let config =
+        if hold { c.holding_config(Transport::Auto) } else { c.client_config(None, Transport::Auto) };
     TestMount::with_config_and_options(config, caching())
 }
 
@@ -254,8 +245,8 @@ fn idle_polls_leave_the_queued_creates_to_their_batch() {
 fn a_late_create_stands_when_its_first_write_finds_no_space() {
     const CHUNK: u64 = 1 << 20;
     let c = TestCluster::start(1, 4 * CHUNK, CHUNK);
-    let a = FsClient::connect(holding(&c, Transport::Auto)).unwrap();
-    let b = FsClient::connect(holding(&c, Transport::Auto)).unwrap();
+    let a = FsClient::connect(c.holding_config(Transport::Auto)).unwrap();
+    let b = FsClient::connect(c.holding_config(Transport::Auto)).unwrap();
     let filler = a.create_open(Caller::ROOT, Ino::ROOT, b"filler", 0o644).unwrap().ino;
     let chunk = vec![1u8; CHUNK as usize];
     let mut offset = 0;
@@ -288,7 +279,7 @@ fn a_late_create_stands_when_its_first_write_finds_no_space() {
 #[test]
 fn on_a_keyed_cluster_the_extents_a_late_create_brought_are_granted() {
     let c = TestCluster::keyed(std::sync::Arc::new(Keyring::generate("cluster").unwrap()), 1);
-    let a = TestMount::with_config_and_options(holding(&c, Transport::Tcp), caching());
+    let a = TestMount::with_config_and_options(c.holding_config(Transport::Tcp), caching());
     let b = c.mount_tcp();
     fs::create_dir(a.path("d")).unwrap();
     let before = a.client.rpc_counts();
@@ -427,13 +418,8 @@ fn another_mounts_first_look_racing_the_creates_never_misses_a_created_name() {
     for d in 0..DIRS {
         fs::create_dir(a.path(&format!("d{d}"))).unwrap();
     }
-    let name = |i: usize| format!("d{}/f{}", i / FILES, i % FILES);
-    let _hang = b.watchdog(Duration::from_secs(120));
-    let create = |i| drop(fs::File::create(a.path(&name(i))).unwrap());
-    let looks = race_looks(DIRS * FILES, create, |i| !missing(&b, &name(i)));
-    assert!(looks > 0, "B never looked while A created");
-    assert!(a.client.rpc_counts().get(MetaKind::LateChanges) > 0, "no create was answered first");
-    assert_eq!(a.client.late_change_failures(), 0);
+    let create = |rel: &str| drop(fs::File::create(a.path(rel)).unwrap());
+    race_late_changes((&a, &b), (DIRS, FILES), create, |rel| !missing(&b, rel));
     for d in 0..DIRS {
         assert_eq!(names(&b, &format!("d{d}")).len(), FILES);
     }
@@ -443,8 +429,8 @@ fn another_mounts_first_look_racing_the_creates_never_misses_a_created_name() {
 #[test]
 fn an_inode_lent_to_one_client_is_refused_to_another() {
     let c = TestCluster::start(1, 64 << 20, 1 << 20);
-    let a = FsClient::connect(holding(&c, Transport::Auto)).unwrap();
-    let b = FsClient::connect(holding(&c, Transport::Auto)).unwrap();
+    let a = FsClient::connect(c.holding_config(Transport::Auto)).unwrap();
+    let b = FsClient::connect(c.holding_config(Transport::Auto)).unwrap();
     let (ino, _) = a.lent_inode().expect("no inode lent");
     let create = |name: &[u8], ino| LateCreate {
         caller: Caller::ROOT,

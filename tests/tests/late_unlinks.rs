@@ -16,7 +16,7 @@ use std::time::Duration;
 use citronfs_core::client::Transport;
 use citronfs_core::rpc_counts::MetaKind;
 use citronfs_mount::MountOptions;
-use citronfs_tests::coherence::{close, eventually, missing, race_looks};
+use citronfs_tests::coherence::{close, eventually, missing, race_late_changes};
 use citronfs_tests::{TestCluster, TestMount};
 
 /// Long enough that no grant or delegation expires during a test.
@@ -275,13 +275,8 @@ fn another_mounts_first_look_racing_the_unlinks_never_finds_an_unlinked_name() {
         fs::create_dir(a.path(&format!("d{d}"))).unwrap();
         make(&a, &format!("d{d}"), FILES);
     }
-    let name = |i: usize| format!("d{}/f{}", i / FILES, i % FILES);
-    let _hang = b.watchdog(Duration::from_secs(120));
-    let unlink = |i| fs::remove_file(a.path(&name(i))).unwrap();
-    let looks = race_looks(DIRS * FILES, unlink, |i| missing(&b, &name(i)));
-    assert!(looks > 0, "B never looked while A unlinked");
-    assert!(a.client.rpc_counts().get(MetaKind::LateChanges) > 0, "no unlink was answered first");
-    assert_eq!(a.client.late_change_failures(), 0);
+    let unlink = |rel: &str| fs::remove_file(a.path(rel)).unwrap();
+    race_late_changes((&a, &b), (DIRS, FILES), unlink, |rel| missing(&b, rel));
     for d in 0..DIRS {
         assert!(names(&b, &format!("d{d}")).is_empty());
     }
@@ -332,10 +327,7 @@ fn a_late_unlink_removes_only_the_inode_it_was_answered_for() {
     use citronfs_core::types::{Caller, FileKind, Ino, Timestamp};
     use citronfs_core::FsError;
     let c = TestCluster::start(1, 64 << 20, 1 << 20);
-    // The unlink goes only when the test sends it, however slowly it runs.
-    let mut config = c.client_config(None, Transport::Auto);
-    config.late_linger = Duration::from_secs(3600);
-    let client = FsClient::connect(config).unwrap();
+    let client = FsClient::connect(c.holding_config(Transport::Auto)).unwrap();
     let (root, caller) = (Ino::ROOT, Caller::ROOT);
     let old = client.create(caller, root, b"f", FileKind::File, 0o644, 0).unwrap().ino;
     client.unlink(caller, root, b"f").unwrap();

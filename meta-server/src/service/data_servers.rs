@@ -132,14 +132,12 @@ impl MetaService {
     }
 
     /// The extents a late create asked for (`LateCreate::first_write`),
-    /// allocated as `AllocChunks` of those chunks would be, and put into
-    /// `layout`, the create's answer, when nothing moved the file's layout
-    /// between the create and this commit (another client may have opened
-    /// and written it meanwhile: then its layout stays as the create left
-    /// it, and the writer refetches it, as after any allocation). The
-    /// create stands whatever happens here: an allocation refused (the
-    /// data servers full) is only logged, and the write that waited asks
-    /// for its extents itself and is told why.
+    /// allocated as `AllocChunks` of those chunks would be; `layout`, the
+    /// create's answer, then carries the file's chunks as they now are (its
+    /// lock memory stays the create's). The create stands whatever happens
+    /// here: an allocation refused (the data servers full) is only logged,
+    /// and the write that waited asks for its extents itself and is told
+    /// why.
     pub(super) fn allocate_first_write(&self, chunks: &[(ChunkIndex, u64)], layout: &mut FileLayout) {
         let ino = layout.ino;
         if chunks.is_empty() {
@@ -149,17 +147,11 @@ impl MetaService {
             log::warn!("a late create of inode {} asked for {} extents; none allocated", ino.0, chunks.len());
             return;
         }
-        match self.with_extents(ino, |ns| ns.plan_extents(ino, chunks, false)) {
-            Ok(allocated)
-                if allocated.epoch_before == layout.epoch && allocated.allocs_before == layout.allocs =>
-            {
-                layout.chunks.retain(|(c, _)| !allocated.chunks.iter().any(|(new, _)| new == c));
-                layout.chunks.extend(allocated.chunks);
-                layout.chunks.sort_by_key(|(c, _)| *c);
-                layout.epoch = allocated.epoch;
-                layout.allocs = allocated.allocs_after;
-            }
-            Ok(_) => {}
+        let now = self
+            .with_extents(ino, |ns| ns.plan_extents(ino, chunks, false))
+            .and_then(|_| self.ns.lock().layout(ino));
+        match now {
+            Ok(now) => *layout = FileLayout { locks: layout.locks.take(), ..now },
             Err(e) => log::info!("the first extents of inode {}, created late: {e}", ino.0),
         }
     }
