@@ -59,6 +59,16 @@ pub enum FsError {
     /// call must not go on under the new identity.
     #[error("this client was fenced: its registration ended during the call")]
     Fenced,
+    /// The meta-server this client reconnected to serves another file
+    /// system than the one it mounted (its state was lost, or it is
+    /// another cluster's): nothing of the old one may be shown from it.
+    #[error("the meta-server now serves file system {now}, not {was} which this client mounted")]
+    OtherFileSystem { was: crate::types::FsId, now: crate::types::FsId },
+    /// The meta-server restarted under this client: the file system is
+    /// whole, but this client's opens, locks and lock memory belong to the
+    /// old process; it must be mounted again.
+    #[error("the meta-server restarted; the file system is whole, but this mount must be mounted again")]
+    MetaRestarted,
 }
 
 impl FsError {

@@ -152,6 +152,9 @@ pub struct ClusterInfo {
     /// of a cluster without keys names to the NICs, so that a fence
     /// applies to its connections there.
     pub incarnation: u64,
+    /// The file system this meta-server serves: the same across its
+    /// restarts, another one after its state was lost.
+    pub fs: crate::types::FsId,
 }
 
 /// A registered client, as `citronfs locks` and `status` show it.

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{ClientId, DataServerId};
+use crate::types::{ClientId, DataServerId, FsId};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterStatus {
@@ -18,6 +18,27 @@ pub struct ClusterStatus {
     pub lock_memory: LockMemoryStatus,
     pub clients: Vec<ClientStatus>,
     pub reclaim: ReclaimStatus,
+    /// Which file system, which meta-server process, and its journal.
+    pub state: StateStatus,
+}
+
+/// The file system's identity and how its state is kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateStatus {
+    pub fs: FsId,
+    /// When the file system was made and when this meta-server process
+    /// started serving it (seconds since the Unix epoch), and its
+    /// incarnation (a new one at every start).
+    pub born_unix_s: u64,
+    pub started_unix_s: u64,
+    pub incarnation: u64,
+    /// How long the start's replay of the journal took.
+    pub replay_ms: u64,
+    pub state_dir: String,
+    pub journal_segments: u64,
+    pub journal_bytes: u64,
+    /// The newest snapshot: its number, bytes and when it was written.
+    pub snapshot: Option<(u64, u64, u64)>,
 }
 
 /// One data server's memory for file data.

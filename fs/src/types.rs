@@ -17,6 +17,46 @@ impl Ino {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ClientId(pub u64);
 
+/// The identity of one file system: made at random when its meta-server
+/// first starts on an empty state directory, kept in its state, and given
+/// to every client at registration. A client that finds another identity
+/// after reconnecting is talking to a different file system (state lost,
+/// or the wrong cluster) and must not show it in place of the old one.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FsId(pub u128);
+
+impl FsId {
+    /// A new identity, from the operating system's random source.
+    pub fn random() -> Self {
+        Self(rand::random())
+    }
+}
+
+/// As a UUID is written: 8-4-4-4-12 hexadecimal digits.
+impl std::fmt::Display for FsId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let h = format!("{:032x}", self.0);
+        write!(f, "{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+    }
+}
+
+impl std::fmt::Debug for FsId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FsId({self})")
+    }
+}
+
+impl std::str::FromStr for FsId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let hex: String = s.trim().chars().filter(|c| *c != '-').collect();
+        if hex.len() != 32 {
+            return Err(format!("a file-system id has 32 hex digits: {s:?}"));
+        }
+        u128::from_str_radix(&hex, 16).map(Self).map_err(|e| format!("{s:?}: {e}"))
+    }
+}
+
 /// A data server registered with the meta-server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct DataServerId(pub u32);
@@ -191,3 +231,17 @@ pub const MAX_FILE_SIZE: u64 = 1 << 42;
 pub const SYMLINK_MAX: usize = 4095;
 /// Largest xattr value.
 pub const XATTR_SIZE_MAX: usize = 64 * 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::FsId;
+
+    #[test]
+    fn a_file_system_id_reads_back_as_written() {
+        let id = FsId(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
+        assert_eq!(id.to_string(), "01234567-89ab-cdef-0011-223344556677");
+        assert_eq!(id.to_string().parse::<FsId>(), Ok(id));
+        assert!("0123".parse::<FsId>().is_err());
+        assert_ne!(FsId::random(), FsId::random());
+    }
+}

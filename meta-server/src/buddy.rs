@@ -142,6 +142,37 @@ impl Buddy {
         Block { offset: self.base + rel, order, dirty }
     }
 
+    /// Takes the block `[offset, offset + 2^order)` out of the free space,
+    /// splitting the free block that holds it; `false` (and nothing taken)
+    /// if it is not wholly free.
+    pub fn claim(&mut self, offset: u64, order: u32) -> bool {
+        if !self.owns(offset, order) {
+            return false;
+        }
+        let rel = offset - self.base;
+        let Some((from, start, dirty)) = (order..=self.max_order).find_map(|k| {
+            let start = rel >> k << k;
+            self.level(k).get(&start).map(|&d| (k, start, d))
+        }) else {
+            return false;
+        };
+        self.free[(from - self.min_order) as usize].remove(&start);
+        // Split down towards the block: free the half that does not hold it.
+        for k in (order..from).rev() {
+            let half = rel >> k << k;
+            self.free[(k - self.min_order) as usize].insert(half ^ (1 << k), dirty);
+        }
+        self.free_bytes -= 1 << order;
+        true
+    }
+
+    /// Marks every free block as possibly holding old bytes.
+    pub fn mark_all_dirty(&mut self) {
+        for level in &mut self.free {
+            level.values_mut().for_each(|d| *d = true);
+        }
+    }
+
     /// Whether `[offset, offset + 2^order)` is an aligned block of the range.
     pub fn owns(&self, offset: u64, order: u32) -> bool {
         offset >= self.base
@@ -233,6 +264,23 @@ mod tests {
         }
         assert_eq!(b.free_bytes(), b.total_bytes());
         assert_eq!(b.free_blocks(), vec![(12, 0), (13, 0), (14, 1), (15, 1), (16, 2)]);
+    }
+
+    #[test]
+    fn claimed_blocks_are_taken_once_and_merge_back_when_freed() {
+        let mut b = Buddy::new(0, 1 << 20, 12, 20);
+        assert!(b.claim(3 << 12, 12));
+        assert!(b.claim(1 << 16, 16));
+        assert!(!b.claim(3 << 12, 12), "a block is claimed once");
+        assert!(!b.claim(1 << 16, 12), "a block inside a claimed one is not free");
+        assert_eq!(b.free_bytes(), (1 << 20) - (1 << 12) - (1 << 16));
+        let got = b.allocate(12).unwrap();
+        assert_ne!(got.offset, 3 << 12);
+        b.free(got.offset, 12, false);
+        b.free(3 << 12, 12, false);
+        b.free(1 << 16, 16, false);
+        let blocks = b.free_blocks();
+        assert!(blocks.iter().all(|&(k, n)| n == usize::from(k == 20)), "everything merged back: {blocks:?}");
     }
 
     #[test]

@@ -176,6 +176,30 @@ impl ExtentAllocator {
         self.removed.push(id);
     }
 
+    /// Takes the extent `loc` out of the free space of its server (an
+    /// extent a file held before a restart); `false` if it is not free
+    /// there (it overlaps another, or the server is unknown).
+    pub fn claim(&mut self, loc: ChunkLoc) -> bool {
+        let Some(s) = self.servers.iter_mut().find(|s| s.id == loc.server) else { return false };
+        let order = loc.capacity.trailing_zeros();
+        if loc.addr.region != s.region
+            || !loc.capacity.is_power_of_two()
+            || !s.buddy.claim(loc.addr.offset, order)
+        {
+            return false;
+        }
+        s.extents += 1;
+        true
+    }
+
+    /// Every free block of server `id` may hold old bytes (its memory was
+    /// used before a restart), so each is zeroed before it is handed out.
+    pub fn mark_free_dirty(&mut self, id: DataServerId) {
+        if let Some(s) = self.servers.iter_mut().find(|s| s.id == id) {
+            s.buddy.mark_all_dirty();
+        }
+    }
+
     pub fn chunk_size(&self) -> u64 {
         self.chunk_size
     }

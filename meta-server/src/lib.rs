@@ -11,6 +11,7 @@ pub mod data_server;
 pub mod extents;
 pub mod grants;
 pub mod identity;
+pub mod journal;
 pub mod lock_areas;
 pub mod lock_cleanup;
 pub mod lock_memory;

@@ -33,12 +33,15 @@ use citronfs_core::types::{
 use citronfs_core::FsError;
 
 use crate::extents::ExtentAllocator;
+use crate::journal::image::Change;
 use crate::lock_areas::{FileLockMemory, LockAreas};
 use crate::reclaim::{Cause, Reclamation};
 
 mod lending;
 mod memory;
+mod restore;
 mod slots;
+mod table;
 pub use lending::{Lent, MAX_LOAN};
 pub use memory::extent_memory;
 use slots::Slots;
@@ -81,6 +84,9 @@ struct Inode {
     attr: Attr,
     content: Content,
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The fingerprint of the image the journal last recorded of this
+    /// inode (`None`: not recorded since it was made or restored).
+    journaled: Option<u64>,
 }
 
 /// What `create` makes.
@@ -93,7 +99,16 @@ pub struct NewInode {
 }
 
 pub struct Namespace {
-    inodes: HashMap<Ino, Inode>,
+    /// Every inode; every change of one passes through the table, which
+    /// hands it to the journal ([`table`]).
+    inodes: table::InodeTable,
+    /// Data servers joined, lost or found since the last batch.
+    server_changes: Vec<Change>,
+    /// The next client id ([`Namespace::new_client_id`]).
+    next_client: u64,
+    /// The counters (inodes, cookies, clients) as the journal last
+    /// recorded them.
+    journaled_counters: (u64, u64, u64),
     /// Inodes with no link and no open, kept for `orphan_grace` before they
     /// are freed: the kernel may open an inode it looked up just before a
     /// rename replaced it, and that open must find it (POSIX gives it the old
@@ -116,6 +131,8 @@ pub struct Namespace {
     attr_host: AlockHost,
     /// This namespace's handle on it (taken out while in use).
     attr_lock: Option<AlockLocal>,
+    /// Data servers that ever joined, with the space they had.
+    data_servers: BTreeMap<DataServerId, crate::journal::image::DataServerImage>,
     /// Data servers that went away with the file data in their memory.
     lost_servers: std::collections::HashSet<DataServerId>,
     /// Files whose attribute ALock the service holds for the request at
@@ -174,7 +191,10 @@ impl Namespace {
     ) -> Self {
         let geometry = ChunkGeometry::new(extents.chunk_size()).expect("chunk size validated by the server");
         let mut ns = Self {
-            inodes: HashMap::new(),
+            inodes: table::InodeTable::default(),
+            server_changes: Vec::new(),
+            next_client: 1,
+            journaled_counters: (0, 0, 0),
             orphans: std::collections::VecDeque::new(),
             orphan_grace,
             next_ino: Ino::ROOT.0 + 1,
@@ -187,6 +207,7 @@ impl Namespace {
             reclaim,
             attr_lock: locking.attr_host.local().ok(),
             attr_host: locking.attr_host,
+            data_servers: BTreeMap::new(),
             lost_servers: std::collections::HashSet::new(),
             attr_held: std::collections::HashSet::new(),
         };
@@ -213,6 +234,7 @@ impl Namespace {
                 by_cookie: BTreeMap::new(),
             }),
             xattrs: BTreeMap::new(),
+            journaled: None,
         };
         ns.inodes.insert(Ino::ROOT, root);
         ns
@@ -300,6 +322,7 @@ impl Namespace {
         let dir = self.dir_mut(parent)?;
         dir.by_name.insert(name.to_vec(), (cookie, ino));
         dir.by_cookie.insert(cookie, (name.to_vec(), ino));
+        self.inodes.entry_changed(parent, name, Some((cookie, ino)));
         Ok(())
     }
 
@@ -307,6 +330,7 @@ impl Namespace {
         let dir = self.dir_mut(parent)?;
         let (cookie, ino) = dir.by_name.remove(name).ok_or(FsError::NotFound)?;
         dir.by_cookie.remove(&cookie);
+        self.inodes.entry_changed(parent, name, None);
         Ok(ino)
     }
 
@@ -410,7 +434,7 @@ impl Namespace {
             ctime: now,
             crtime: now,
         };
-        self.inodes.insert(ino, Inode { attr, content, xattrs: BTreeMap::new() });
+        self.inodes.insert(ino, Inode { attr, content, xattrs: BTreeMap::new(), journaled: None });
         self.mirror_perm(ino);
         self.link_entry_as(parent, name, ino, cookie)?;
         self.touch_dir_at(parent, if kind == FileKind::Dir { 1 } else { 0 }, now);

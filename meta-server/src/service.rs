@@ -87,8 +87,8 @@ use crate::access::Access;
 use crate::data_link::DataServerLink;
 use crate::grants::Grants;
 use crate::identity::{self, Asker};
+use crate::journal::Logged;
 use crate::lock_tuning::LockTuning;
-use crate::namespace::Namespace;
 use crate::reclaim::Reclamation;
 use crate::waits_for_chain::WaitsForChain;
 
@@ -171,6 +171,13 @@ pub struct MetaServerConfig {
     /// How long attributes that clients change in turn stay ungranted
     /// (`grants`, "Contended attributes").
     pub contended_for: Duration,
+    /// Where the namespace's journal, snapshots and attribute slots live
+    /// (`--state-dir`; [`crate::journal`]). `None`: a scratch directory
+    /// removed when the meta-server stops (a file system that ends with
+    /// its meta-server, as tests and benchmarks want).
+    pub state_dir: Option<std::path::PathBuf>,
+    /// A journal segment's length before a snapshot replaces it.
+    pub journal_segment_bytes: u64,
 }
 
 impl MetaServerConfig {
@@ -194,6 +201,8 @@ impl MetaServerConfig {
             keyring: None,
             grant_hold: citron_lock::rdma::tcp::access::DEFAULT_HOLD,
             contended_for: crate::grants::CONTENDED_FOR,
+            state_dir: None,
+            journal_segment_bytes: crate::journal::DEFAULT_SEGMENT_BYTES,
         }
     }
 }
@@ -213,7 +222,8 @@ fn server_credentials(access: &Access) -> NodeCredentials {
 }
 
 pub struct MetaService {
-    ns: Mutex<Namespace>,
+    /// The namespace, journaled ([`crate::journal`]).
+    ns: Logged,
     /// Where memory lent to clients comes back and fences begin.
     reclaim: Arc<Reclamation>,
     /// `--lock-memory`, and the tree host's share of it.
@@ -231,7 +241,6 @@ pub struct MetaService {
     /// Wakes the lease reaper at once (a client left).
     reaper_wake: Mutex<std::sync::mpsc::Sender<()>>,
     clients: Mutex<HashMap<ClientId, ClientLease>>,
-    next_client: AtomicU64,
     waits_for: WaitsFor,
     /// The waits-for table's blocks, grown on demand.
     waits_for_chain: WaitsForChain,
@@ -247,6 +256,21 @@ pub struct MetaService {
     attr_host: AlockHost,
     /// What caching clients' kernels hold, and their invalidations.
     grants: Grants,
+    /// The file system served, and this process's start.
+    identity: FsIdentity,
+}
+
+/// Which file system this is and since when, as registration and
+/// `citronfs status` give it.
+#[derive(Clone, Debug)]
+pub struct FsIdentity {
+    pub fs: citronfs_core::types::FsId,
+    /// When the file system was made.
+    pub born: citronfs_core::types::Timestamp,
+    /// When this meta-server process started serving it.
+    pub started: std::time::SystemTime,
+    /// How long the start's replay of the journal took.
+    pub replay: Duration,
 }
 
 /// Grows a file's lock-record table from inside the meta-server.
@@ -318,7 +342,14 @@ impl RpcService for MetaService {
                 log::warn!("client {} sent a request as client {}; refused", me.0, caching.unwrap().0 .0);
                 MetaResponse::Failed(FsError::Perm)
             }
-            Ok(asker) => self.dispatch(&asker, caching, request).unwrap_or_else(MetaResponse::Failed),
+            Ok(asker) => {
+                let answer = self.dispatch(&asker, caching, request).unwrap_or_else(MetaResponse::Failed);
+                // No answer leaves before what it could have seen is durable.
+                match self.ns.commit_seen() {
+                    Ok(()) => answer,
+                    Err(e) => MetaResponse::Failed(FsError::Io(e.to_string())),
+                }
+            }
             Err(e) => {
                 log::warn!("meta: {} ({:?}) may not ask {request:?}: {e}", peer.addr, peer.principal);
                 MetaResponse::Failed(e)

@@ -24,7 +24,7 @@ use citronfs_core::FsError;
 use parking_lot::Mutex;
 
 use crate::access::{Access, Class, Placed, ServerRef};
-use crate::namespace::Namespace;
+use crate::journal::Logged;
 
 /// The table and its blocks in chain order (the first is `table.base`).
 pub struct WaitsForChain {
@@ -46,12 +46,7 @@ impl WaitsForChain {
 
     /// The block after `last` (see the module comment); `ns` holds the lock
     /// memory, `access` the grants.
-    pub fn grow(
-        &self,
-        last: RemoteAddr,
-        ns: &Mutex<Namespace>,
-        access: &Access,
-    ) -> Result<RemoteAddr, FsError> {
+    pub fn grow(&self, last: RemoteAddr, ns: &Logged, access: &Access) -> Result<RemoteAddr, FsError> {
         let mut chain = self.blocks.lock();
         let at = chain
             .iter()

@@ -103,7 +103,9 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Interrupted => Errno::EINTR,
         FsError::NoLocks => Errno::ENOLCK,
         FsError::TooManyOpenFiles => Errno::ENFILE,
-        FsError::Io(_) | FsError::Fenced => Errno::EIO,
+        FsError::Io(_) | FsError::Fenced | FsError::OtherFileSystem { .. } | FsError::MetaRestarted => {
+            Errno::EIO
+        }
     }
 }
 

@@ -45,6 +45,11 @@ pub struct MountArgs {
     /// each, touched only as files are created).
     #[arg(long, default_value_t = citronfs_meta_server::service::DEFAULT_MAX_FILES)]
     max_files: u64,
+    /// Embedded mode: where the file system's state lives (the
+    /// meta-server's journal; see `citronfs meta-server --state-dir`)
+    /// [default: a scratch directory: the file system ends with the mount].
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     /// Embedded mode: client lease in milliseconds.
     #[arg(long, default_value_t = 5000)]
     lease_ms: u64,
@@ -175,6 +180,7 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
                 shm: Some(format!("{pid}-meta")),
                 ib: ib_device.clone(),
                 max_files: args.max_files,
+                state_dir: args.state_dir.clone(),
                 locks: args.locks.clone(),
                 key: KeyArgs::default(),
             };

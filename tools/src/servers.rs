@@ -8,6 +8,7 @@
 //! the meta-server it leaves before it stops serving.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -46,10 +47,26 @@ pub struct MetaServerArgs {
     /// meta-server's memory each, touched only as files are created).
     #[arg(long, default_value_t = citronfs_meta_server::service::DEFAULT_MAX_FILES)]
     pub max_files: u64,
+    /// Where the file system's state lives: the namespace's journal and
+    /// snapshots, and the attribute slots. It survives any crash or restart
+    /// of the meta-server; on a persistent path (a disk, DAX) a reboot too
+    /// [default: /dev/shm/citronfs-state-IP-PORT, lost at reboot like tmpfs;
+    /// with --listen port 0, a scratch directory removed at exit].
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     #[command(flatten)]
     pub locks: LockArgs,
     #[command(flatten)]
     pub key: KeyArgs,
+}
+
+/// The state directory a meta-server listening on `listen` uses when it is
+/// not given one: found again by the same command after a restart. A
+/// meta-server on port 0 (any port) could not be found again, so its file
+/// system ends with it (`None`: a scratch directory).
+pub fn default_state_dir(listen: SocketAddr) -> Option<PathBuf> {
+    (listen.port() != 0)
+        .then(|| PathBuf::from(format!("/dev/shm/citronfs-state-{}-{}", listen.ip(), listen.port())))
 }
 
 /// The cluster's lock settings, which every client must share.
@@ -111,6 +128,7 @@ impl MetaServerArgs {
         cfg.shm = self.shm.clone();
         cfg.ib = self.ib.clone();
         cfg.slot_bytes = self.max_files.max(1).saturating_mul(citronfs_core::proto::AttrSlot::BYTES);
+        cfg.state_dir = self.state_dir.clone().or_else(|| default_state_dir(self.listen));
         self.locks.apply(&mut cfg);
         cfg
     }

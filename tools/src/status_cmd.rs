@@ -104,16 +104,37 @@ pub fn json(meta: SocketAddr, s: &ClusterStatus) -> serde_json::Value {
         "lock_memory": s.lock_memory,
         "clients": s.clients,
         "reclaim": s.reclaim,
+        "state": s.state,
     })
 }
 
 fn print_tables(meta: SocketAddr, s: &ClusterStatus) {
     println!("cluster of meta-server {meta} (chunks of {})", bytes(s.chunk_size));
+    state(s);
     data_servers(s);
     files(s);
     lock_memory(s);
     clients(s);
     reclaim(s);
+}
+
+fn state(s: &ClusterStatus) {
+    let st = &s.state;
+    println!("\nfile system {}", st.fs);
+    println!(
+        "  made at {} s; this meta-server (incarnation {:016x}) started at {} s after a replay of {} ms",
+        st.born_unix_s, st.incarnation, st.started_unix_s, st.replay_ms
+    );
+    let snapshot = match st.snapshot {
+        Some((n, size, at)) => format!("snapshot {n} of {} written at {at} s", bytes(size)),
+        None => "no snapshot".into(),
+    };
+    println!(
+        "  state in {}: journal of {} in {} segments, {snapshot}",
+        st.state_dir,
+        bytes(st.journal_bytes),
+        st.journal_segments
+    );
 }
 
 fn data_servers(s: &ClusterStatus) {

@@ -43,10 +43,11 @@ impl Identity {
 
     /// Before registering: new connections prove the key.
     pub fn registering(&self, rpc: &RpcClient<MetaRequest, MetaResponse>) {
-        if let Some(k) = &self.key {
-            self.credentials.set(Credential::Key(k.clone()));
-            rpc.reset();
+        match &self.key {
+            Some(k) => self.credentials.set(Credential::Key(k.clone())),
+            None => self.credentials.set(Credential::Anonymous),
         }
+        rpc.reset();
     }
 
     /// After registering: new connections prove the session `info` gave.
@@ -60,9 +61,14 @@ impl Identity {
                 Some(_) => Err(FsError::Io("the meta-server gave no session to a keyed client".into())),
                 None => {
                     // Connections opened from now on name the new session;
-                    // those of an old one are cut by its fence.
+                    // those of an old one are cut by its fence. The
+                    // meta-server's too: a restarted meta-server (another
+                    // incarnation) refuses them, so no call of the old
+                    // registration is served by the new process.
                     let id = SessionId { incarnation: info.incarnation, client: info.client.0 };
                     self.nic.set(Credential::Claim(id));
+                    self.credentials.set(Credential::Claim(id));
+                    rpc.reset();
                     Ok(())
                 }
             };

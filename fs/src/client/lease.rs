@@ -81,6 +81,10 @@ fn heartbeat_loop(shared: &Shared) {
         if last.elapsed() < tick || shared.renewal_paused.load(Ordering::Relaxed) {
             continue;
         }
+        if shared.detached.lock().is_some() {
+            // Nothing to renew: this client must be mounted again.
+            continue;
+        }
         last = std::time::Instant::now();
         let sent = last;
         let client = ClientId(shared.client.load(Ordering::Relaxed));
@@ -99,6 +103,20 @@ fn heartbeat_loop(shared: &Shared) {
                     pid: std::process::id(),
                 });
                 let registered = match again {
+                    Ok(MetaResponse::Registered(info)) if info.fs != shared.fs => {
+                        // Never show another file system in place of ours:
+                        // stay fenced, and every call fails.
+                        let why = FsError::OtherFileSystem { was: shared.fs, now: info.fs };
+                        detach(shared, why, "its state was lost, or it is another cluster's");
+                        None
+                    }
+                    Ok(MetaResponse::Registered(info)) if info.incarnation != shared.incarnation => {
+                        // The same file system from a new meta-server
+                        // process: our opens, locks and the lock memory we
+                        // map belong to the old one.
+                        detach(shared, FsError::MetaRestarted, "mount it again to go on");
+                        None
+                    }
                     Ok(MetaResponse::Registered(info)) => {
                         match shared.identity.registered(&shared.rpc, &info) {
                             Ok(()) => Some(info),
@@ -123,6 +141,19 @@ fn heartbeat_loop(shared: &Shared) {
             Err(e) => log::warn!("heartbeat failed: {e}"),
         }
     }
+}
+
+/// From now on every call of this client fails with `why`: what the
+/// meta-server's address serves is not what this client mounted.
+fn detach(shared: &Shared, why: FsError, advice: &str) {
+    let mut detached = shared.detached.lock();
+    if detached.is_none() {
+        log::error!(
+            "meta-server at {}: {why} ({advice}); every call of this mount fails with EIO",
+            shared.rpc.server()
+        );
+    }
+    *detached = Some(why);
 }
 
 impl FsClient {

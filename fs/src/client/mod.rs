@@ -62,7 +62,7 @@ use crate::locks::waiter::Waiters;
 use crate::locks::{LockTiming, WaitsFor};
 use crate::proto::{ClusterInfo, DataServerInfo, Delegated, Grant, MetaRequest, MetaResponse};
 use crate::rpc_counts::{RpcCounters, RpcCounts};
-use crate::types::{Attr, ClientId, DataServerId, Ino};
+use crate::types::{Attr, ClientId, DataServerId, FsId, Ino};
 
 /// A regular file that [`FsClient::open_or_create`] opened.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,6 +188,13 @@ struct Shared {
     /// The options of the key this client registered with (how the
     /// meta-server squashes its callers), if it has one.
     key_options: Option<citron_rpc::auth::KeyOptions>,
+    /// The file system this client mounted, and the meta-server process
+    /// (incarnation) it registered with first.
+    fs: FsId,
+    incarnation: u64,
+    /// Why every call fails from now on, if one does: another file system,
+    /// or another process of the meta-server, found after a reconnection.
+    detached: Mutex<Option<FsError>>,
 }
 
 impl Shared {
@@ -209,6 +216,9 @@ impl Shared {
 
     /// One call as it is, refused once the client is fenced.
     fn call_plain(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
+        if let Some(why) = &*self.detached.lock() {
+            return Err(why.clone());
+        }
         if self.fenced() {
             return Err(FsError::Io(
                 "this client's lease expired; it is fenced until it re-registers".into(),
@@ -354,7 +364,8 @@ impl FsClient {
             lock_params,
             lock_host,
             session: _,
-            incarnation: _,
+            incarnation,
+            fs,
         } = info;
         let geometry = ChunkGeometry::new(chunk_size).map_err(FsError::Invalid)?;
         let options = config.tcp_options();
@@ -387,6 +398,9 @@ impl FsClient {
             releases: releases::Releases::new(config.release_linger),
             late_changes: late_changes::LateChanges::new(config.late_linger),
             key_options: config.key.as_ref().map(|k| k.options),
+            fs,
+            incarnation,
+            detached: Mutex::new(None),
         });
         let heartbeat = Heartbeat::start(&shared)?;
         // Timing of the lock algorithms comes from this fabric's RTT.

@@ -137,6 +137,28 @@ impl ShmHost {
         self.regions.insert(mem).map_err(|e| TransportError::Shm(e.to_string()))
     }
 
+    /// Registers the file at `source` as region `id`, as it is (a region
+    /// that outlives the host: a restarted server maps its file again).
+    /// Clients find it in the fabric's directory as any other region: a
+    /// hard link, or where `source` is on another file system, a symbolic
+    /// link. Removing the fabric removes the link, never `source`.
+    pub fn publish_region_file(
+        &self,
+        id: RegionId,
+        source: &Path,
+    ) -> Result<Arc<RegionMemory>, TransportError> {
+        let path = self.dir.join(format!("region-{}", id.0));
+        if path.exists() {
+            return Err(TransportError::Shm(format!("region {id:?} already exists")));
+        }
+        let mem =
+            RegionMemory::from_file(id, &open_rw(source)?).map_err(|e| shm_err("cannot map", source, e))?;
+        if fs::hard_link(source, &path).is_err() {
+            std::os::unix::fs::symlink(source, &path).map_err(|e| shm_err("cannot publish", &path, e))?;
+        }
+        self.regions.insert(mem).map_err(|e| TransportError::Shm(e.to_string()))
+    }
+
     /// The regions, as the host's own threads see them.
     pub fn regions(&self) -> &Arc<RegionTable> {
         &self.regions

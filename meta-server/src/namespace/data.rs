@@ -86,17 +86,22 @@ impl Namespace {
     /// it. Returns how many files lost data.
     pub fn lose_data_server(&mut self, id: DataServerId) -> usize {
         self.lost_servers.insert(id);
+        self.server_changes.push(crate::journal::image::Change::LostServer(id));
         self.extents.remove_server(id);
-        let mut files = 0;
-        for inode in self.inodes.values_mut() {
-            let super::Content::File(f) = &mut inode.content else { continue };
-            if f.chunks.values().any(|l| l.server == id) {
+        let holding: Vec<Ino> = self
+            .inodes
+            .values()
+            .filter(|i| matches!(&i.content, super::Content::File(f) if f.chunks.values().any(|l| l.server == id)))
+            .map(|i| i.attr.ino)
+            .collect();
+        for ino in &holding {
+            if let Ok(f) = self.file_mut(*ino) {
                 f.epoch += 1;
-                self.slots.word(f.slot.epoch()).store(f.epoch, SeqCst);
-                files += 1;
+                let (slot, epoch) = (f.slot, f.epoch);
+                self.slots.word(slot.epoch()).store(epoch, SeqCst);
             }
         }
-        files
+        holding.len()
     }
 
     /// The layout without lock addresses (`MetaRequest::Layout`).

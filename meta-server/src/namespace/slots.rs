@@ -84,6 +84,20 @@ impl Slots {
         self.take()
     }
 
+    /// After a restart: the slots of `used` belong to existing files (their
+    /// words are kept), every other one is free; none is kept (loans end
+    /// with the meta-server process).
+    pub(super) fn restore(&mut self, used: Vec<AttrSlot>) {
+        let used: std::collections::HashSet<u64> = used.iter().map(|s| s.0.offset).collect();
+        self.next = used.iter().max().map_or(0, |&o| o + AttrSlot::BYTES);
+        self.free = (0..self.next / AttrSlot::BYTES)
+            .map(|i| i * AttrSlot::BYTES)
+            .filter(|o| !used.contains(o))
+            .rev()
+            .collect();
+        self.kept = 0;
+    }
+
     /// Frees the slot of a freed file.
     pub(super) fn free(&mut self, slot: AttrSlot) {
         self.free.push(slot.0.offset);
@@ -118,6 +132,20 @@ mod tests {
 
     fn slots(n: u64) -> Slots {
         Slots::new(Arc::new(RegionMemory::anonymous(RegionId(1), n * AttrSlot::BYTES).unwrap()))
+    }
+
+    #[test]
+    fn restored_slots_keep_their_words_and_free_the_rest() {
+        let mut s = slots(8);
+        let used: Vec<AttrSlot> = (0..4).map(|_| s.allocate().unwrap()).collect();
+        s.word(used[3].size()).store(4096, SeqCst);
+        let mut again = Slots::new(s.memory.clone());
+        again.restore(vec![used[1], used[3]]);
+        assert_eq!(again.in_use(), 2);
+        assert_eq!(again.word(used[3].size()).load(SeqCst), 4096, "a restored slot keeps its size");
+        let taken: Vec<u64> = (0..6).map(|_| again.allocate().unwrap().0.offset).collect();
+        assert!(!taken.contains(&used[1].0.offset) && !taken.contains(&used[3].0.offset));
+        assert!(again.allocate().is_err(), "8 slots: 2 restored, 6 handed out");
     }
 
     #[test]

@@ -43,16 +43,51 @@ impl MetaService {
         region: u32,
         capacity: u64,
     ) -> Result<MetaResponse, FsError> {
-        let mut links = self.data_servers.lock();
         let id = DataServerId(self.next_data_server.fetch_add(1, Ordering::Relaxed) as u32);
-        let credentials = server_credentials(&self.access);
-        let link =
-            DataServerLink::connect(DataServerInfo { id, nic, shm, ib }, RegionId(region), credentials)?;
-        self.access.add_data_server(id, nic);
-        self.ns.lock().extents.add_server(id, RegionId(region), capacity, link.discard());
-        links.push(Arc::new(link));
-        log::info!("data server {} at {nic}: {capacity} bytes", id.0);
+        self.link_data_server(DataServerInfo { id, nic, shm, ib }, region, capacity, false)?;
         Ok(MetaResponse::DataServerRegistered(id))
+    }
+
+    /// Links data server `at` and gives its space to the extent allocator;
+    /// `reused`: its memory held file data before (it joins again), so
+    /// it keeps the extents the namespace's files hold there.
+    fn link_data_server(
+        &self,
+        at: DataServerInfo,
+        region: u32,
+        capacity: u64,
+        reused: bool,
+    ) -> Result<(), FsError> {
+        let mut links = self.data_servers.lock();
+        let credentials = server_credentials(&self.access);
+        let link = DataServerLink::connect(at.clone(), RegionId(region), credentials)?;
+        self.access.add_data_server(at.id, at.nic);
+        self.ns.lock().add_data_server(&at, RegionId(region), capacity, link.discard(), reused);
+        links.retain(|l| l.info.id != at.id);
+        links.push(Arc::new(link));
+        log::info!("data server {} at {}: {capacity} bytes", at.id.0, at.nic);
+        Ok(())
+    }
+
+    /// After a restart: links again every data server the journal knows
+    /// and did not lose, where it was last reached. One that does not
+    /// answer is left out; it joins again when it registers.
+    pub(super) fn relink_known_data_servers(&self) {
+        let known: Vec<_> = {
+            let ns = self.ns.lock();
+            let lost = |id| ns.is_lost(id);
+            ns.known_data_servers().values().filter(|s| !lost(s.at.id)).cloned().collect()
+        };
+        for server in known {
+            let (id, nic) = (server.at.id, server.at.nic);
+            match self.link_data_server(server.at, server.region, server.capacity, true) {
+                Ok(()) => log::info!("data server {} at {nic} is linked again", id.0),
+                Err(e) => log::warn!(
+                    "data server {} at {nic} does not answer ({e}); its files wait for it to register again",
+                    id.0
+                ),
+            }
+        }
     }
 
     /// Data server `id` is gone (it left, or stopped answering), and the

@@ -3,7 +3,6 @@
 //! namespace, the opens and the lock memory, and what it changed that
 //! caching clients must be called back for ([`crate::grants`]).
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use citron_rpc::auth::{Credential, KeyOptions};
@@ -409,7 +408,7 @@ impl MetaService {
         };
         Ok(match request {
             R::RegisterClient { hostname, pid } => {
-                let client = ClientId(self.next_client.fetch_add(1, Ordering::Relaxed));
+                let client = self.ns.lock().new_client_id();
                 if client.0 >= 1 << 24 {
                     // Claimed lock slots carry 24 bits of the claimer.
                     return Err(FsError::Invalid("client ids are exhausted; restart the meta-server".into()));
@@ -456,6 +455,7 @@ impl MetaService {
                     lock_host: self.lock_host.clone(),
                     session,
                     incarnation: self.access.incarnation(),
+                    fs: self.identity.fs,
                 })
             }
             R::DataServers => {

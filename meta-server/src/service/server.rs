@@ -33,6 +33,7 @@ use parking_lot::Mutex;
 use crate::access::{Access, Class, Placed, ServerRef};
 use crate::extents::ExtentAllocator;
 use crate::grants::Grants;
+use crate::journal::{Journal, JournalConfig, Logged, ScratchDir};
 use crate::lock_areas::LockAreas;
 use crate::lock_memory::LockMemory;
 use crate::lock_tuning::LockTuning;
@@ -40,7 +41,9 @@ use crate::namespace::{FileLocking, Namespace, TreeHosting};
 use crate::reclaim::Reclamation;
 use crate::waits_for_chain::WaitsForChain;
 
-use super::{server_credentials, MetaServerConfig, MetaService, NicRevocation, LOCK_REGION, SLOT_REGION};
+use super::{
+    server_credentials, FsIdentity, MetaServerConfig, MetaService, NicRevocation, LOCK_REGION, SLOT_REGION,
+};
 
 /// A file's hosted Citron tree as it is now ([`MetaServer::citron_tree`]).
 #[derive(Clone, Debug)]
@@ -59,6 +62,9 @@ pub struct CitronTreeState {
 /// A running meta-server. Dropping it stops it.
 pub struct MetaServer {
     rpc: RpcServer<Arc<MetaService>>,
+    /// The state directory when none was given; removed after the rest
+    /// stopped (declared last among what is dropped, see `Drop`).
+    _scratch: Option<ScratchDir>,
     /// Stopped before the NIC in [`MetaServer::shutdown`]: its ShiftLock
     /// recovery thread has a mailbox on the NIC, through which it is told
     /// to stop.
@@ -89,18 +95,35 @@ impl MetaServer {
         }
         let slot_bytes = config.slot_bytes.next_multiple_of(4096);
         let lock_bytes = config.lock_bytes.next_multiple_of(4096);
+        // The state first: a damaged journal stops the start before
+        // anything is served.
+        let scratch = match config.state_dir {
+            Some(_) => None,
+            None => Some(ScratchDir::new().map_err(io)?),
+        };
+        let state_dir =
+            config.state_dir.clone().unwrap_or_else(|| scratch.as_ref().expect("made above").path().into());
+        let journal_config = JournalConfig { dir: state_dir, segment_bytes: config.journal_segment_bytes };
+        let (journal, recovered) = Journal::open(&journal_config).map_err(|e| FsError::Io(e.to_string()))?;
+        let journal = Arc::new(journal);
+        // The attribute slots are a file of the state: sizes and mtimes
+        // that clients wrote one-sidedly survive with it.
+        let slot_path = journal.dir().join(crate::journal::files::SLOTS);
+        drop(journal.slot_file(slot_bytes).map_err(|e| FsError::Io(e.to_string()))?);
         let (shm, regions, slots, locks) = match &config.shm {
             Some(name) => {
                 let host = ShmHost::create(name)?;
-                let slots = host.add_region(SLOT_REGION, slot_bytes)?;
+                let slots = host.publish_region_file(SLOT_REGION, &slot_path)?;
                 let locks = host.add_region(LOCK_REGION, lock_bytes)?;
                 let regions = host.regions().clone();
                 (Some(host), regions, slots, locks)
             }
             None => {
                 let regions = Arc::new(RegionTable::new());
+                let slot_file =
+                    std::fs::OpenOptions::new().read(true).write(true).open(&slot_path).map_err(io)?;
                 let slots = regions
-                    .insert(RegionMemory::anonymous(SLOT_REGION, slot_bytes).map_err(io)?)
+                    .insert(RegionMemory::from_file(SLOT_REGION, &slot_file).map_err(io)?)
                     .map_err(io)?;
                 let locks = regions
                     .insert(RegionMemory::anonymous(LOCK_REGION, lock_bytes).map_err(io)?)
@@ -286,17 +309,46 @@ impl MetaServer {
             connections: connections.clone(),
         }));
         let (reaper_wake, reaper_woken) = std::sync::mpsc::channel();
+        let identity = FsIdentity {
+            fs: recovered.image.fs,
+            born: recovered.image.born,
+            started: std::time::SystemTime::now(),
+            replay: recovered.took,
+        };
+        let files = recovered.image.files();
+        let next_data_server = recovered.image.data_servers.keys().last().map_or(1, |id| u64::from(id.0) + 1);
+        let fresh = recovered.fresh;
+        // The lookup-then-open window an orphan's grace covers is
+        // microseconds; a second is ample.
+        let orphan_grace = config.lease.min(Duration::from_secs(1));
+        let locking = FileLocking { areas, attr_host: attr_host.clone() };
+        let extents = ExtentAllocator::new(config.chunk_size);
+        let namespace = if fresh {
+            Namespace::new(slots, extents, locking, reclaim.clone(), config.root_owner, orphan_grace)
+        } else {
+            Namespace::restore(recovered.image, slots, extents, locking, reclaim.clone(), orphan_grace)
+        };
+        if fresh {
+            log::info!("new file system {} in {}", identity.fs, journal.dir().display());
+        } else {
+            log::info!(
+                "file system {} ({files} files) restored from {} in {:?}: snapshot {:?}, {} segments, {} batches{}",
+                identity.fs,
+                journal.dir().display(),
+                recovered.took,
+                recovered.snapshot,
+                recovered.segments,
+                recovered.batches,
+                match &recovered.torn {
+                    Some((file, at)) => format!(", torn tail cut at byte {at} of {}", file.display()),
+                    None => String::new(),
+                }
+            );
+        }
         let service = Arc::new(MetaService {
             // The lookup-then-open window an orphan's grace covers is
             // microseconds; a second is ample.
-            ns: Mutex::new(Namespace::new(
-                slots,
-                ExtentAllocator::new(config.chunk_size),
-                FileLocking { areas, attr_host: attr_host.clone() },
-                reclaim.clone(),
-                config.root_owner,
-                config.lease.min(Duration::from_secs(1)),
-            )),
+            ns: Logged::new(namespace, journal),
             reclaim,
             lock_bytes,
             tree_bytes: trees.as_ref().map_or(0, |(_, _, arena)| *arena),
@@ -307,10 +359,9 @@ impl MetaServer {
             shm: config.shm.clone(),
             ib: ib.as_ref().map(IbHost::local_addr),
             data_servers: Mutex::new(Vec::new()),
-            next_data_server: AtomicU64::new(1),
+            next_data_server: AtomicU64::new(next_data_server),
             reaper_wake: Mutex::new(reaper_wake.clone()),
             clients: Mutex::new(HashMap::new()),
-            next_client: AtomicU64::new(1),
             waits_for,
             waits_for_chain: WaitsForChain::new(waits_for),
             lock_params,
@@ -320,7 +371,14 @@ impl MetaServer {
             tuning: tuning.clone(),
             attr_host,
             grants: Grants::with_contention(config.contended_for),
+            identity,
         });
+        if !fresh {
+            service.relink_known_data_servers();
+        }
+        // A new file system's root is durable before anyone is answered.
+        drop(service.ns.lock());
+        service.ns.commit_seen().map_err(|e| FsError::Io(e.to_string()))?;
         let rpc = RpcServer::spawn_with(config.listen, service.clone(), "meta", authority).map_err(io)?;
         let _ = service.connections.set(rpc.connections());
         let stop = Arc::new(AtomicBool::new(false));
@@ -374,6 +432,7 @@ impl MetaServer {
         log::info!("meta-server on {} (nic {})", rpc.local_addr(), nic.local_addr());
         Ok(Self {
             rpc,
+            _scratch: scratch,
             nic,
             _shm: shm,
             _ib: ib,
@@ -506,6 +565,9 @@ impl MetaServer {
         }
         if let Some(t) = self.tuner.take() {
             let _ = t.join();
+        }
+        if let Err(e) = self.rpc.service().ns.journal().flush() {
+            log::error!("the journal's last changes: {e}");
         }
     }
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use citronfs_core::proto::DataServerInfo;
 use citronfs_core::status::{
-    ClientStatus, ClusterStatus, DataServerStatus, FileStatus, LockMemoryStatus, ReclaimStatus,
+    ClientStatus, ClusterStatus, DataServerStatus, FileStatus, LockMemoryStatus, ReclaimStatus, StateStatus,
 };
 
 use super::MetaService;
@@ -87,6 +87,24 @@ impl MetaService {
                 extent_frees: r.extent_frees,
                 extent_bytes_freed: r.extent_bytes_freed,
             },
+            state: self.state_status(),
+        }
+    }
+
+    fn state_status(&self) -> StateStatus {
+        let unix =
+            |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let journal = self.ns.journal().status();
+        StateStatus {
+            fs: self.identity.fs,
+            born_unix_s: self.identity.born.as_nanos() / 1_000_000_000,
+            started_unix_s: unix(self.identity.started),
+            incarnation: self.access.incarnation(),
+            replay_ms: self.identity.replay.as_millis() as u64,
+            state_dir: journal.dir.display().to_string(),
+            journal_segments: journal.segments as u64,
+            journal_bytes: journal.segment_bytes,
+            snapshot: journal.snapshot.map(|(n, bytes, at)| (n, bytes, unix(at))),
         }
     }
 

@@ -1,0 +1,82 @@
+//! The namespace behind its lock, journaled: every hold of the lock ends
+//! by appending what it changed ([`crate::namespace::Namespace::take_changes`]),
+//! and notes on the holding thread the newest batch it could have seen,
+//! which the request's answer then waits for ([`Logged::commit_seen`]).
+
+use std::cell::Cell;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+
+use super::{Journal, JournalError};
+use crate::namespace::Namespace;
+
+thread_local! {
+    /// The newest batch this thread's namespace holds appended or could
+    /// have read, since its last [`Logged::commit_seen`].
+    static SEEN: Cell<u64> = const { Cell::new(0) };
+}
+
+pub struct Logged {
+    ns: Mutex<Namespace>,
+    journal: Arc<Journal>,
+}
+
+pub struct LoggedGuard<'a> {
+    guard: MutexGuard<'a, Namespace>,
+    journal: &'a Journal,
+}
+
+impl Logged {
+    pub fn new(ns: Namespace, journal: Arc<Journal>) -> Self {
+        Self { ns: Mutex::new(ns), journal }
+    }
+
+    pub fn lock(&self) -> LoggedGuard<'_> {
+        LoggedGuard { guard: self.ns.lock(), journal: &self.journal }
+    }
+
+    pub fn journal(&self) -> &Arc<Journal> {
+        &self.journal
+    }
+
+    /// Waits until every batch this thread appended or could have seen is
+    /// durable: called before a request's answer leaves, so no answer
+    /// reveals a change that a crash could still take back.
+    pub fn commit_seen(&self) -> Result<(), JournalError> {
+        let seen = SEEN.with(|s| s.replace(0));
+        if seen == 0 {
+            return Ok(());
+        }
+        self.journal.commit(seen)
+    }
+}
+
+impl Deref for LoggedGuard<'_> {
+    type Target = Namespace;
+    fn deref(&self) -> &Namespace {
+        &self.guard
+    }
+}
+
+impl DerefMut for LoggedGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Namespace {
+        &mut self.guard
+    }
+}
+
+impl Drop for LoggedGuard<'_> {
+    fn drop(&mut self) {
+        // Appended before the lock is let go, so batches are in the order
+        // in which the holds changed the namespace.
+        let seq = match self.guard.take_changes() {
+            Some(batch) => self.journal.append(&batch),
+            // A batch another hold appended is visible here: it was
+            // appended before that hold let the lock go, and the lock's
+            // release and our acquire order it before this load.
+            None => self.journal.appended(),
+        };
+        SEEN.with(|s| s.set(s.get().max(seq)));
+    }
+}

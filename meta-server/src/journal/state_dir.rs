@@ -1,0 +1,103 @@
+//! Where a meta-server keeps its state when it is not told
+//! (`--state-dir`): a scratch directory under `/dev/shm`, for a meta-server
+//! that is started from code (tests, benchmarks) and whose file system
+//! ends with it. A scratch directory is removed when its meta-server
+//! stops; one left by a process that died is removed by the next start
+//! of any meta-server on the host (no live meta-server holds its lock).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::files;
+
+/// Where scratch state directories are made.
+pub const SCRATCH_ROOT: &str = "/dev/shm";
+const SCRATCH_PREFIX: &str = "citronfs-scratch-";
+
+/// A scratch state directory, removed on drop.
+#[derive(Debug)]
+pub struct ScratchDir {
+    path: PathBuf,
+}
+
+impl ScratchDir {
+    /// A new, empty scratch directory; first removes the ones whose
+    /// meta-server is gone.
+    pub fn new() -> std::io::Result<Self> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        remove_orphaned_scratch(Path::new(SCRATCH_ROOT));
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = Path::new(SCRATCH_ROOT).join(format!("{SCRATCH_PREFIX}{}-{n}", std::process::id()));
+        if path.exists() {
+            std::fs::remove_dir_all(&path)?;
+        }
+        std::fs::create_dir_all(&path)?;
+        Ok(Self { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            log::warn!("cannot remove the scratch state {}: {e}", self.path.display());
+        }
+    }
+}
+
+/// Removes the scratch directories under `root` whose lock no process
+/// holds (their meta-server died), and those that never got a lock file.
+fn remove_orphaned_scratch(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_str().is_some_and(|n| n.starts_with(SCRATCH_PREFIX)) {
+            continue;
+        }
+        let dir = entry.path();
+        let orphaned = match std::fs::OpenOptions::new().write(true).open(dir.join(files::LOCK)) {
+            // Held: the lock is released by the kernel when its holder dies.
+            Ok(f) => f.try_lock().is_ok(),
+            // A directory made but not yet locked is young; one without a
+            // lock file for a minute was left by a process that died.
+            Err(_) => entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() > 60)),
+        };
+        if orphaned {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {
+                    log::info!("removed the scratch state {} of a meta-server that is gone", dir.display())
+                }
+                Err(e) => log::warn!("cannot remove the scratch state {}: {e}", dir.display()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_of_a_dead_holder_is_swept_and_a_held_one_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let held = root.path().join(format!("{SCRATCH_PREFIX}held"));
+        let dead = root.path().join(format!("{SCRATCH_PREFIX}dead"));
+        let other = root.path().join("something-else");
+        for d in [&held, &dead, &other] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join(files::LOCK), b"").unwrap();
+        }
+        let lock = std::fs::OpenOptions::new().write(true).open(held.join(files::LOCK)).unwrap();
+        lock.try_lock().unwrap();
+        remove_orphaned_scratch(root.path());
+        assert!(held.exists(), "a directory whose lock is held stays");
+        assert!(!dead.exists(), "one whose lock nobody holds goes");
+        assert!(other.exists(), "only scratch directories are swept");
+    }
+}

@@ -1,0 +1,235 @@
+//! A meta-server that restarts keeps its file system: SIGTERM and SIGKILL
+//! of `citronfs meta-server` with a state directory, then the same command
+//! again, with a data server that keeps running. What every call that
+//! returned before the kill made is there afterwards, seen by a new mount;
+//! a mount of the old process never shows an empty tree in its place (it
+//! answers EIO), nor does a mount that reconnects to another file system.
+//! A torn journal tail is replayed up to its last whole record; damage in
+//! the middle stops the start with an error naming the file and offset.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use citronfs_tests::TestMount;
+
+const EXE: &str = env!("CARGO_BIN_EXE_citronfs");
+/// Guards against hangs only; nothing here is timed.
+const HANG: Duration = Duration::from_secs(60);
+
+/// A server process, killed if the test ends first.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Server {
+    /// Starts `citronfs ARGS` and waits for its first line on stdout.
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(EXE).args(args).stdout(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(!line.is_empty(), "citronfs {args:?} printed nothing: {:?}", child.wait());
+        Self(child)
+    }
+
+    fn stop(mut self, sig: i32) {
+        // SAFETY: kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(self.0.id() as i32, sig) }, 0);
+        let deadline = Instant::now() + HANG;
+        while self.0.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "server did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A port free now on loopback (the restarted meta-server listens there again).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn meta(addr: &str, state: &Path) -> Server {
+    Server::start(&[
+        "meta-server",
+        "--listen",
+        addr,
+        "--lease-ms",
+        "1000",
+        "--state-dir",
+        state.to_str().unwrap(),
+    ])
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + HANG;
+    while !done() {
+        assert!(Instant::now() < deadline, "gave up waiting: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A state directory on tmpfs, as the default one is.
+fn state_dir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("citronfs-test-state-").tempdir_in("/dev/shm").unwrap()
+}
+
+/// Writes the tree every restart test checks, each call returning before
+/// the kill: files with bytes and fsync, a directory, a rename, a link,
+/// a symlink, a chmod, an unlink.
+fn make_tree(m: &TestMount) {
+    std::fs::create_dir(m.path("dir")).unwrap();
+    let mut f = std::fs::File::create(m.path("dir/big")).unwrap();
+    let big: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+    f.write_all(&big).unwrap();
+    f.sync_all().unwrap();
+    std::fs::write(m.path("small"), b"small file").unwrap();
+    std::fs::rename(m.path("small"), m.path("dir/renamed")).unwrap();
+    std::fs::hard_link(m.path("dir/renamed"), m.path("linked")).unwrap();
+    std::os::unix::fs::symlink("dir/renamed", m.path("sym")).unwrap();
+    std::fs::set_permissions(m.path("dir/renamed"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::write(m.path("gone"), b"removed before the kill").unwrap();
+    std::fs::remove_file(m.path("gone")).unwrap();
+}
+
+fn check_tree(m: &TestMount) {
+    let big = std::fs::read(m.path("dir/big")).unwrap();
+    assert_eq!(big.len(), 3 << 20);
+    assert!(big.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8), "the bytes of dir/big");
+    assert_eq!(std::fs::read(m.path("dir/renamed")).unwrap(), b"small file");
+    let meta = std::fs::metadata(m.path("dir/renamed")).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+    assert_eq!(meta.nlink(), 2);
+    assert_eq!(meta.ino(), std::fs::metadata(m.path("linked")).unwrap().ino());
+    assert_eq!(std::fs::read_link(m.path("sym")).unwrap(), Path::new("dir/renamed"));
+    assert!(!m.path("gone").exists());
+    assert!(!m.path("small").exists());
+    let mut names: Vec<_> = std::fs::read_dir(m.path("")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["dir", "linked", "sym"]);
+}
+
+/// A mount of the old process answers EIO from when it notices, and until
+/// then shows the old tree, never an empty one.
+fn old_mount_fails_loudly(old: &TestMount) {
+    wait_until("the old mount answers EIO", || match std::fs::read_dir(old.path("")) {
+        Err(e) => {
+            assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+            true
+        }
+        Ok(entries) => {
+            let names: Vec<_> = entries.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+            assert!(names.iter().any(|n| n == "dir"), "the old mount shows another tree: {names:?}");
+            false
+        }
+    });
+}
+
+fn restart_keeps_the_file_system(sig: i32) {
+    let state = state_dir();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server = meta(&addr, state.path());
+    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
+    let old = TestMount::new(addr.parse().unwrap());
+    make_tree(&old);
+    server.stop(sig);
+    let _server = meta(&addr, state.path());
+
+    let new = TestMount::new(addr.parse().unwrap());
+    check_tree(&new);
+    // The data server was linked again: new files get space.
+    std::fs::write(new.path("after"), vec![9u8; 100_000]).unwrap();
+    assert_eq!(std::fs::read(new.path("after")).unwrap(), vec![9u8; 100_000]);
+    old_mount_fails_loudly(&old);
+}
+
+#[test]
+fn sigterm_of_the_meta_server_keeps_the_file_system() {
+    restart_keeps_the_file_system(libc::SIGTERM);
+}
+
+#[test]
+fn sigkill_of_the_meta_server_keeps_the_file_system() {
+    restart_keeps_the_file_system(libc::SIGKILL);
+}
+
+/// The last segment of the journal (the one written before the kill).
+fn last_segment(state: &Path) -> std::path::PathBuf {
+    let mut segments: Vec<_> = std::fs::read_dir(state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("journal-"))
+        .filter(|p| std::fs::metadata(p).unwrap().len() > 0)
+        .collect();
+    segments.sort();
+    segments.pop().expect("a journal segment with records")
+}
+
+#[test]
+fn a_torn_tail_is_replayed_up_to_its_last_whole_record() {
+    let state = state_dir();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server = meta(&addr, state.path());
+    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
+    let m = TestMount::new(addr.parse().unwrap());
+    make_tree(&m);
+    drop(m);
+    server.stop(libc::SIGKILL);
+    // A crash in the middle of an append: a header and half a payload.
+    let mut f = std::fs::OpenOptions::new().append(true).open(last_segment(state.path())).unwrap();
+    f.write_all(&[200, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7]).unwrap();
+    drop(f);
+    let _server = meta(&addr, state.path());
+    check_tree(&TestMount::new(addr.parse().unwrap()));
+}
+
+#[test]
+fn damage_in_the_middle_of_the_journal_stops_the_start() {
+    let state = state_dir();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server = meta(&addr, state.path());
+    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
+    let m = TestMount::new(addr.parse().unwrap());
+    make_tree(&m);
+    drop(m);
+    server.stop(libc::SIGKILL);
+    let segment = last_segment(state.path());
+    let mut bytes = std::fs::read(&segment).unwrap();
+    // A byte of the first record's payload: records follow it.
+    bytes[10] ^= 0xff;
+    std::fs::write(&segment, &bytes).unwrap();
+    let out = Command::new(EXE)
+        .args(["meta-server", "--listen", &addr, "--state-dir", state.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a damaged journal must stop the start");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(segment.file_name().unwrap().to_str().unwrap())
+            && stderr.contains("damaged record at byte 0"),
+        "the error names the file and offset: {stderr}"
+    );
+}
+
+#[test]
+fn a_mount_that_finds_another_file_system_answers_eio() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let state = state_dir();
+    let server = meta(&addr, state.path());
+    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
+    let old = TestMount::new(addr.parse().unwrap());
+    make_tree(&old);
+    server.stop(libc::SIGKILL);
+    // Another, empty file system at the same address.
+    let other = state_dir();
+    let _server = meta(&addr, other.path());
+    old_mount_fails_loudly(&old);
+    let e = std::fs::read(old.path("dir/renamed")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+}
