@@ -8,6 +8,7 @@ pub mod io;
 pub mod locks;
 pub mod meta;
 pub mod ranges;
+pub mod restart;
 pub mod space;
 pub mod verbs;
 pub mod workers;
@@ -52,6 +53,9 @@ pub enum BenchCommand {
     /// One process of `bench meta` (started by it).
     #[command(hide = true)]
     MetaWorker(meta::worker::MetaWorkerArgs),
+    /// What a meta-server restart costs with a large namespace: journal
+    /// replay, snapshot, start until serving.
+    Restart(restart::RestartArgs),
     /// Files per GiB by file size, small-file create rate, and a million
     /// files opened and closed one after another (lock memory peak and end).
     Space(space::SpaceArgs),
@@ -72,5 +76,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Meta(a) => meta::run(a),
         BenchCommand::MetaWorker(a) => meta::worker::worker(a),
         BenchCommand::Space(a) => space::run(a),
+        BenchCommand::Restart(a) => restart::run(a),
     }
 }
