@@ -107,6 +107,8 @@ pub struct ReclaimStats {
     pub extent_bytes_freed: u64,
     /// Frees caused by a fence that no revocation covered.
     pub unrevoked_frees: u64,
+    /// The last client fenced, and when.
+    pub last_fence: Option<(ClientId, std::time::Instant)>,
 }
 
 /// The reclamation point of one meta-server (shared by its namespace, which
@@ -146,6 +148,7 @@ impl Reclamation {
         };
         let mut stats = self.stats.lock();
         stats.fences += 1;
+        stats.last_fence = Some((client, std::time::Instant::now()));
         if revoked {
             stats.revoked += 1;
         } else {

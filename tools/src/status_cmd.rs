@@ -10,6 +10,11 @@
 //! so more can be added beside them. The last section is not the cluster's
 //! but this host's: the shm regions servers here publish and who owns them
 //! ([`crate::regions`]).
+//!
+//! The output ends with one health line ([`ClusterStatus::problems`]), and
+//! the JSON document has `healthy` and `problems`: the command exits 0 when
+//! the cluster is healthy and [`UNHEALTHY`] when it needs an operator (1 is
+//! an error of the command itself, such as an unreachable meta-server).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -68,7 +73,11 @@ pub fn fetch(meta: SocketAddr, timeout: Duration, credentials: Credentials) -> R
     }
 }
 
-pub fn run(args: StatusArgs) -> Result<()> {
+/// The exit status of a cluster that needs an operator.
+pub const UNHEALTHY: u8 = 2;
+
+/// Prints the status; whether the cluster is healthy.
+pub fn run(args: StatusArgs) -> Result<bool> {
     let timeout =
         Duration::try_from_secs_f64(args.timeout).context("--timeout must be a number of seconds")?;
     let meta = match (&args.meta, &args.path) {
@@ -79,6 +88,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let keyring = args.key.load()?;
     let status = fetch(meta, timeout, Credentials::of_key(keyring.as_deref().map(|r| r.first())))?;
     let regions = crate::regions::host_regions()?;
+    let problems = status.problems();
     if args.json {
         let mut doc = json(meta, &status);
         doc["host_regions"] = serde_json::to_value(&regions)?;
@@ -90,12 +100,28 @@ pub fn run(args: StatusArgs) -> Result<()> {
 shm regions on this host"
         );
         crate::regions::print_regions(&mut std::io::stdout().lock(), &regions, false)?;
+        println!("\n{}", health_line(&problems));
     }
-    Ok(())
+    Ok(problems.is_empty())
+}
+
+/// The closing line: `health: ok` and what was checked, or `health:
+/// UNHEALTHY` and every problem.
+pub fn health_line(problems: &[String]) -> String {
+    if problems.is_empty() {
+        format!(
+            "health: ok (every data server answers, no lagging or fenced client, space, files and lock \
+             memory below {}%)",
+            citronfs_core::status::NEARLY_FULL_PERCENT
+        )
+    } else {
+        format!("health: UNHEALTHY: {}", problems.join("; "))
+    }
 }
 
 /// The JSON document: one object per section.
 pub fn json(meta: SocketAddr, s: &ClusterStatus) -> serde_json::Value {
+    let problems = s.problems();
     serde_json::json!({
         "meta_server": meta.to_string(),
         "chunk_size": s.chunk_size,
@@ -104,6 +130,8 @@ pub fn json(meta: SocketAddr, s: &ClusterStatus) -> serde_json::Value {
         "lock_memory": s.lock_memory,
         "clients": s.clients,
         "reclaim": s.reclaim,
+        "healthy": problems.is_empty(),
+        "problems": problems,
     })
 }
 
