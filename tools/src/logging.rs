@@ -8,8 +8,8 @@
 //! - Otherwise a detached mount logs to syslog (`/dev/log`, where journald
 //!   also listens; [`SYSLOG_SOCKET_ENV`] names another socket), and on a host
 //!   without one to a file of its own: `/var/log/citronfs/NAME.log`, NAME
-//!   being the mount point as systemd escapes it (`/mnt/citron` is
-//!   `mnt-citron`), or, where `/var/log` is not writable,
+//!   being the mount point with its slashes as dashes, as in systemd's
+//!   unit names (`/mnt/citron` is `mnt-citron`), or, where `/var/log` is not writable,
 //!   `$XDG_STATE_HOME/citronfs/` (`~/.local/state/citronfs/`), then
 //!   `/tmp/citronfs-UID/`. [`LOG_DIR_ENV`] names the directory instead.
 //!   The mount prints where its log goes in its ready message.
@@ -215,7 +215,8 @@ fn default_dirs() -> Vec<PathBuf> {
 }
 
 /// A file name for the log of `what` (a mount point, or a role): the path
-/// as systemd escapes unit names, `/mnt/citron` as `mnt-citron`.
+/// with its slashes as dashes (`/mnt/citron` as `mnt-citron`) and any
+/// character but letters, digits, `-`, `_` and `.` as `_`.
 pub fn file_name(what: &Path) -> String {
     let text = what.to_string_lossy();
     let trimmed = text.trim_matches('/');
@@ -226,7 +227,7 @@ pub fn file_name(what: &Path) -> String {
         .chars()
         .map(|c| match c {
             '/' => '-',
-            c if c.is_ascii_alphanumeric() || c == '_' || c == '.' => c,
+            c if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') => c,
             _ => '_',
         })
         .collect();
