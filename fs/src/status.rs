@@ -251,7 +251,8 @@ mod tests {
 
     #[test]
     fn each_problem_is_named() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut ClusterStatus)>)> = vec![
+        type Spoil = Box<dyn Fn(&mut ClusterStatus)>;
+        let cases: Vec<(&str, Spoil)> = vec![
             ("no data server", Box::new(|s| s.data_servers.clear())),
             ("has not answered for 700 ms", Box::new(|s| s.data_servers[0].unanswered_ms = Some(700))),
             ("3 files lost their data", Box::new(|s| s.files.lost_data = 3)),

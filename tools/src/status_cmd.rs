@@ -146,8 +146,18 @@ fn print_tables(meta: SocketAddr, s: &ClusterStatus) {
 
 fn data_servers(s: &ClusterStatus) {
     println!("\ndata servers");
-    let mut t =
-        Table::new(&["ID", "NIC", "SHM", "CAPACITY", "USED", "FREE", "USE%", "EXTENTS", "LARGEST_FREE"]);
+    let mut t = Table::new(&[
+        "ID",
+        "NIC",
+        "SHM",
+        "CAPACITY",
+        "USED",
+        "FREE",
+        "USE%",
+        "EXTENTS",
+        "LARGEST_FREE",
+        "ANSWERS",
+    ]);
     for d in &s.data_servers {
         t.push(vec![
             d.id.0.to_string(),
@@ -159,6 +169,7 @@ fn data_servers(s: &ClusterStatus) {
             percent(d.used, d.capacity),
             d.extents.to_string(),
             bytes(d.largest_free),
+            d.unanswered_ms.map_or_else(|| "yes".into(), |ms| format!("no, for {ms}ms")),
         ]);
     }
     t.print();
@@ -175,6 +186,9 @@ fn files(s: &ClusterStatus) {
         f.opens,
         bytes(f.allocated)
     );
+    if f.lost_data > 0 {
+        println!("  {} files lost their data with a data server that is gone (they answer EIO)", f.lost_data);
+    }
 }
 
 fn lock_memory(s: &ClusterStatus) {
