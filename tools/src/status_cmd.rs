@@ -13,8 +13,9 @@
 //!
 //! The output ends with one health line ([`ClusterStatus::problems`]), and
 //! the JSON document has `healthy` and `problems`: the command exits 0 when
-//! the cluster is healthy and [`UNHEALTHY`] when it needs an operator (1 is
-//! an error of the command itself, such as an unreachable meta-server).
+//! the cluster is healthy and [`UNHEALTHY`] (3) when it needs an operator;
+//! 1 is an error of the command itself (an unreachable meta-server, say),
+//! 2 a bad command line.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -74,7 +75,7 @@ pub fn fetch(meta: SocketAddr, timeout: Duration, credentials: Credentials) -> R
 }
 
 /// The exit status of a cluster that needs an operator.
-pub const UNHEALTHY: u8 = 2;
+pub const UNHEALTHY: u8 = 3;
 
 /// Prints the status; whether the cluster is healthy.
 pub fn run(args: StatusArgs) -> Result<bool> {

@@ -746,13 +746,13 @@ fn status_says_what_is_wrong_and_exits_nonzero_when_unhealthy() {
     signal(data.id() as i32, libc::SIGTERM);
     assert!(wait_exit(&mut data).success());
     let out = status(false);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let health = stdout.trim_end().lines().last().unwrap_or_default();
     assert!(health.starts_with("health: UNHEALTHY"), "{}", text(&out));
     assert!(health.contains("no data server") && health.contains("1 files lost their data"), "{health}");
     let out = status(true);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["healthy"], false, "{doc:#}");
     assert_eq!(doc["problems"].as_array().map(Vec::len), Some(2), "{doc:#}");
