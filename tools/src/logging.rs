@@ -195,23 +195,49 @@ fn to_syslog() -> bool {
     true
 }
 
-/// The directories a default log file may go to, in order of preference.
+/// The directories a default log file may go to, in order of preference,
+/// from this process's environment.
 fn default_dirs() -> Vec<PathBuf> {
-    if let Some(dir) = std::env::var_os(LOG_DIR_ENV) {
-        return vec![PathBuf::from(dir)];
+    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    dirs_from(var(LOG_DIR_ENV), var("XDG_STATE_HOME"), var("HOME"), &std::env::temp_dir(), uid)
+}
+
+/// [`default_dirs`] given [`LOG_DIR_ENV`], `XDG_STATE_HOME`, `HOME`, the
+/// temporary directory and the user id.
+fn dirs_from(
+    log_dir: Option<PathBuf>,
+    state_home: Option<PathBuf>,
+    home: Option<PathBuf>,
+    temp: &Path,
+    uid: u32,
+) -> Vec<PathBuf> {
+    if let Some(dir) = log_dir {
+        return vec![dir];
     }
     let mut dirs = vec![PathBuf::from("/var/log/citronfs")];
-    match std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        Some(state) => dirs.push(PathBuf::from(state).join("citronfs")),
-        None => {
-            if let Some(home) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-                dirs.push(PathBuf::from(home).join(".local/state/citronfs"));
-            }
+    match (state_home, home) {
+        (Some(state), _) => dirs.push(state.join("citronfs")),
+        (None, Some(home)) => dirs.push(home.join(".local/state/citronfs")),
+        (None, None) => {}
+    }
+    dirs.push(temp.join(format!("citronfs-{uid}")));
+    dirs
+}
+
+/// The file `name` opened in the first of `dirs` where that works; the
+/// last failure if none does.
+fn open_first(dirs: &[PathBuf], name: &str) -> Result<(PathBuf, File)> {
+    let mut last = None;
+    for dir in dirs {
+        let path = dir.join(name);
+        match open(&path) {
+            Ok(f) => return Ok((path, f)),
+            Err(e) => last = Some(e),
         }
     }
-    // SAFETY: getuid cannot fail.
-    dirs.push(std::env::temp_dir().join(format!("citronfs-{}", unsafe { libc::getuid() })));
-    dirs
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no directory for a log file")))
 }
 
 /// A file name for the log of `what` (a mount point, or a role): the path
@@ -242,26 +268,7 @@ pub fn detached(file: Option<(PathBuf, File)>, name: &str) -> Result<Destination
     let (path, file) = match file {
         Some(f) => f,
         None if to_syslog() => return Ok(destination().cloned().expect("set by to_syslog")),
-        None => {
-            let mut last = None;
-            let mut opened = None;
-            for dir in default_dirs() {
-                let path = dir.join(name);
-                match open(&path) {
-                    Ok(f) => {
-                        opened = Some((path, f));
-                        break;
-                    }
-                    Err(e) => last = Some(e),
-                }
-            }
-            match opened {
-                Some(o) => o,
-                None => {
-                    return Err(last.expect("at least one directory")).context("no syslog and no log file")
-                }
-            }
-        }
+        None => open_first(&default_dirs(), name).context("no syslog and no log file")?,
     };
     // SAFETY: dup2 onto stderr, which this process owns.
     unsafe { libc::dup2(file.as_raw_fd(), 2) };
@@ -273,6 +280,34 @@ pub fn detached(file: Option<(PathBuf, File)>, name: &str) -> Result<Destination
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_log_dirs_fall_back_from_var_log_to_the_user_own() {
+        let p = |s: &str| PathBuf::from(s);
+        let tmp = Path::new("/tmp");
+        assert_eq!(dirs_from(Some(p("/x")), Some(p("/s")), Some(p("/h")), tmp, 7), vec![p("/x")]);
+        assert_eq!(
+            dirs_from(None, Some(p("/s")), Some(p("/h")), tmp, 7),
+            vec![p("/var/log/citronfs"), p("/s/citronfs"), p("/tmp/citronfs-7")]
+        );
+        assert_eq!(
+            dirs_from(None, None, Some(p("/h")), tmp, 7),
+            vec![p("/var/log/citronfs"), p("/h/.local/state/citronfs"), p("/tmp/citronfs-7")]
+        );
+        assert_eq!(dirs_from(None, None, None, tmp, 0), vec![p("/var/log/citronfs"), p("/tmp/citronfs-0")]);
+    }
+
+    #[test]
+    fn a_default_log_goes_to_the_first_directory_that_can_hold_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocked = dir.path().join("not-a-dir");
+        std::fs::write(&blocked, b"a file where a directory should be").unwrap();
+        let good = dir.path().join("logs");
+        let (path, _file) = open_first(&[blocked.join("citronfs"), good.clone()], "mnt-x.log").unwrap();
+        assert_eq!(path, good.join("mnt-x.log"));
+        assert!(path.is_file());
+        assert!(open_first(&[blocked.join("citronfs")], "mnt-x.log").is_err());
+    }
 
     #[test]
     fn file_names_escape_the_mount_point() {
