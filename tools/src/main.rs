@@ -161,7 +161,13 @@ fn main() -> std::process::ExitCode {
             match readiness.take() {
                 Some(r) => r.failed(&format!("{e:#}")),
                 None if daemon::is_detached() => log::error!("{e:#}"),
-                None => eprintln!("citronfs: {e:#}"),
+                None => {
+                    // A `--log-file` keeps the reason too.
+                    if logging::destination().is_some() {
+                        log::error!("{e:#}");
+                    }
+                    eprintln!("citronfs: {e:#}")
+                }
             }
             std::process::ExitCode::FAILURE
         }
