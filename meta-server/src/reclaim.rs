@@ -40,7 +40,7 @@
 //! servers can refuse those verbs.
 //!
 //! That is what a [`Revocation`] does ([`Reclamation::set_revocation`]; the
-//! per-client grants of the software NIC, issue 15): `revoke_client` must
+//! per-client grants of the software NIC, with cluster keys): `revoke_client` must
 //! return only once every NIC of the cluster — the meta-server's (lock
 //! memory, attribute slots) and every data server's — refuses the client's
 //! verbs, and in-flight verbs of it have been executed or dropped. Then the

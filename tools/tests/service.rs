@@ -1,4 +1,4 @@
-//! CitronFS run as a service (issue 16, issue 11 point 6), as an operator
+//! CitronFS run as a service, as an operator
 //! meets it: mount(8) and fstab, a detached mount, systemd readiness,
 //! SIGTERM and SIGKILL of every process, and what they leave behind.
 //!
