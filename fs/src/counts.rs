@@ -1,6 +1,6 @@
 //! Events counted by kind: live atomic counters ([`Counters`]) and the
 //! `Copy` snapshots read from them ([`Counts`]), which subtract to what one
-//! operation cost. One mechanism for every such count (issue 13): the
+//! operation cost. One mechanism for every such count of metadata cost: the
 //! client's metadata calls ([`crate::rpc_counts`]) and the mount's FUSE
 //! requests (`citronfs_mount::FuseCounts`).
 //!

@@ -1,5 +1,5 @@
 //! Metadata round trips counted by request kind: what each file-system
-//! operation costs in calls to the meta-server (issue 13). A client counts
+//! operation costs in calls to the meta-server (metadata cost). A client counts
 //! every call it sends ([`crate::client::FsClient::rpc_counts`]); benchmarks
 //! and tests read the counters before and after an operation.
 

@@ -243,7 +243,7 @@ impl LockHost {
     /// mailbox on `nic`, a node of the host's NIC, when `node` is on another
     /// fabric (shm): clients that reach the host only through its NIC (tcp
     /// mounts) could not send to a shm mailbox, and a lock one of them
-    /// waits for would never be recovered (issue 12).
+    /// waits for would never be recovered.
     pub fn start_on(
         node: &Node,
         nic: Option<&Node>,

@@ -56,7 +56,7 @@
 //! admission and fences apply to it as in a keyed cluster: a client whose
 //! lease ran out is refused at every NIC and its connections there are
 //! cut, so its verbs still in flight cannot land on memory whose locks were
-//! recovered (issue 12). It costs a command per NIC at each registration
+//! recovered (no takeover before a fence). It costs a command per NIC at each registration
 //! and each fence, nothing per open or per verb beyond the NIC's lookup.
 
 use std::collections::{HashMap, HashSet};

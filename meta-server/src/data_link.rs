@@ -117,6 +117,11 @@ impl DataServerLink {
         }
     }
 
+    /// How long the server has failed every probe, if its last one failed.
+    pub fn unanswered_for(&self) -> Option<Duration> {
+        self.prober.lock().1.map(|since| since.elapsed())
+    }
+
     /// Writes zeros over `[addr, addr + len)`.
     pub fn zero(&self, addr: RemoteAddr, len: u64) -> Result<(), FsError> {
         let zeros = vec![0u8; len.min(PIECE) as usize];

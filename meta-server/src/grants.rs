@@ -1,5 +1,5 @@
 //! Coherent kernel caching of entries and attributes: cache grants and the
-//! invalidations that revoke them (issue 13; callbacks as CephFS
+//! invalidations that revoke them (callbacks as CephFS
 //! capabilities and NFSv4 delegations do; DESIGN.md §2, the meta-server is
 //! the one place metadata changes).
 //!

@@ -40,7 +40,7 @@
 //! servers can refuse those verbs.
 //!
 //! That is what a [`Revocation`] does ([`Reclamation::set_revocation`]; the
-//! per-client grants of the software NIC, issue 15): `revoke_client` must
+//! per-client grants of the software NIC, with cluster keys): `revoke_client` must
 //! return only once every NIC of the cluster — the meta-server's (lock
 //! memory, attribute slots) and every data server's — refuses the client's
 //! verbs, and in-flight verbs of it have been executed or dropped. Then the
@@ -107,6 +107,8 @@ pub struct ReclaimStats {
     pub extent_bytes_freed: u64,
     /// Frees caused by a fence that no revocation covered.
     pub unrevoked_frees: u64,
+    /// The last client fenced, and when.
+    pub last_fence: Option<(ClientId, std::time::Instant)>,
 }
 
 /// The reclamation point of one meta-server (shared by its namespace, which
@@ -146,6 +148,7 @@ impl Reclamation {
         };
         let mut stats = self.stats.lock();
         stats.fences += 1;
+        stats.last_fence = Some((client, std::time::Instant::now()));
         if revoked {
             stats.revoked += 1;
         } else {

@@ -1,5 +1,5 @@
 //! The cluster's waits-for table of blocked POSIX owners as the meta-server
-//! grows it (issue #12, point 7: no fixed cap on waiters). The layout, the
+//! grows it (no fixed cap on waiters). The layout, the
 //! readers and the publishers are `citronfs_core::locks::waits_for`
 //! ("Blocks"): a chain of blocks, the last entry of each the link to the
 //! next. Clients ask for a block when they find the chain full

@@ -1,5 +1,5 @@
 //! Attributes a caching mount answers `GETATTR` with itself, without a
-//! round trip to the meta-server (issue 13): directories' after its own
+//! round trip to the meta-server (coherent caching): directories' after its own
 //! changes of them, and those of regular files it created and still has
 //! open ("New files" below).
 //!

@@ -1,4 +1,4 @@
-//! The mount's side of directory delegations (issue 13; the protocol is in
+//! The mount's side of directory delegations (the protocol is in
 //! the meta-server's `grants` module, "Delegations"): the listings of the
 //! directories this mount made, and the attributes of the children it made
 //! in them, from which it answers `LOOKUP` and `GETATTR` without a round

@@ -1,4 +1,4 @@
-//! The mount's side of coherent caching (issue 13; the meta-server's
+//! The mount's side of coherent caching (the meta-server's
 //! `grants` module has the protocol): the invalidation thread, and what
 //! lets a lookup or getattr answer tell whether an invalidation overtook
 //! it.

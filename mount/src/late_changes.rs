@@ -1,5 +1,5 @@
 //! Which creates and unlinks the mount answers before it sends them
-//! (issue 13; the client's `late_changes` module has the protocol and why
+//! (the client's `late_changes` module has the protocol and why
 //! it is coherent), in a directory delegated to it that no other mount
 //! looked into, delegated for at least [`MARGIN`] more:
 //!

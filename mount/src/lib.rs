@@ -19,6 +19,7 @@ mod coherence;
 mod delegation;
 mod filesystem;
 mod invalidation;
+pub mod io_errors;
 mod late_changes;
 mod listing;
 mod locking;
@@ -81,7 +82,11 @@ pub const LOCKS_XATTR: &str = "user.citronfs.locks";
 pub const META_XATTR: &str = "user.citronfs.meta";
 
 /// The errno of every file-system error: the one place they are mapped.
+/// An error that becomes EIO is logged with its cause ([`io_errors`]).
 pub fn errno(e: &FsError) -> Errno {
+    if matches!(e, FsError::Io(_) | FsError::Fenced) {
+        io_errors::report(e);
+    }
     match e {
         FsError::NotFound => Errno::ENOENT,
         FsError::Exists => Errno::EEXIST,
@@ -371,7 +376,7 @@ impl CitronFuse {
     /// the meta-server has fenced.
     fn check_handle(&self, fh: FileHandle) -> Result<bool, Errno> {
         match self.open_files.lock().get(&fh.0) {
-            Some(f) if f.registration != self.client.registration() => Err(Errno::EIO),
+            Some(f) if f.registration != self.client.registration() => Err(errno(&FsError::Fenced)),
             Some(f) => Ok(f.append),
             None => Ok(false),
         }

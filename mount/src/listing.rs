@@ -1,5 +1,5 @@
 //! Directory listings: `READDIR`, and `READDIRPLUS` for caching mounts
-//! (issue 13), paged from the meta-server — or from this mount's
+//! (coherent caching), paged from the meta-server — or from this mount's
 //! delegation of the directory ([`crate::delegation`], `page`) — into the
 //! kernel's buffer.
 //!
@@ -27,9 +27,9 @@
 //!
 //! The price is the last two rows: a listing whose names are only matched
 //! makes the kernel build an inode per name, and the meta-server look up
-//! and grant each one's attributes. (Until stop 23 the mount asked for
+//! and grant each one's attributes. (An earlier mount asked for
 //! READDIRPLUS always too, with a meta-server then several times slower
-//! per entry; stop 24 chose AUTO on `find -name`'s figures alone.) A mount
+//! per entry; a later one chose AUTO on `find -name`'s figures alone.) A mount
 //! without caching never asks for READDIRPLUS.
 //!
 //! Races, as for lookups ([`crate::invalidation`]): a page whose RPC an

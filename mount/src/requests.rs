@@ -1,4 +1,4 @@
-//! FUSE requests counted by kind (issue 13): with the client's metadata
+//! FUSE requests counted by kind (metadata cost): with the client's metadata
 //! call counters ([`citronfs_core::client::FsClient::rpc_counts`]) they say
 //! what one system call costs — how many requests the kernel sends, and how
 //! many round trips to the meta-server those make. A request is counted

@@ -1,4 +1,4 @@
-//! Citron's leases (issue 12, §3.10): a release that comes after the lease
+//! Citron's leases (§3.10): a release that comes after the lease
 //! never undoes what a recovery did, and a client that is alive — waiting
 //! in Step 2(d) for a dead descendant to be recovered — is never taken over
 //! by a waiter that thinks it dead. Each test has an oracle (a counter in

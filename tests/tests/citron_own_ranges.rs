@@ -1,4 +1,4 @@
-//! One Citron client holding several disjoint ranges (issue 12): the second
+//! One Citron client holding several disjoint ranges: the second
 //! range it asks for never waits for its first, whether the second's split
 //! reaches over the first (Step 2(d) would wait for its own notifications),
 //! lies inside a node the first holds (Steps 2(a)/(b) would wait for its own

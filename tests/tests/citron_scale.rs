@@ -163,7 +163,7 @@ fn ranges_held_across_scale_ups_are_released_exactly() {
             // The holder never takes the root instead of its nodes after
             // aborts (which, on a busy machine's shm with a 2 µs T_wait,
             // happens): a later range would then ride on the root (it never
-            // waits for its own first range, issue 12), and fewer releases
+            // waits for its own first range), and fewer releases
             // would follow carried units than the ranges this test counts.
             let mut config = citron_stress::holding_config(&ep_a);
             config.max_aborts = u32::MAX;
@@ -231,7 +231,7 @@ fn fast_path_is_two_round_trips_after_scale_ups() {
         let holding = citron_stress::holding_config(&ep);
         let mut c = citron_stress::scaling_client_with(&ep, server.local_addr(), id, holding);
         // Some ranges held, so that the scale-ups carry something, by one
-        // client (which never waits for its own first range: issue 12,
+        // client (which never waits for its own first range:
         // citron_own_ranges; with a holder each, a second holder whose
         // request escalates to the root would wait for the first, held by
         // this same thread).

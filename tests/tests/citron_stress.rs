@@ -317,7 +317,7 @@ fn a_leaf_escalation_leaves_live_bits_alone_and_clears_dead_ones() {
     }
 }
 
-/// Issue 12, a client far away: over tcp with 1 ms more per round trip, one
+/// A client far away: over tcp with 1 ms more per round trip, one
 /// client shares the tree with near ones, all under the near clients' T_wait,
 /// which its two round trips between t1 and t2 always exceed. Its attempts
 /// abort, back off and, after a bounded number of aborts, lock the root
@@ -382,7 +382,7 @@ fn a_far_client_gets_every_lock_beside_near_ones() {
     }
 }
 
-/// Bounded aborts (issue 12): with a T_wait no round trip can meet, every
+/// Bounded aborts (a lock at any round trip): with a T_wait no round trip can meet, every
 /// attempt below the root aborts, so after `max_aborts` each request locks
 /// the root (which notifies nobody and cannot abort) — and gets every lock,
 /// under the oracle. A leaf left full by a dead client, which a request

@@ -1,4 +1,4 @@
-//! Only cluster members get in (issue 15): a keyed cluster works for mounts
+//! Only cluster members get in (cluster keys): a keyed cluster works for mounts
 //! and servers with the key; a peer without it, or with a wrong one, is
 //! refused in the handshake and changes nothing; a registered client touches
 //! only the memory of files it has open; a fenced client's grants are gone;

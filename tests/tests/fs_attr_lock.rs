@@ -1,6 +1,6 @@
 //! The attribute ALock of a file (its size and mtime words, shared by the
 //! meta-server's threads and the clients) after a client died holding it
-//! (issue 12): the meta-server's size change waits for the lock's recovery
+//! (lock recovery): the meta-server's size change waits for the lock's recovery
 //! *outside* its namespace mutex, so every other request goes on meanwhile;
 //! the change then succeeds, and so do the next ones.
 

@@ -1,4 +1,4 @@
-//! Issue 12, "refusals cost nothing lasting": a refused F_SETLK is an
+//! Refusals cost nothing lasting: a refused F_SETLK is an
 //! answer, not a failure. The mount keeps its endpoints (no new connection,
 //! no new mailbox id), so a long-lived mount refused again and again — the
 //! polling loop of a program that retries F_SETLK — never runs out of

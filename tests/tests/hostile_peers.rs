@@ -1,4 +1,4 @@
-//! Hostile input from peers with and without the key (issue 15): a
+//! Hostile input from peers with and without the key (cluster keys): a
 //! property test throws malformed, truncated and out-of-order frames at
 //! the meta-server's RPC service and at both kinds of software NIC (the
 //! meta-server's and a data server's) of a keyed cluster, from peers that

@@ -1,4 +1,4 @@
-//! Creates answered before they are sent (issue 13; `fs::client::late_changes`
+//! Creates answered before they are sent (`fs::client::late_changes`
 //! has the protocol): a caching mount answers the create of a regular file
 //! in a directory delegated to it at once, with an inode the meta-server
 //! lent it, and sends the create later with others. Nobody can tell: its

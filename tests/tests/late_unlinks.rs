@@ -1,4 +1,4 @@
-//! Unlinks answered before they are sent (issue 13; `fs::client::late_unlinks`
+//! Unlinks answered before they are sent (`fs::client::late_changes`
 //! has the protocol): a caching mount answers the unlink of a file it made
 //! in a directory delegated to it at once and sends it later with others,
 //! and nobody can tell — its own next calls, and every other mount's first

@@ -661,7 +661,7 @@ fn every_wait_is_bounded_and_a_peterson_give_up_leaves_the_lock_usable() {
     }
 }
 
-/// ALock recovery by leases (issue 12; the paper assumes no failures): a
+/// ALock recovery by leases (the paper assumes no failures): a
 /// client process SIGKILLed holding the lock, and one SIGKILLed while
 /// queued behind a live holder with another client queued behind it. The
 /// host's thread (its leader in Peterson, through the host's recovery

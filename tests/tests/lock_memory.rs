@@ -1,4 +1,4 @@
-//! Lock memory that follows use (issue 10, DESIGN.md §4): a file's lock
+//! Lock memory that follows use (DESIGN.md §4): a file's lock
 //! memory exists while the file is open somewhere or holds lock records,
 //! and goes back to the meta-server when it is idle. So lock memory bounds
 //! only the files open at once (ENFILE past it, never ENOLCK from open), and

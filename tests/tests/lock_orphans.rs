@@ -1,4 +1,4 @@
-//! No orphaned POSIX locks (issue #12, point 5), below FUSE: the races are
+//! No orphaned POSIX locks across a fence, below FUSE: the races are
 //! made with the waiter threads' retry hook, which holds one retry at a
 //! chosen point while the test fences the client or closes a descriptor.
 //!

@@ -1,4 +1,4 @@
-//! Waits on many files do not queue behind one thread (issue #12 g): a
+//! Waits on many files do not queue behind one thread: a
 //! retry on one file that blocks (here: held in a test hook, as a retry
 //! stuck behind another client's range lock would be) does not delay the
 //! grant of a wait on another file of the same client, nor the last close

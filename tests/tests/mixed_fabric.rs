@@ -2,7 +2,7 @@
 //! the meta-server does, so that mounts on its host and mounts far away
 //! share its locks): the lock words then hold node ids of both fabrics, and
 //! a message addressed to a node of one must never reach a node of the
-//! other that happens to have the same number (issue 12: a near and a far
+//! other that happens to have the same number (once, a near and a far
 //! mount's lock handovers reached the wrong process).
 
 use std::sync::Arc;

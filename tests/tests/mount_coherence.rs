@@ -1,4 +1,4 @@
-//! Strict coherence of metadata across mounts (issue 13): a change made
+//! Strict coherence of metadata across mounts: a change made
 //! through mount A is seen by the very next `stat`, `readdir` and lookup on
 //! mount B — creates, unlinks, chmod, renames and size changes — both with
 //! no kernel caching (attribute and entry TTL zero) and with the coherent
@@ -712,7 +712,7 @@ fn a_file_open_for_writing_on_two_mounts_is_stated_without_a_round_trip_and_seen
 /// writes and fsyncs, the directory's fsync, the database's writes, the
 /// journal's close and unlink. Seven calls: the journal's lookup after its
 /// unlink, its create, first allocation, one growth, release, and the
-/// lookup and unlink (13 with stop 21's mount).
+/// lookup and unlink (13 with an earlier mount).
 #[test]
 fn a_rollback_journal_transaction_costs_seven_calls() {
     let (_c, a, _b) = cluster(Mode::Cached(LONG_TTL));
@@ -990,7 +990,7 @@ fn a_creator_answers_the_attributes_of_its_new_file_until_its_close_and_no_longe
     all_closed(&c);
 }
 
-/// Two mounts creating in one directory by turns (issue 13, the
+/// Two mounts creating in one directory by turns (the
 /// shared-directory create of several processes on two mounts): once a
 /// create has called the other mount back for the directory's attributes,
 /// they are contended, granted to neither (meta-server `grants`,

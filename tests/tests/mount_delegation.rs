@@ -1,4 +1,4 @@
-//! Directory delegations (issue 13; meta-server `grants`, "Delegations"):
+//! Directory delegations (meta-server `grants`, "Delegations"):
 //! a caching mount that made a directory answers every lookup and stat in
 //! it — of names that are there and of names that are not — without a
 //! round trip, and still sees at once every change another mount makes

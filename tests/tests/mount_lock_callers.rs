@@ -1,4 +1,4 @@
-//! What the mount learns about a waiting caller from `/proc` (issue #12 e,
+//! What the mount learns about a waiting caller from `/proc` (
 //! `mount/src/caller.rs`): a process-directed signal that another thread of
 //! the process can take does not end an `F_SETLKW` with `EINTR`; one sent
 //! to the waiting thread itself does.

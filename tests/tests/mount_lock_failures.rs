@@ -1,9 +1,9 @@
-//! Client failure and locks (issue 6, DESIGN.md §6): a mount that dies or
+//! Client failure and locks (DESIGN.md §6): a mount that dies or
 //! stops answering loses its lease; the meta-server removes its lock
 //! records, which wakes the waiters it blocked, within 2 × lease plus the
 //! fence delay (removing them takes the records' range lock, and a range
 //! lock the dead mount held is taken over only a fence delay after its
-//! own lock lease: issue 12); a fenced mount answers EIO for lock and I/O
+//! own lock lease: the lease ordering); a fenced mount answers EIO for lock and I/O
 //! calls on what it had open and never writes under a lock it lost.
 
 use std::time::{Duration, Instant};
@@ -105,8 +105,8 @@ fn a_stopped_mount_is_fenced_and_never_writes_under_a_lock_it_lost() {
 }
 
 /// A grant to a waiter whose whole mount then dies, and a wait of that
-/// mount still pending, are both removed by the lease cleanup (issue 12,
-/// point 5). A single killed waiter process on a live mount cannot leave
+/// mount still pending, are both removed by the lease cleanup (no
+/// orphaned locks across a fence). A single killed waiter process on a live mount cannot leave
 /// such a grant: on this kernel (6.18) a FUSE request the daemon has read
 /// is not abandoned when its caller gets SIGKILL — the caller waits in D
 /// state for the answer, and its close (flush) comes after it, releasing

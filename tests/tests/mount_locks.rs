@@ -1,4 +1,4 @@
-//! fcntl and flock locks across mounts (issue 6): every semantic checked
+//! fcntl and flock locks across mounts: every semantic checked
 //! from two mounts of one cluster, each a separate client, with each lock
 //! owner a separate `lock-probe` process. Both mounts use the shm backend
 //! unless a test says otherwise.
@@ -300,7 +300,7 @@ fn blocked_setlkw_calls_occupy_no_fuse_worker() {
     }
 }
 
-/// Issue 12: fcntl semantics between a near mount and one 0.1, 1 and 5 ms
+/// Distance: fcntl semantics between a near mount and one 0.1, 1 and 5 ms
 /// farther from the servers (tcp, every round trip longer): conflicts both
 /// ways, F_GETLK with the holder's pid, split and atomic conversion, a
 /// F_SETLKW woken across the distance, EDEADLK across it, flock.
@@ -357,7 +357,7 @@ fn fcntl_semantics_hold_between_a_near_and_a_far_mount() {
     }
 }
 
-/// Issue 12, "refusals cost nothing lasting", through FUSE: a mount that
+/// Refusals cost nothing lasting, through FUSE: a mount that
 /// reaches the servers over tcp refuses F_SETLK thousands of times, with
 /// every inode mutex; it opens no connection at the NICs, and then writes,
 /// reads and locks normally. (A million below FUSE: `fs_refusals.rs`.)

@@ -1,4 +1,4 @@
-//! Shared writable mappings across two mounts of one cluster (issue 11):
+//! Shared writable mappings across two mounts of one cluster:
 //! `MAP_SHARED` with `PROT_WRITE` works, `msync` and `munmap` publish to the
 //! other mount, and a process that takes an fcntl lock sees through its
 //! mapping (and `read(2)`) what the other mount wrote under that lock,

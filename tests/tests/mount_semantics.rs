@@ -1,5 +1,5 @@
 //! POSIX behaviour that programs notice, checked across two real mounts of
-//! one cluster (issue 11): two mounts creating one name at the same moment,
+//! one cluster: two mounts creating one name at the same moment,
 //! set-user/group-ID bits cleared by unprivileged writes, truncates and
 //! chowns, the lock `F_GETLK` reports, and what leases can and cannot do.
 //! Wherever Linux defines the answer, the same steps also run on a local

@@ -1,4 +1,4 @@
-//! Data shared by mounts under the I/O locks (issue 6): overlapping writes
+//! Data shared by mounts under the I/O locks: overlapping writes
 //! from two mounts never tear what a reader sees, `O_APPEND` from two
 //! mounts never loses or interleaves a record, SQLite used by four processes
 //! on two mounts keeps every row and passes its integrity check — and the
@@ -268,7 +268,7 @@ fn every_lock_choice_works_for_keyed_mounts_over_tcp() {
     }
 }
 
-/// How much farther the far mount of the distance tests is (issue 12):
+/// How much farther the far mount of the distance tests is:
 /// one switch hop, a campus, a metro link.
 const DISTANCES_MS: [f64; 3] = [0.1, 1.0, 5.0];
 
@@ -281,7 +281,7 @@ fn near_and_far(ms: f64) -> (TestCluster, TestMount, TestMount) {
     (c, near, far)
 }
 
-/// Issue 12: a mount far from the servers beside a near one. Overlapping
+/// Distance: a mount far from the servers beside a near one. Overlapping
 /// writes never tear, appends are never lost, and the F_SETLKW counter
 /// loses no update, at every distance. (Before: the far mount's first
 /// write never completed, its Citron attempts aborting forever.)
@@ -299,7 +299,7 @@ fn a_near_and_a_far_mount_keep_data_and_locks_exact() {
     }
 }
 
-/// Issue 12: SQLite from two processes on a near mount and two on a far
+/// Distance: SQLite from two processes on a near mount and two on a far
 /// one, at every distance.
 #[test]
 fn sqlite_on_a_near_and_a_far_mount_keeps_every_row() {

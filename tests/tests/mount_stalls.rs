@@ -1,5 +1,5 @@
-//! A mount frozen while it holds a lock of the write path (issue 12 point
-//! 4): its daemon stops (SIGSTOP, the whole process, lease renewals too) for
+//! A mount frozen while it holds a lock of the write path (no
+//! takeover before a fence): its daemon stops (SIGSTOP, the whole process, lease renewals too) for
 //! 1, 1.8, 3 or 10 s holding a byte-range lock (Citron) right after its
 //! acquisition or at the last moment before its data verbs go out (after
 //! its check of the hold), the inode mutex exclusive (ShiftLock, a truncate), or the
@@ -16,7 +16,7 @@
 //! tick + margin = 2 + 0.5 + 0.5 = 3 s, `fence_delay_for`): Citron and the
 //! ALock after 1.5 + 3 = 4.5 s without progress, ShiftLock after 3 + 3 =
 //! 6 s. (Before the fence delay they took over after 1.5 and 3 s, inside
-//! the fence's range: issue 12 point 4.) So:
+//! the fence's range: the lease ordering.) So:
 //!
 //! | stop  | fenced before it resumes? | the other client                | the frozen call          |
 //! |-------|---------------------------|---------------------------------|--------------------------|
@@ -486,7 +486,7 @@ fn frozen_ten_seconds_holding_the_attribute_alock() {
     stall(Held::AttrLock, Duration::from_secs(10));
 }
 
-/// Issue 12 point 4's window: 1.8 s is past the lock's takeover of a
+/// The lease ordering's window: 1.8 s is past the lock's takeover of a
 /// silent holder without a fence delay (3/2 of the 1 s lock lease) and
 /// within the fence's range (1.5 to 2.5 s after the stop).
 const IN_THE_WINDOW: Duration = Duration::from_millis(1800);

@@ -1,4 +1,4 @@
-//! `EDEADLK` is never spurious (issue #12 f): POSIX owners on several
+//! `EDEADLK` is never spurious: POSIX owners on several
 //! clients wait for random spots of several files while holding others,
 //! so cycles form and dissolve all the time; every `EDEADLK` is checked
 //! against the wait-for graph the test keeps itself

@@ -1,4 +1,4 @@
-//! Space near a file's size (issue 10, DESIGN.md §5): a file's chunk is an
+//! Space near a file's size (DESIGN.md §5): a file's chunk is an
 //! extent of a power-of-two capacity from a buddy allocator, so small files
 //! take small space, `st_blocks`, `du` and `df` tell the truth, a deleted
 //! file's space is reused at once, and a chunk that grows moves to a bigger

@@ -1,4 +1,4 @@
-//! A mount starved of CPU keeps its lease (issue 12, point 2): on a node
+//! A mount starved of CPU keeps its lease: on a node
 //! whose cores are kept busy by programs at a better priority than the
 //! file-system daemon, lease renewal must not wait for a core, or the mount
 //! is fenced and answers EIO although every server is alive.

@@ -1,4 +1,4 @@
-//! No fixed cap on waiting POSIX owners (issue #12, point 7): the
+//! No fixed cap on waiting POSIX owners: the
 //! cluster-wide waits-for table grows by blocks from the meta-server
 //! (`GrowWaitsFor`) as more owners wait at once. Below FUSE, 300 owners on
 //! three clients wait at once (more than the first block holds; before the

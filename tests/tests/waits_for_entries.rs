@@ -1,4 +1,4 @@
-//! The waits-for entries of blocked POSIX owners (issue #12 f), below the
+//! The waits-for entries of blocked POSIX owners (deadlock detection), below the
 //! lock protocol: an entry that was withdrawn is never followed again, even
 //! while a publisher of the same client is half-way through reusing its
 //! slot; and the deadlock check follows only edges that exist together.

@@ -10,8 +10,8 @@
 //! The child starts a session of its own (no controlling terminal, not in
 //! the caller's process group), puts `/dev/null` on its standard streams
 //! at once (so a caller that reads the parent's output to its end is not
-//! kept waiting by the daemon) and logs to syslog (`/dev/log`, where
-//! journald also listens; `CITRONFS_SYSLOG_SOCKET` names another socket).
+//! kept waiting by the daemon) and logs to its `--log-file`, else syslog,
+//! else a default file ([`crate::logging::detached`]).
 //! Once ready it moves to `/`, so it never keeps the caller's directory
 //! busy.
 //!
@@ -21,20 +21,26 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
-use log::{LevelFilter, Log, Metadata, Record};
 use nix::unistd::ForkResult;
+
+use crate::logging;
 
 /// Exit status byte: the mount is ready.
 const READY: u8 = b'0';
 /// Exit status byte: the mount failed; the reason follows.
 const FAILED: u8 = b'1';
 
-/// Environment variable naming the syslog socket of a detached daemon.
-pub const SYSLOG_SOCKET_ENV: &str = "CITRONFS_SYSLOG_SOCKET";
+/// Where a detached daemon logs: the `--log-file` opened before forking
+/// (so a bad path fails on the caller's terminal), or the name of its
+/// default log file ([`logging::file_name`]).
+pub struct LogPlan {
+    pub file: Option<(PathBuf, File)>,
+    pub default_name: String,
+}
 
 /// The detached child's end of the readiness pipe.
 pub struct Readiness {
@@ -63,7 +69,7 @@ impl Readiness {
 /// Forks. The parent waits for the child's word and exits with it (this
 /// function never returns there); the child returns its [`Readiness`].
 /// Must be called before any thread is started.
-pub fn detach() -> Result<Readiness> {
+pub fn detach(log: LogPlan) -> Result<Readiness> {
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("cannot create a pipe")?;
     // SAFETY: no other thread exists yet (the caller's contract), so the
     // child's copy of the process is consistent.
@@ -74,8 +80,12 @@ pub fn detach() -> Result<Readiness> {
         }
         ForkResult::Child => {
             drop(read);
-            become_daemon()?;
-            Ok(Readiness { pipe: File::from(write) })
+            let readiness = Readiness { pipe: File::from(write) };
+            if let Err(e) = become_daemon(log) {
+                readiness.failed(&format!("{e:#}"));
+                std::process::exit(1);
+            }
+            Ok(readiness)
         }
     }
 }
@@ -108,7 +118,7 @@ pub fn is_detached() -> bool {
     DETACHED.load(Ordering::Relaxed)
 }
 
-fn become_daemon() -> Result<()> {
+fn become_daemon(log: LogPlan) -> Result<()> {
     DETACHED.store(true, Ordering::Relaxed);
     nix::unistd::setsid().context("setsid")?;
     let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").context("/dev/null")?;
@@ -118,84 +128,6 @@ fn become_daemon() -> Result<()> {
             return Err(std::io::Error::last_os_error()).context("cannot redirect the standard streams");
         }
     }
-    log_to_syslog();
+    logging::detached(log.file, &log.default_name)?;
     Ok(())
-}
-
-type Syslog = syslog::BasicLogger;
-
-/// The process's logger: env_logger on stderr, until the process detaches;
-/// then syslog.
-struct ProcessLogger {
-    stderr: env_logger::Logger,
-    /// After detaching: the syslog writer and its filter (`RUST_LOG`, else
-    /// info).
-    syslog: OnceLock<(Syslog, env_logger::Logger)>,
-}
-
-static LOGGER: OnceLock<ProcessLogger> = OnceLock::new();
-
-impl Log for ProcessLogger {
-    fn enabled(&self, metadata: &Metadata) -> bool {
-        match self.syslog.get() {
-            Some((_, filter)) => filter.enabled(metadata),
-            None => self.stderr.enabled(metadata),
-        }
-    }
-
-    fn log(&self, record: &Record) {
-        match self.syslog.get() {
-            Some((syslog, filter)) => {
-                if filter.matches(record) {
-                    syslog.log(record);
-                }
-            }
-            None => self.stderr.log(record),
-        }
-    }
-
-    fn flush(&self) {
-        match self.syslog.get() {
-            Some((syslog, _)) => syslog.flush(),
-            None => self.stderr.flush(),
-        }
-    }
-}
-
-/// Installs the process logger (stderr, filtered by `RUST_LOG`).
-pub fn init_logging() {
-    let stderr =
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,fuser=error"))
-            .build();
-    let logger = LOGGER.get_or_init(|| ProcessLogger { stderr, syslog: OnceLock::new() });
-    if log::set_logger(logger).is_ok() {
-        log::set_max_level(logger.stderr.filter());
-    }
-}
-
-/// From now on, log to syslog (info and above unless `RUST_LOG` says
-/// otherwise). Without a syslog socket, log records are dropped.
-fn log_to_syslog() {
-    let Some(logger) = LOGGER.get() else { return };
-    let formatter = syslog::Formatter3164 {
-        facility: syslog::Facility::LOG_DAEMON,
-        hostname: None,
-        process: "citronfs".into(),
-        pid: std::process::id(),
-    };
-    let writer = match std::env::var_os(SYSLOG_SOCKET_ENV) {
-        Some(path) => syslog::unix_custom(formatter, path),
-        None => syslog::unix(formatter),
-    };
-    let Ok(writer) = writer else {
-        log::set_max_level(LevelFilter::Off);
-        return;
-    };
-    let filter =
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,fuser=warn"))
-            .build();
-    let level = filter.filter();
-    if logger.syslog.set((syslog::BasicLogger::new(writer), filter)).is_ok() {
-        log::set_max_level(level);
-    }
 }

@@ -5,6 +5,7 @@ mod daemon;
 mod install_units;
 mod keys;
 mod locks_cmd;
+mod logging;
 mod mount_cmd;
 mod mount_options;
 mod plot;
@@ -79,7 +80,7 @@ fn command_line() -> anyhow::Result<Option<Vec<OsString>>> {
 }
 
 fn main() -> std::process::ExitCode {
-    daemon::init_logging();
+    logging::init();
     let argv = match command_line() {
         Ok(Some(argv)) => argv,
         Ok(None) => return std::process::ExitCode::SUCCESS,
@@ -99,12 +100,37 @@ fn main() -> std::process::ExitCode {
             log::warn!("cannot sweep orphaned shm regions: {e}");
         }
     }
+    // A `--log-file` is opened before anything else, on the caller's
+    // terminal: a path that cannot be written fails the command there.
+    let log_file = match &cli.command {
+        Command::Mount(a) => a.log.log_file.as_deref(),
+        Command::MetaServer(a) => a.log.log_file.as_deref(),
+        Command::DataServer(a) => a.log.log_file.as_deref(),
+        _ => None,
+    };
+    let log_file = match log_file.map(|p| logging::open(p).map(|f| (p.to_path_buf(), f))).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("citronfs: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     // The detached mount's word to the waiting parent.
     let mut readiness = None;
+    let detaching = matches!(&cli.command, Command::Mount(a) if !a.foreground);
+    let log_file = match log_file {
+        Some((path, file)) if !detaching => {
+            logging::to_file(&path, file);
+            None
+        }
+        f => f,
+    };
     let result = match cli.command {
         Command::Mount(a) => {
-            if !a.foreground {
-                match daemon::detach() {
+            if detaching {
+                let plan =
+                    daemon::LogPlan { file: log_file, default_name: logging::file_name(&a.mountpoint()) };
+                match daemon::detach(plan) {
                     Ok(r) => readiness = Some(r),
                     Err(e) => {
                         eprintln!("citronfs: {e:#}");
@@ -120,7 +146,11 @@ fn main() -> std::process::ExitCode {
         Command::Locks(a) => locks_cmd::run(a),
         Command::Regions(a) => regions::run(a),
         Command::InstallUnits(a) => install_units::run(a),
-        Command::Status(a) => status_cmd::run(a),
+        Command::Status(a) => match status_cmd::run(a) {
+            Ok(true) => Ok(()),
+            Ok(false) => return std::process::ExitCode::from(status_cmd::UNHEALTHY),
+            Err(e) => Err(e),
+        },
         Command::Key(k) => keys::run(k),
         Command::Bench(b) => bench::run(b),
         Command::BenchLocksWorker => bench::locks::worker(),
@@ -131,7 +161,13 @@ fn main() -> std::process::ExitCode {
             match readiness.take() {
                 Some(r) => r.failed(&format!("{e:#}")),
                 None if daemon::is_detached() => log::error!("{e:#}"),
-                None => eprintln!("citronfs: {e:#}"),
+                None => {
+                    // A `--log-file` keeps the reason too.
+                    if logging::destination().is_some() {
+                        log::error!("{e:#}");
+                    }
+                    eprintln!("citronfs: {e:#}")
+                }
             }
             std::process::ExitCode::FAILURE
         }

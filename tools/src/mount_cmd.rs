@@ -21,6 +21,7 @@ use clap::Args;
 
 use crate::daemon::Readiness;
 use crate::keys::{EmbeddedKey, KeyArgs};
+use crate::logging::LogArgs;
 use crate::mount_options::{self, VfsFlag};
 use crate::servers::{LockArgs, MetaServerArgs};
 use crate::size::ByteSize;
@@ -85,9 +86,11 @@ pub struct MountArgs {
     #[command(flatten)]
     locks: LockArgs,
     /// Stay in the foreground (default: detach once the file system is
-    /// mounted, exit status 0 meaning it is, and log to syslog).
+    /// mounted, exit status 0 meaning it is, and log to syslog or a file).
     #[arg(long)]
     pub foreground: bool,
+    #[command(flatten)]
+    pub log: LogArgs,
     /// Options as mount(8) and fstab give them: any flag of this command
     /// without its dashes (attr-ttl=1, transport=tcp), VFS flags (ro,
     /// nosuid, nodev, noexec, noatime, ...), and options for mount(8) or
@@ -111,6 +114,13 @@ enum TransportArg {
     Auto,
     Tcp,
     Ib,
+}
+
+impl MountArgs {
+    /// The mount point as given, made absolute (it is checked later).
+    pub fn mountpoint(&self) -> PathBuf {
+        std::path::absolute(&self.mountpoint).unwrap_or_else(|_| self.mountpoint.clone())
+    }
 }
 
 fn is_mount_point(path: &Path) -> Result<bool> {
@@ -183,6 +193,7 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
                 state_dir: args.state_dir.clone(),
                 locks: args.locks.clone(),
                 key: KeyArgs::default(),
+                log: LogArgs::default(),
             };
             let mut config = meta_args.config();
             config.keyring = Some(key.keyring.clone());
@@ -255,6 +266,9 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
         message += "other nodes join with a copy of that file (keep it mode 600):\n";
         message += &format!("  citronfs mount DIR --meta {meta} --key-file {file}\n");
         message += &format!("  citronfs data-server --meta {meta} --key-file {file} --listen ADDR:0\n");
+    }
+    if let Some(log) = crate::logging::destination() {
+        message += &format!("log: {log}\n");
     }
     match readiness.take() {
         Some(r) => {

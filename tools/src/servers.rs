@@ -21,6 +21,7 @@ use citronfs_meta_server::{DataServer, MetaServer, MetaServerConfig};
 use clap::Args;
 
 use crate::keys::KeyArgs;
+use crate::logging::LogArgs;
 use crate::size::ByteSize;
 
 #[derive(Args, Debug)]
@@ -58,6 +59,8 @@ pub struct MetaServerArgs {
     pub locks: LockArgs,
     #[command(flatten)]
     pub key: KeyArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// The state directory a meta-server listening on `listen` uses when it is
@@ -155,6 +158,8 @@ pub struct DataServerArgs {
     ib: Option<IbDevice>,
     #[command(flatten)]
     key: KeyArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Tells the service manager (if `$NOTIFY_SOCKET` names one) that the
@@ -203,6 +208,7 @@ pub fn run_meta(args: MetaServerArgs) -> Result<()> {
     let server = MetaServer::start(config).with_context(|| format!("cannot start on {}", args.listen))?;
     let status = format!("meta-server listening on {} (nic {})", server.local_addr(), server.nic_addr());
     println!("{status}");
+    log::info!("{status}");
     notify_ready(&status);
     stop.wait();
     notify_stopping();
@@ -227,12 +233,13 @@ pub fn run_data(args: DataServerArgs) -> Result<()> {
     .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
     let status = format!("data server {} exporting {} on {}", server.id().0, capacity, server.nic_addr());
     println!("{status}");
+    log::info!("{status}");
     notify_ready(&status);
     stop.wait();
     notify_stopping();
     if let Err(e) = server.leave() {
         // It stops all the same; the meta-server finds out when its probes fail.
-        eprintln!("citronfs: cannot tell the meta-server that this data server leaves: {e}");
+        log::warn!("cannot tell the meta-server that this data server leaves: {e}");
     }
     drop(server);
     Ok(())

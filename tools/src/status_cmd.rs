@@ -10,6 +10,12 @@
 //! so more can be added beside them. The last section is not the cluster's
 //! but this host's: the shm regions servers here publish and who owns them
 //! ([`crate::regions`]).
+//!
+//! The output ends with one health line ([`ClusterStatus::problems`]), and
+//! the JSON document has `healthy` and `problems`: the command exits 0 when
+//! the cluster is healthy and [`UNHEALTHY`] (3) when it needs an operator;
+//! 1 is an error of the command itself (an unreachable meta-server, say),
+//! 2 a bad command line.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -68,7 +74,11 @@ pub fn fetch(meta: SocketAddr, timeout: Duration, credentials: Credentials) -> R
     }
 }
 
-pub fn run(args: StatusArgs) -> Result<()> {
+/// The exit status of a cluster that needs an operator.
+pub const UNHEALTHY: u8 = 3;
+
+/// Prints the status; whether the cluster is healthy.
+pub fn run(args: StatusArgs) -> Result<bool> {
     let timeout =
         Duration::try_from_secs_f64(args.timeout).context("--timeout must be a number of seconds")?;
     let meta = match (&args.meta, &args.path) {
@@ -79,6 +89,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let keyring = args.key.load()?;
     let status = fetch(meta, timeout, Credentials::of_key(keyring.as_deref().map(|r| r.first())))?;
     let regions = crate::regions::host_regions()?;
+    let problems = status.problems();
     if args.json {
         let mut doc = json(meta, &status);
         doc["host_regions"] = serde_json::to_value(&regions)?;
@@ -90,12 +101,28 @@ pub fn run(args: StatusArgs) -> Result<()> {
 shm regions on this host"
         );
         crate::regions::print_regions(&mut std::io::stdout().lock(), &regions, false)?;
+        println!("\n{}", health_line(&problems));
     }
-    Ok(())
+    Ok(problems.is_empty())
+}
+
+/// The closing line: `health: ok` and what was checked, or `health:
+/// UNHEALTHY` and every problem.
+pub fn health_line(problems: &[String]) -> String {
+    if problems.is_empty() {
+        format!(
+            "health: ok (every data server answers, no lagging or fenced client, space, files and lock \
+             memory below {}%)",
+            citronfs_core::status::NEARLY_FULL_PERCENT
+        )
+    } else {
+        format!("health: UNHEALTHY: {}", problems.join("; "))
+    }
 }
 
 /// The JSON document: one object per section.
 pub fn json(meta: SocketAddr, s: &ClusterStatus) -> serde_json::Value {
+    let problems = s.problems();
     serde_json::json!({
         "meta_server": meta.to_string(),
         "chunk_size": s.chunk_size,
@@ -105,6 +132,8 @@ pub fn json(meta: SocketAddr, s: &ClusterStatus) -> serde_json::Value {
         "clients": s.clients,
         "reclaim": s.reclaim,
         "state": s.state,
+        "healthy": problems.is_empty(),
+        "problems": problems,
     })
 }
 
@@ -139,8 +168,18 @@ fn state(s: &ClusterStatus) {
 
 fn data_servers(s: &ClusterStatus) {
     println!("\ndata servers");
-    let mut t =
-        Table::new(&["ID", "NIC", "SHM", "CAPACITY", "USED", "FREE", "USE%", "EXTENTS", "LARGEST_FREE"]);
+    let mut t = Table::new(&[
+        "ID",
+        "NIC",
+        "SHM",
+        "CAPACITY",
+        "USED",
+        "FREE",
+        "USE%",
+        "EXTENTS",
+        "LARGEST_FREE",
+        "ANSWERS",
+    ]);
     for d in &s.data_servers {
         t.push(vec![
             d.id.0.to_string(),
@@ -152,6 +191,7 @@ fn data_servers(s: &ClusterStatus) {
             percent(d.used, d.capacity),
             d.extents.to_string(),
             bytes(d.largest_free),
+            d.unanswered_ms.map_or_else(|| "yes".into(), |ms| format!("no, for {ms}ms")),
         ]);
     }
     t.print();
@@ -168,6 +208,9 @@ fn files(s: &ClusterStatus) {
         f.opens,
         bytes(f.allocated)
     );
+    if f.lost_data > 0 {
+        println!("  {} files lost their data with a data server that is gone (they answer EIO)", f.lost_data);
+    }
 }
 
 fn lock_memory(s: &ClusterStatus) {

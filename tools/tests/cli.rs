@@ -423,6 +423,13 @@ fn locks_lists_holders_and_waiters_of_a_file() {
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim().lines().count(), 1);
 }
 
+/// Whether `citronfs status` answered: 0 (healthy) or 3 (needs an
+/// operator; a client's renewal may lag on a loaded machine), not 1 (the
+/// command failed). Health itself is tested in `tests/service.rs`.
+fn answered(out: &std::process::Output) -> bool {
+    matches!(out.status.code(), Some(0) | Some(3))
+}
+
 /// `citronfs status`, given a mount point or the meta-server's address:
 /// space per data server, files and opens, lock memory and its limit,
 /// clients and their leases; as tables, or as JSON.
@@ -433,7 +440,7 @@ fn status_reports_space_files_lock_memory_and_clients() {
     std::fs::write(a.path("small"), vec![1u8; 5000]).unwrap();
     let held = std::fs::File::open(a.path("small")).unwrap();
     let out = Command::new(EXE).args(["status", "--json"]).arg(a.dir.path()).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(answered(&out), "{}", String::from_utf8_lossy(&out.stderr));
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["meta_server"], cluster.meta.local_addr().to_string());
     let d = &s["data_servers"][0];
@@ -450,7 +457,7 @@ fn status_reports_space_files_lock_memory_and_clients() {
     // Tables, from the meta-server's address.
     let meta = cluster.meta.local_addr().to_string();
     let out = Command::new(EXE).args(["status", "--meta", &meta]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(answered(&out), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     for section in ["data servers", "files:", "lock memory:", "clients", "CAPACITY", "LEASE"] {
         assert!(text.contains(section), "{section} missing from:\n{text}");
@@ -492,7 +499,7 @@ fn status_of_a_cluster_with_a_key_takes_the_key_file() {
             .args(&target)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{target:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(answered(&out), "{target:?}: {}", String::from_utf8_lossy(&out.stderr));
         let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(s["files"]["regular_files"], 1, "{target:?}: {s:#}");
         assert_eq!(s["clients"].as_array().unwrap().len(), 1, "{target:?}: {s:#}");

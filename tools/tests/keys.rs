@@ -1,4 +1,4 @@
-//! Cluster keys at the command line, as issue 15 found the hole: an
+//! Cluster keys at the command line, where a hole once was: an
 //! embedded `citronfs mount` serving a file, and `citronfs bench verbs`
 //! pointed at every port the mount listens on. With keys it is refused at
 //! each and the file's bytes are unchanged; a second mount joins only with

@@ -1,4 +1,4 @@
-//! CitronFS run as a service (issue 16, issue 11 point 6), as an operator
+//! CitronFS run as a service, as an operator
 //! meets it: mount(8) and fstab, a detached mount, systemd readiness,
 //! SIGTERM and SIGKILL of every process, and what they leave behind.
 //!
@@ -640,6 +640,123 @@ fn a_crashed_data_server_is_found_and_its_files_answer_eio() {
         std::fs::read(mount.path("f")).is_err_and(|e| e.raw_os_error() == Some(libc::EIO))
     });
     assert_eq!(std::fs::metadata(mount.path("f")).unwrap().len(), 27, "the namespace stays");
+    drop(mount);
+    signal(meta.id() as i32, libc::SIGTERM);
+    assert!(wait_exit(&mut meta).success());
+}
+
+/// A detached mount on a host without syslog (its socket missing) logs to
+/// a file in the default log directory and prints which; an error that
+/// reaches an application as EIO is in that log with its cause. Servers
+/// log to their `--log-file`; a `--log-file` that cannot be written fails
+/// the command on the caller's terminal.
+#[test]
+fn a_detached_mount_without_syslog_logs_to_the_file_it_printed() {
+    let logs = tempfile::tempdir().unwrap();
+    let meta_log = logs.path().join("servers/meta.log");
+    let (mut meta, line) =
+        start_server(&["meta-server", "--listen", "127.0.0.1:0", "--log-file", meta_log.to_str().unwrap()]);
+    let addr = meta_addr(&line);
+    let (mut data, _) = start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB"]);
+    let default_dir = logs.path().join("default");
+
+    let dir = MountDir::new();
+    let out = Command::new(EXE)
+        .args(["mount", "--meta", &addr])
+        .arg(dir.path())
+        .env("CITRONFS_SYSLOG_SOCKET", logs.path().join("no-syslog-here"))
+        .env("CITRONFS_LOG_DIR", &default_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let printed = PathBuf::from(
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("log: "))
+            .unwrap_or_else(|| panic!("no log line: {stdout}")),
+    );
+    assert_eq!(printed.parent(), Some(default_dir.as_path()), "{stdout}");
+    let read_log = || std::fs::read_to_string(&printed).unwrap_or_default();
+    assert!(read_log().contains("mounted at"), "{}", read_log());
+
+    std::fs::write(dir.path().join("lost"), vec![7u8; 10_000]).unwrap();
+    signal(data.id() as i32, libc::SIGTERM);
+    assert!(wait_exit(&mut data).success());
+    let e = std::fs::read(dir.path().join("lost")).expect_err("data of a departed server");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    wait_until("the EIO's cause is in the mount's log", || {
+        read_log().lines().any(|l| l.contains("WARN") && l.contains("EIO: ") && l.contains("data server"))
+    });
+    let meta_text = std::fs::read_to_string(&meta_log).unwrap();
+    assert!(meta_text.contains("meta-server listening on"), "{meta_text}");
+    assert!(meta_text.contains("data server 1 is gone"), "{meta_text}");
+
+    let out = Command::new("umount").arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    wait_until("the daemon exits after umount", || pids_with(dir.path().to_str().unwrap()).is_empty());
+    assert!(read_log().contains("unmount"), "the end is logged too: {}", read_log());
+
+    // A log file that cannot be made fails the mount before it detaches.
+    let out = Command::new(EXE)
+        .args(["mount", "--meta", &addr, "--log-file", "/proc/citronfs/mount.log"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/proc/citronfs"), "{}", text(&out));
+    assert!(mounted_at(dir.path()).is_none());
+
+    signal(meta.id() as i32, libc::SIGTERM);
+    assert!(wait_exit(&mut meta).success());
+}
+
+/// `citronfs status` ends with a health line: a healthy cluster exits 0; a
+/// cluster whose data server stopped, with a file's data on it, says so on
+/// an unhealthy line (and in the JSON's `healthy` and `problems`) and exits
+/// non-zero.
+#[test]
+fn status_says_what_is_wrong_and_exits_nonzero_when_unhealthy() {
+    let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0"]);
+    let addr = meta_addr(&line);
+    let (mut data, _) = start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB"]);
+    let mount = citronfs_tests::TestMount::new(addr.parse().unwrap());
+    std::fs::write(mount.path("f"), vec![1u8; 10_000]).unwrap();
+    let status = |json: bool| {
+        let mut c = Command::new(EXE);
+        c.args(["status", "--meta", &addr]);
+        if json {
+            c.arg("--json");
+        }
+        c.output().unwrap()
+    };
+    // Healthy (a client's renewal may lag on a loaded machine: then ask
+    // again; an unhealthy verdict that lasts fails the test).
+    let mut last = None;
+    wait_until("a healthy status", || {
+        let out = status(false);
+        let ok = out.status.success();
+        last = Some(out);
+        ok
+    });
+    let out = last.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.trim_end().lines().last().is_some_and(|l| l.starts_with("health: ok")), "{}", text(&out));
+
+    signal(data.id() as i32, libc::SIGTERM);
+    assert!(wait_exit(&mut data).success());
+    let out = status(false);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let health = stdout.trim_end().lines().last().unwrap_or_default();
+    assert!(health.starts_with("health: UNHEALTHY"), "{}", text(&out));
+    assert!(health.contains("no data server") && health.contains("1 files lost their data"), "{health}");
+    let out = status(true);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["healthy"], false, "{doc:#}");
+    assert_eq!(doc["problems"].as_array().map(Vec::len), Some(2), "{doc:#}");
+
     drop(mount);
     signal(meta.id() as i32, libc::SIGTERM);
     assert!(wait_exit(&mut meta).success());

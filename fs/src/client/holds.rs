@@ -1,7 +1,7 @@
 //! Which owners may hold byte-range locks on which files here, so that a
 //! close by anyone else costs no verbs (DESIGN.md §7), and so that a close
-//! never forgets an owner whose lock is still being granted (issue #12,
-//! point 5).
+//! never forgets an owner whose lock is still being granted (no orphaned
+//! locks across a fence).
 //!
 //! A key is added before an acquisition of the owner starts (a superset of
 //! the owners that hold locks), and taken out by the close that releases

@@ -23,7 +23,7 @@
 //!   fine) and the whole operation is done again under a fresh acquisition
 //!   ([`Attempt::HoldExpired`]): rewriting the same bytes is idempotent, and
 //!   re-reading is harmless, so the caller never sees it. This is half of
-//!   the lease ordering of issue 12 point 4; the other half is the fence
+//!   the lease ordering (no takeover before a fence); the other half is the fence
 //!   delay every takeover waits (see
 //!   [`fence_delay_for`](crate::locks::guard::fence_delay_for)).
 //!
@@ -338,7 +338,7 @@ impl FsClient {
                 // may wait for the attribute ALock, up to its recovery from
                 // a failed holder (3/2 of the lock lease plus the fence
                 // delay), which must not count against this range's own
-                // lease H (issue 12). Readers clip to the published size,
+                // lease H (no takeover before a fence). Readers clip to the published size,
                 // so they see the new bytes only after it.
                 let complete = matches!(written, Ok(Written::Done(_)));
                 let released = match range {

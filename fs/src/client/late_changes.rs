@@ -1,4 +1,4 @@
-//! Creates and unlinks answered before they are sent (issue 13: the
+//! Creates and unlinks answered before they are sent (for the
 //! create and delete phases of mdtest and IO500; CephFS's asynchronous
 //! create and unlink under its directory capabilities are the same idea).
 //!

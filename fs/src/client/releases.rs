@@ -1,5 +1,5 @@
-//! Releases sent after the close, in batches (issue 13: "no RPC at flush
-//! or release where nothing changed").
+//! Releases sent after the close, in batches (metadata cost: no RPC at
+//! flush or release where nothing changed).
 //!
 //! A mount's last close of a file does everything the file's release needs
 //! here at once: it stops the use of the file's lock memory and forgets its

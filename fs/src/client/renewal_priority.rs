@@ -1,5 +1,5 @@
-//! Lease renewal ahead of everything else the host runs (issue 12, "a mount
-//! starved of CPU keeps its lease").
+//! Lease renewal ahead of everything else the host runs: a mount
+//! starved of CPU keeps its lease.
 //!
 //! A client fences itself when it has not renewed its lease for 3/4 of it,
 //! and the meta-server drops it after a whole lease. On an HPC node whose

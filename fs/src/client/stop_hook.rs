@@ -1,4 +1,4 @@
-//! A test-only hook for the stalled-mount tests (issue 12 point 4): with
+//! A test-only hook for the stalled-mount tests (no takeover before a fence): with
 //! `CITRONFS_TEST_STOP_HOLDING` set to `range`, `range-checked`, `inode` or
 //! `alock` in its environment, a client process stops itself (SIGSTOP, the
 //! whole process, its lease renewals too) the first time its write path

@@ -42,7 +42,7 @@
 //! thread: before, it was a round trip to the thread's mailbox for every
 //! file of the first shard, a quarter of all closes.
 //!
-//! # Waits across a fence (issue #12, point 5)
+//! # Waits across a fence (no orphaned locks)
 //!
 //! A request belongs to the identity (client id) it was registered under.
 //! Once the client is fenced, the meta-server removes that identity's
@@ -53,8 +53,8 @@
 //! * a request of an older identity (the client registered again) is
 //!   answered EIO without touching lock memory;
 //! * a retry already in flight when the fence came may still write its
-//!   grant (no server refuses a fenced client's verbs yet: issue #12,
-//!   point 4). So a grant is kept only if, after it was written, the client
+//!   grant (no server refuses a fenced client's verbs yet: see the lease
+//!   ordering in `guard`). So a grant is kept only if, after it was written, the client
 //!   is neither fenced nor registered anew: the client fences itself
 //!   (3/4 of a lease without renewal) before the meta-server removes its
 //!   records (a whole lease), so a grant written after that removal is

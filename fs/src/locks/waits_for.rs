@@ -82,7 +82,7 @@
 //! ended. With the generation in word 0, the old checksum never matches a
 //! newer claim.
 //!
-//! # Blocks (no fixed cap on waiters, issue #12 point 7)
+//! # Blocks (no fixed cap on waiters)
 //!
 //! The table is a chain of blocks of [`WaitsFor::capacity`] entries each.
 //! The first block is made with the cluster; the last entry of every block

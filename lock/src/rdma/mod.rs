@@ -495,7 +495,7 @@ impl Endpoint {
     /// [`Endpoint::execute`] of [`Verb::Write`]s would, without first
     /// copying the bytes into verbs where the transport does not need them
     /// owned: on shm they go from the caller's buffer straight into the
-    /// region (a file system's data path, issue 13); the tcp and ib paths
+    /// region (a file system's data path); the tcp and ib paths
     /// encode or post owned verbs anyway. One result per write.
     pub fn write_slices(
         &self,

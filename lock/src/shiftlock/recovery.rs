@@ -82,7 +82,7 @@ pub struct RecoveryLocator {
     pub service: ClientAddr,
     /// The same service's mailbox on a second fabric, if it has one: a
     /// lock host whose own fabric is shm also serves its NIC's (tcp)
-    /// clients, which cannot send to a shm mailbox (issue 12).
+    /// clients, which cannot send to a shm mailbox (near and far clients mixed).
     pub also: Option<ClientAddr>,
     pub eras: EraTable,
 }

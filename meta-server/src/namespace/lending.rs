@@ -1,5 +1,5 @@
 //! Inodes lent to clients for the creates they answer before they send
-//! them (issue 13; the client's `late_changes` module has the protocol).
+//! them (the client's `late_changes` module has the protocol).
 //!
 //! A caching mount answers the create of a regular file in a directory
 //! delegated to it at once, with an inode number and a listing cookie it

@@ -31,6 +31,8 @@ pub struct FileCounts {
     pub max_files: u64,
     /// Bytes of data-server memory the files' extents take.
     pub allocated: u64,
+    /// Regular files with data on a data server that is gone.
+    pub lost_data: u64,
 }
 
 impl Namespace {
@@ -217,6 +219,7 @@ impl Namespace {
                     f.opens.iter().filter(|(k, _)| **k != META_CLIENT).map(|(_, n)| u64::from(*n)).sum();
                 c.opens += opens;
                 c.open_files += u64::from(opens > 0);
+                c.lost_data += u64::from(f.chunks.values().any(|l| self.lost_servers.contains(&l.server)));
             }
         }
         c

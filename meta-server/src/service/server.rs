@@ -181,7 +181,7 @@ impl MetaServer {
         // Every lock waits the fence delay past its own threshold before it
         // takes a silent holder over: our client lease, a reaper tick and a
         // margin (`fence_delay_for`), so no lock is recovered before we
-        // have fenced its holder (issue 12 point 4). Clients get these
+        // have fenced its holder (the lease ordering). Clients get these
         // parameters at registration; our own lock users below take the
         // same ones.
         let lock_params = ClusterLockParams { published_t_wait: Some(tuning.word()), ..config.lock_params }

@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use citronfs_core::proto::DataServerInfo;
 use citronfs_core::status::{
-    ClientStatus, ClusterStatus, DataServerStatus, FileStatus, LockMemoryStatus, ReclaimStatus, StateStatus,
+    ClientStatus, ClusterStatus, DataServerStatus, FenceStatus, FileStatus, LockMemoryStatus, ReclaimStatus,
+    StateStatus,
 };
 
 use super::MetaService;
@@ -23,11 +24,16 @@ impl MetaService {
                 ns.lock_memory_in_use(),
             )
         };
-        let infos: Vec<DataServerInfo> = self.data_servers.lock().iter().map(|l| l.info.clone()).collect();
+        let infos: Vec<(DataServerInfo, Option<u64>)> = self
+            .data_servers
+            .lock()
+            .iter()
+            .map(|l| (l.info.clone(), l.unanswered_for().map(|d| d.as_millis() as u64)))
+            .collect();
         let data_servers = space
             .iter()
             .filter_map(|s| {
-                let info = infos.iter().find(|i| i.id == s.id)?;
+                let (info, unanswered_ms) = infos.iter().find(|(i, _)| i.id == s.id)?;
                 Some(DataServerStatus {
                     id: s.id,
                     nic: info.nic,
@@ -37,6 +43,7 @@ impl MetaService {
                     free: s.free,
                     extents: s.extents,
                     largest_free: s.largest_free,
+                    unanswered_ms: *unanswered_ms,
                 })
             })
             .collect();
@@ -67,6 +74,7 @@ impl MetaService {
                 opens: counts.opens,
                 max_files: counts.max_files,
                 allocated: counts.allocated,
+                lost_data: counts.lost_data,
             },
             lock_memory: LockMemoryStatus {
                 in_use: areas_in_use + trees_in_use,
@@ -86,6 +94,10 @@ impl MetaService {
                 lock_memory_frees: r.lock_memory_frees,
                 extent_frees: r.extent_frees,
                 extent_bytes_freed: r.extent_bytes_freed,
+                last_fence: r.last_fence.map(|(client, at)| FenceStatus {
+                    client,
+                    ms_ago: now.duration_since(at).as_millis() as u64,
+                }),
             },
             state: self.state_status(),
         }

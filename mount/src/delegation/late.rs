@@ -1,5 +1,5 @@
 //! What the delegations answer for creates and unlinks the mount answers
-//! before it sends them (issue 13; `crate::late_changes` says which, the
+//! before it sends them (`crate::late_changes` says which, the
 //! client's `late_changes` module why it is coherent).
 //!
 //! A late change is applied to the listing and queued in one step, under

@@ -1,5 +1,5 @@
 //! Listing a delegated directory here: its `READDIRPLUS` pages without a
-//! round trip (issue 13, `find` and `ls -l` of what a mount made).
+//! round trip (`find` and `ls -l` of what a mount made).
 //!
 //! A delegation's listing is the directory's every name (see the parent
 //! module); with each name's cookie, which the answers of the mount's own

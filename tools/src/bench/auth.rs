@@ -1,5 +1,5 @@
 //! `citronfs bench auth`: what cluster keys and grants cost, each beside the
-//! same thing without them, measured in one run (issue 15):
+//! same thing without them, measured in one run:
 //!
 //! 1. **Per connection**: TCP connect alone; connect + the handshake of a
 //!    NIC without keys (one round trip); with a key (two round trips and

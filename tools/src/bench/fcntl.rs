@@ -1,5 +1,5 @@
 //! `citronfs bench fcntl`: POSIX byte-range lock throughput through real
-//! FUSE mounts (issue 6), every figure side by side in one run.
+//! FUSE mounts, every figure side by side in one run.
 //!
 //! Lock + unlock pairs per second (`F_SETLK` write lock, then `F_UNLCK`) of
 //! separate processes ([`worker`]: POSIX locks belong to processes), in
@@ -174,7 +174,7 @@ pub struct FcntlArgs {
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
     /// Distances of a far mount in ms added to each of its round trips
-    /// (issue 12; `distance.rs`): for each, a cluster with a near mount
+    /// (`distance.rs`): for each, a cluster with a near mount
     /// (shm) and a far one (tcp) runs the F_SETLKW counter, the torn-read
     /// check and SQLite across the two. None by default.
     #[arg(long, value_delimiter = ',')]

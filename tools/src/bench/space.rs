@@ -1,4 +1,4 @@
-//! `citronfs bench space`: what space and lock memory files take (issue 10),
+//! `citronfs bench space`: what space and lock memory files take,
 //! through a real FUSE mount of an embedded cluster:
 //! * `fill`: files of each size written until the data server is full,
 //!   as files per GiB of data-server memory;

@@ -143,7 +143,7 @@
 //! * [`release`]: Algorithm 3 (§3.6), with lines 10–12 after scale-ups;
 //! * [`recovery`]: the lease recovery of §3.10 at the places a waiter spins;
 //! * [`own`]: what this client holds, so that a second range it asks for
-//!   never waits for its first (issue 12);
+//!   never waits for its first;
 //! * [`resize`]: scale-up (Algorithm 4, §3.9.1) and scale-down (§3.9.2).
 
 mod acquire;

@@ -1,4 +1,4 @@
-//! What one client holds, so that it never waits for itself (issue 12).
+//! What one client holds, so that it never waits for itself.
 //!
 //! The paper's client holds one range at a time; ours may hold several
 //! disjoint ones ([`crate::range_lock`]: one client per thread and

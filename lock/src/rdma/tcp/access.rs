@@ -45,7 +45,7 @@
 //!
 //! Without keys nothing is proved, so grants would protect nothing; but a
 //! client that stalled past its lease must still be refused, or its verbs
-//! in flight land after its locks were recovered (issue 12). A registered
+//! in flight land after its locks were recovered (no takeover before a fence). A registered
 //! client of such a cluster names its session when it connects
 //! ([`Principal::Claimed`]). Admission and fencing apply to it exactly as
 //! to a proved session (the meta-server admits and fences clients of every

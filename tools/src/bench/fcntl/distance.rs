@@ -1,4 +1,4 @@
-//! `bench fcntl --far-ms … --refusals N` (issue 12): what a mount far from
+//! `bench fcntl --far-ms … --refusals N`: what a mount far from
 //! the servers gets, and what refusals cost.
 //!
 //! **Distance.** For each `--far-ms` distance, a cluster with a near mount

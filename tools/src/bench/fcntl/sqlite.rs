@@ -1,4 +1,4 @@
-//! SQLite on the file system (issue 6's application figure): several
+//! SQLite on the file system (the fcntl benchmark's application figure): several
 //! processes on several mounts insert rows into one database, one row per
 //! transaction, through Debian's `sqlite3` command-line shell.
 //!
