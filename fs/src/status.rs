@@ -262,6 +262,17 @@ mod tests {
                 opens: 0,
             }],
             reclaim: ReclaimStatus::default(),
+            state: StateStatus {
+                fs: FsId(1),
+                born_unix_s: 0,
+                started_unix_s: 0,
+                incarnation: 1,
+                replay_ms: 0,
+                state_dir: "/dev/shm/state".into(),
+                journal_segments: 1,
+                journal_bytes: 0,
+                snapshot: None,
+            },
         }
     }
 
