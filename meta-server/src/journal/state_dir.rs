@@ -1,5 +1,6 @@
 //! Where a meta-server keeps its state when it is not told
-//! (`--state-dir`): a scratch directory under `/dev/shm`, for a meta-server
+//! (`--state-dir`): a scratch directory under `/dev/shm` (or
+//! `$CITRONFS_SCRATCH_STATE_ROOT`), for a meta-server
 //! that is started from code (tests, benchmarks) and whose file system
 //! ends with it. A scratch directory is removed when its meta-server
 //! stops; one left by a process that died is removed by the next start
@@ -12,6 +13,13 @@ use super::files;
 
 /// Where scratch state directories are made.
 pub const SCRATCH_ROOT: &str = "/dev/shm";
+/// Names another directory for them: a benchmark measures the journal on a
+/// disk by pointing it there.
+pub const SCRATCH_ROOT_ENV: &str = "CITRONFS_SCRATCH_STATE_ROOT";
+
+fn scratch_root() -> std::path::PathBuf {
+    std::env::var_os(SCRATCH_ROOT_ENV).map_or_else(|| SCRATCH_ROOT.into(), Into::into)
+}
 const SCRATCH_PREFIX: &str = "citronfs-scratch-";
 
 /// A scratch state directory, removed on drop.
@@ -25,9 +33,10 @@ impl ScratchDir {
     /// meta-server is gone.
     pub fn new() -> std::io::Result<Self> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        remove_orphaned_scratch(Path::new(SCRATCH_ROOT));
+        let root = scratch_root();
+        remove_orphaned_scratch(&root);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = Path::new(SCRATCH_ROOT).join(format!("{SCRATCH_PREFIX}{}-{n}", std::process::id()));
+        let path = root.join(format!("{SCRATCH_PREFIX}{}-{n}", std::process::id()));
         if path.exists() {
             std::fs::remove_dir_all(&path)?;
         }
