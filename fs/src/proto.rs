@@ -187,9 +187,18 @@ pub enum MetaRequest {
         ib: Option<SocketAddr>,
         region: u32,
         capacity: u64,
+        /// The identity this server had, when it re-adopted its memory
+        /// from its data directory: the meta-server re-links that server
+        /// (its extents stay valid) instead of assigning a new id, and
+        /// refuses an id it does not know.
+        rejoin: Option<DataServerId>,
+        /// Whether the server keeps its memory across its own restart (a
+        /// data directory): then a server that stops answering is down,
+        /// not lost (see the meta-server's `service::data_servers`).
+        kept: bool,
     },
-    /// A data server goes away (SIGTERM): its memory and the file data in
-    /// it are gone.
+    /// A data server goes away for good (SIGTERM of a server whose memory
+    /// is not kept): its memory and the file data in it are gone.
     DataServerLeaves {
         id: DataServerId,
     },

@@ -103,7 +103,7 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Interrupted => Errno::EINTR,
         FsError::NoLocks => Errno::ENOLCK,
         FsError::TooManyOpenFiles => Errno::ENFILE,
-        FsError::Io(_) | FsError::Fenced => Errno::EIO,
+        FsError::Io(_) | FsError::Fenced | FsError::DataServerDown(_) => Errno::EIO,
     }
 }
 

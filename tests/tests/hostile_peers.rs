@@ -159,6 +159,8 @@ fn meta_requests(aim: &Aim) -> Vec<Vec<u8>> {
             ib: None,
             region: 1,
             capacity: 1 << 20,
+            rejoin: None,
+            kept: false,
         },
         MetaRequest::Layout { ino: aim.honest },
         MetaRequest::StatFs,

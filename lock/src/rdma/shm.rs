@@ -137,6 +137,23 @@ impl ShmHost {
         self.regions.insert(mem).map_err(|e| TransportError::Shm(e.to_string()))
     }
 
+    /// Registers the memory of `file`, a file that outlives the fabric (a
+    /// data server's data directory), as region `id`: published as a
+    /// symbolic link `region-<id>` to it, so that clients map the file
+    /// itself and removing the fabric (by its host, or a sweep of orphans)
+    /// removes the link, never the memory.
+    pub fn add_region_file(&self, id: RegionId, file: &Path) -> Result<Arc<RegionMemory>, TransportError> {
+        let path = self.dir.join(format!("region-{}", id.0));
+        if path.exists() {
+            return Err(TransportError::Shm(format!("region {id:?} already exists")));
+        }
+        let target = fs::canonicalize(file).map_err(|e| shm_err("cannot resolve", file, e))?;
+        let mem =
+            RegionMemory::from_file(id, &open_rw(&target)?).map_err(|e| shm_err("cannot map", &target, e))?;
+        std::os::unix::fs::symlink(&target, &path).map_err(|e| shm_err("cannot publish", &path, e))?;
+        self.regions.insert(mem).map_err(|e| TransportError::Shm(e.to_string()))
+    }
+
     /// The regions, as the host's own threads see them.
     pub fn regions(&self) -> &Arc<RegionTable> {
         &self.regions

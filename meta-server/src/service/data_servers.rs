@@ -1,6 +1,33 @@
-//! The data servers as the meta-server sees them: registering one, losing
-//! one that stopped answering (the prober), and the calls the meta-server
-//! makes on their memory (zeroing freed extents, filling new ones).
+//! The data servers as the meta-server sees them: registering one (anew,
+//! or again under the identity it had), telling one that stopped answering
+//! down or lost (the prober), and the calls the meta-server makes on their
+//! memory (zeroing freed extents, filling new ones).
+//!
+//! # Down or lost
+//!
+//! A data server whose memory is *kept* (it runs with a data directory,
+//! `MetaRequest::RegisterDataServer::kept`) re-adopts it when it restarts
+//! and registers again with the id it had (`rejoin`). For such a server:
+//!
+//! * silent for a whole lease (a crash, SIGKILL, SIGTERM, a hung host): it
+//!   is **down**. No new extent goes to it; its files keep their layouts and
+//!   names, and I/O on them waits in the clients (up to their `--timeout`,
+//!   then EIO) for it to come back. It answers probes again, or registers
+//!   again under its id (a new NIC address, shm name, region mapping), and
+//!   it is up: the same extents, the same bytes. It stays down, never lost,
+//!   however long it is away: only the operator knows whether it will come
+//!   back. A rejoin under an id this meta-server does not know is refused
+//!   with an error that says so: a server holding data is never given a
+//!   new identity silently.
+//! * SIGTERM is a restart like any other: it sends no goodbye (its memory
+//!   stays in its data directory), and is down until it registers again.
+//!
+//! A data server whose memory is *not* kept (no data directory) loses its
+//! memory when it stops, so it is **lost**: when it says it leaves
+//! (`DataServerLeaves`, on SIGTERM) or when it is silent for a lease. Its
+//! files keep their names and answer EIO at once and for good (their
+//! layouts are refused). A lost server that registers again under its id
+//! (a kept one that said it left) comes back as it was.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -13,7 +40,7 @@ use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId, Ino};
 use citronfs_core::FsError;
 
 use crate::access::Placed;
-use crate::data_link::DataServerLink;
+use crate::data_link::{DataServerLink, Probe};
 use crate::namespace::{extent_memory, ExtentPlan, Namespace, ZeroRange};
 
 use super::{server_credentials, MetaService};
@@ -35,6 +62,11 @@ impl MetaService {
         Ok(())
     }
 
+    /// Registers a data server: a new one gets the next id; one that
+    /// re-adopted its memory (`rejoin`) is re-linked under the id it had, if
+    /// that id is this meta-server's and its memory is the same region and
+    /// capacity, and is up again with its extents as they were.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn register_data_server(
         &self,
         nic: SocketAddr,
@@ -42,14 +74,46 @@ impl MetaService {
         ib: Option<SocketAddr>,
         region: u32,
         capacity: u64,
+        rejoin: Option<DataServerId>,
+        kept: bool,
     ) -> Result<MetaResponse, FsError> {
         let mut links = self.data_servers.lock();
-        let id = DataServerId(self.next_data_server.fetch_add(1, Ordering::Relaxed) as u32);
+        let id = match rejoin {
+            None => DataServerId(self.next_data_server.fetch_add(1, Ordering::Relaxed) as u32),
+            Some(id) => {
+                let known = self.ns.lock().extents.server_memory(id);
+                match known {
+                    None => {
+                        return Err(FsError::Invalid(format!(
+                            "data server {} is not known to this meta-server: its data directory holds \
+                             the memory of another file system, or of a meta-server whose state is \
+                             gone. Point it at the meta-server it belongs to, or start it with another \
+                             (empty) data directory; its data is then lost",
+                            id.0
+                        )))
+                    }
+                    Some((r, c)) if r != RegionId(region) || c != capacity => {
+                        return Err(FsError::Invalid(format!(
+                            "data server {} had region {} of {c} bytes, and now offers region {region} \
+                             of {capacity} bytes: its memory is not the one it had",
+                            id.0, r.0
+                        )))
+                    }
+                    Some(_) => id,
+                }
+            }
+        };
         let credentials = server_credentials(&self.access);
-        let link =
-            DataServerLink::connect(DataServerInfo { id, nic, shm, ib }, RegionId(region), credentials)?;
+        let link = DataServerLink::connect(DataServerInfo { id, nic, shm, ib }, RegionId(region), kept, credentials)?;
         self.access.add_data_server(id, nic);
-        self.ns.lock().extents.add_server(id, RegionId(region), capacity, link.discard());
+        match rejoin {
+            None => self.ns.lock().extents.add_server(id, RegionId(region), capacity, link.discard()),
+            Some(_) => {
+                links.retain(|l| l.info.id != id);
+                let files = self.ns.lock().rejoin_data_server(id, link.discard());
+                log::info!("data server {} is back at {nic} with its memory ({files} files found again)", id.0);
+            }
+        }
         links.push(Arc::new(link));
         log::info!("data server {} at {nic}: {capacity} bytes", id.0);
         Ok(MetaResponse::DataServerRegistered(id))
@@ -74,17 +138,45 @@ impl MetaService {
     }
 
     /// Probes every data server through its NIC ([`DataServerLink::probe`]).
-    /// A server that has not answered for a whole lease is lost
-    /// ([`MetaService::lose_data_server`]): the lease is the bound a busy
-    /// machine gets before anyone is declared dead, as for clients. Clients
-    /// reaching it over tcp see errors before that; clients on its shm
-    /// fabric learn from the epochs.
+    /// One that has not answered for a whole lease is down if its memory is
+    /// kept, lost otherwise (see the module header); the lease is the
+    /// bound a busy machine gets before anyone is declared dead, as for
+    /// clients. A down server that answers again is up.
     pub(super) fn probe_data_servers(&self) {
         let links = self.data_servers.lock().clone();
         let wait = (self.lease / 4).max(Duration::from_millis(100));
         for link in links {
-            if link.probe(wait, self.lease) {
-                self.lose_data_server(link.info.id, "it stopped answering for a lease");
+            let id = link.info.id;
+            let probe = link.probe(wait, self.lease);
+            // Under the list's lock, and only for the link that is still the
+            // server's: one that registered again meanwhile has a new link,
+            // and what the old one's probes found is about a dead process.
+            let current = self.data_servers.lock();
+            if !current.iter().any(|l| Arc::ptr_eq(l, &link)) {
+                continue;
+            }
+            match probe {
+                Probe::Silent if !link.kept => {
+                    drop(current);
+                    self.lose_data_server(id, "it stopped answering for a lease");
+                }
+                Probe::Silent => {
+                    if !link.down.swap(true, Ordering::SeqCst) {
+                        self.ns.lock().extents.set_available(id, false);
+                        log::warn!(
+                            "data server {} is down (silent for a lease): I/O on its files waits for it \
+                             to come back",
+                            id.0
+                        );
+                    }
+                }
+                Probe::Answered => {
+                    if link.down.swap(false, Ordering::SeqCst) {
+                        self.ns.lock().extents.set_available(id, true);
+                        log::info!("data server {} answers again", id.0);
+                    }
+                }
+                Probe::Failing => {}
             }
         }
     }

@@ -480,8 +480,8 @@ impl MetaService {
                 let _ = self.reaper_wake.lock().send(());
                 A::Done
             }
-            R::RegisterDataServer { nic, shm, ib, region, capacity } => {
-                self.register_data_server(nic, shm, ib, region, capacity)?
+            R::RegisterDataServer { nic, shm, ib, region, capacity, rejoin, kept } => {
+                self.register_data_server(nic, shm, ib, region, capacity, rejoin, kept)?
             }
             R::DataServerLeaves { id } => {
                 self.lose_data_server(id, "it left");
