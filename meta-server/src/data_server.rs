@@ -116,7 +116,11 @@ impl DataServer {
     /// if the directory holds one; made and recorded there otherwise.
     /// `capacity`: for a new directory (`None`: [`default_capacity`]); a
     /// kept one has its own, which a given one must match.
-    pub fn start_in(dir: &std::path::Path, capacity: Option<u64>, setup: DataServerSetup<'_>) -> Result<Self, FsError> {
+    pub fn start_in(
+        dir: &std::path::Path,
+        capacity: Option<u64>,
+        setup: DataServerSetup<'_>,
+    ) -> Result<Self, FsError> {
         let data_dir = DataDir::open(dir)?;
         let capacity = data_dir.capacity(capacity, || default_capacity_in(dir))?;
         Self::start_inner(setup, capacity, Some(data_dir))

@@ -249,13 +249,14 @@ pub fn run_data(args: DataServerArgs) -> Result<()> {
                 ib: args.ib.as_ref(),
                 keyring,
             };
-            let server = DataServer::start_in(&dir, args.capacity.map(|c| c.0), setup).with_context(|| {
-                format!(
-                    "cannot start a data server keeping its memory in {}, registered with {}",
-                    dir.display(),
-                    args.meta
-                )
-            })?;
+            let server =
+                DataServer::start_in(&dir, args.capacity.map(|c| c.0), setup).with_context(|| {
+                    format!(
+                        "cannot start a data server keeping its memory in {}, registered with {}",
+                        dir.display(),
+                        args.meta
+                    )
+                })?;
             let capacity = ByteSize(server.capacity());
             (server, capacity)
         }

@@ -592,8 +592,7 @@ fn mount_ends_with_a_blocked_setlkw_waiter(end: impl FnOnce(i32, &Path)) {
 fn a_data_server_that_leaves_makes_its_files_answer_eio() {
     let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0"]);
     let addr = meta_addr(&line);
-    let (mut data, _) =
-        start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--ephemeral"]);
+    let (mut data, _) = start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--ephemeral"]);
     let mount = citronfs_tests::TestMount::new(addr.parse().unwrap());
     std::fs::write(mount.path("lost"), vec![7u8; 100_000]).unwrap();
     let open = std::fs::File::open(mount.path("lost")).unwrap();
@@ -650,16 +649,8 @@ fn a_crashed_data_server_is_found_and_its_files_answer_eio() {
     let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0", "--lease-ms", "1000"]);
     let addr = meta_addr(&line);
     let shm = format!("crash-data-{tag}");
-    let (mut data, _) = start_server(&[
-        "data-server",
-        "--meta",
-        &addr,
-        "--capacity",
-        "16MiB",
-        "--shm",
-        &shm,
-        "--ephemeral",
-    ]);
+    let (mut data, _) =
+        start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--shm", &shm, "--ephemeral"]);
     let mount = citronfs_tests::TestMount::new(addr.parse().unwrap());
     std::fs::write(mount.path("f"), b"in the dead server's memory").unwrap();
     data.kill().unwrap();
@@ -774,8 +765,7 @@ fn the_sweep_keeps_the_memory_of_a_stopped_data_server() {
     let _ = std::fs::remove_dir_all(&kept);
     let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0", "--lease-ms", "1000"]);
     let addr = meta_addr(&line);
-    let start_data =
-        || start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--shm", &shm]);
+    let start_data = || start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--shm", &shm]);
     let (mut data, first) = start_data();
     let id = data_server_id(&first);
     let mut config = citronfs_core::client::ClientConfig::new(addr.parse().unwrap());

@@ -96,7 +96,11 @@ impl Namespace {
     /// again (their epochs change, so clients refetch their layouts).
     /// `discard` is how its pages are given back now. Returns how many
     /// files it had been lost for.
-    pub fn rejoin_data_server(&mut self, id: DataServerId, discard: Option<crate::extents::Discard>) -> usize {
+    pub fn rejoin_data_server(
+        &mut self,
+        id: DataServerId,
+        discard: Option<crate::extents::Discard>,
+    ) -> usize {
         self.extents.set_discard(id, discard);
         self.extents.set_available(id, true);
         if self.lost_servers.remove(&id) {

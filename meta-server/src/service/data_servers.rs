@@ -104,14 +104,22 @@ impl MetaService {
             }
         };
         let credentials = server_credentials(&self.access);
-        let link = DataServerLink::connect(DataServerInfo { id, nic, shm, ib }, RegionId(region), kept, credentials)?;
+        let link = DataServerLink::connect(
+            DataServerInfo { id, nic, shm, ib },
+            RegionId(region),
+            kept,
+            credentials,
+        )?;
         self.access.add_data_server(id, nic);
         match rejoin {
             None => self.ns.lock().extents.add_server(id, RegionId(region), capacity, link.discard()),
             Some(_) => {
                 links.retain(|l| l.info.id != id);
                 let files = self.ns.lock().rejoin_data_server(id, link.discard());
-                log::info!("data server {} is back at {nic} with its memory ({files} files found again)", id.0);
+                log::info!(
+                    "data server {} is back at {nic} with its memory ({files} files found again)",
+                    id.0
+                );
             }
         }
         links.push(Arc::new(link));
