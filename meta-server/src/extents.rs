@@ -180,6 +180,11 @@ impl ExtentAllocator {
         }
     }
 
+    /// The servers allocation skips ([`ExtentAllocator::set_available`]).
+    pub fn unavailable(&self) -> Vec<DataServerId> {
+        self.servers.iter().filter(|s| !s.available).map(|s| s.id).collect()
+    }
+
     /// The region and capacity of server `id`, if it was ever added.
     pub fn server_memory(&self, id: DataServerId) -> Option<(RegionId, u64)> {
         self.servers.iter().find(|s| s.id == id).map(|s| (s.region, s.buddy.total_bytes()))

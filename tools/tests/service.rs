@@ -729,11 +729,25 @@ fn a_data_server_killed_and_restarted_with_its_data_dir_keeps_every_byte() {
         std::os::unix::fs::FileExt::write_all_at(&f, b"written while the server was down", 1_500_000)?;
         f.sync_all()
     });
-    wait_until("the write meets the dead data server", || mount.client.data_server_waits() > 0);
+    // A new file: its extents are allocated on the server that is down.
+    let created = mount.path("created while down");
+    let new_bytes = pattern(42, 50_000);
+    let creator = {
+        let new_bytes = new_bytes.clone();
+        std::thread::spawn(move || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&created)?;
+            f.write_all(&new_bytes)?;
+            f.sync_all()
+        })
+    };
+    wait_until("both writes meet the dead data server", || mount.client.data_server_waits() >= 2);
     let (mut data, again) = start_data();
     assert_eq!(data_server_id(&again), id, "registered again under its identity: {again}");
     writer.join().unwrap().expect("the write that waited for the data server");
+    creator.join().unwrap().expect("the new file's write that waited for the data server");
     files[3].1[1_500_000..1_500_000 + 33].copy_from_slice(b"written while the server was down");
+    files.push(("created while down".to_string(), new_bytes));
 
     for (name, bytes) in &files {
         assert!(std::fs::read(mount.path(name)).unwrap() == *bytes, "{name} through the same mount");

@@ -322,11 +322,20 @@ impl FsClient {
     /// nothing when it fails, and be harmless to do again.
     pub(super) fn riding_through<T>(&self, mut op: impl FnMut() -> Result<T, FsError>) -> Result<T, FsError> {
         let deadline = Instant::now() + self.timeout;
+        let mut waits = 0u32;
         loop {
             match op() {
                 Err(FsError::DataServerDown(server)) => {
                     self.data_server_waits.fetch_add(1, Ordering::Relaxed);
                     log::warn!("data server {} does not answer; waiting for it", server.0);
+                    if waits > 0 {
+                        // It took a connection, yet the operation found it
+                        // down again (its NIC serves before it has
+                        // registered again): not a busy loop meanwhile.
+                        let pause = Duration::from_millis(10 << waits.min(5));
+                        std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+                    }
+                    waits += 1;
                     if !self.await_data_server(server, deadline) {
                         return Err(FsError::Io(format!(
                             "data server {} did not answer within {:?}",

@@ -110,6 +110,12 @@ impl Namespace {
         }
     }
 
+    /// A data server that is down (silent, not lost): allocation cannot use
+    /// its memory until it comes back.
+    pub fn down_server(&self) -> Option<DataServerId> {
+        self.extents.unavailable().into_iter().find(|id| !self.lost_servers.contains(id))
+    }
+
     /// Moves the layout epoch of every file with an extent on `id`;
     /// returns how many there are.
     fn bump_epochs_on(&mut self, id: DataServerId) -> usize {

@@ -201,8 +201,16 @@ impl MetaService {
         let plan = {
             let mut ns = self.ns.lock();
             ns.sweep_orphans();
-            match plan(&mut ns) {
-                Err(FsError::NoSpace) if ns.free_orphans_now() => plan(&mut ns)?,
+            let planned = match plan(&mut ns) {
+                Err(FsError::NoSpace) if ns.free_orphans_now() => plan(&mut ns),
+                other => other,
+            };
+            match planned {
+                // Full without the servers that are down: the client waits
+                // for one to come back rather than hear ENOSPC.
+                Err(FsError::NoSpace) => {
+                    return Err(ns.down_server().map_or(FsError::NoSpace, FsError::DataServerDown))
+                }
                 other => other?,
             }
         };
@@ -268,12 +276,29 @@ impl MetaService {
         for step in &plan.steps {
             let dest = self.link(step.new.server)?;
             if let Some(old) = step.old {
-                self.link(old.server)?.copy(old.addr, step.copy, &dest, step.new.addr)?;
+                self.link(old.server)?
+                    .copy(old.addr, step.copy, &dest, step.new.addr)
+                    .map_err(|e| unreachable_as_down(e, &[old.server, step.new.server]))?;
             }
             if step.zero && step.copy < step.new.capacity {
-                dest.zero(step.new.addr + step.copy, step.new.capacity - step.copy)?;
+                dest.zero(step.new.addr + step.copy, step.new.capacity - step.copy)
+                    .map_err(|e| unreachable_as_down(e, &[step.new.server]))?;
             }
         }
         Ok(())
+    }
+}
+
+/// A zero or copy on data servers `servers` that failed in transport (the
+/// server crashed, or restarts, before the prober found it down): the
+/// client waits for the server and asks again ([`FsError::DataServerDown`])
+/// instead of answering EIO. Refusals stay errors.
+fn unreachable_as_down(e: FsError, servers: &[DataServerId]) -> FsError {
+    match e {
+        FsError::Io(why) => {
+            log::warn!("data server {} does not answer: {why}", servers[0].0);
+            FsError::DataServerDown(*servers.last().unwrap_or(&servers[0]))
+        }
+        other => other,
     }
 }
