@@ -7,7 +7,7 @@
 //! | file | what |
 //! |---|---|
 //! | `control` | 4 KiB; word 0 is the next node id (taken with fetch-and-add) |
-//! | `region-<id>` | one registered region, published by rename once sized |
+//! | `region-<id>` | one registered region, published by rename once sized, or a symbolic link to a file that outlives the fabric (a data server's data directory, [`ShmHost::add_region_file`]) |
 //! | `region-<id>.nic` | only in the test mode [`RemoteAtomicity::NicOnly`]: the page holding the region's NIC mutex, created before the region is published |
 //! | `node-<id>.sock` | the node's datagram socket for two-sided messages |
 //!
