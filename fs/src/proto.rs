@@ -77,6 +77,11 @@ pub struct DataServerInfo {
     pub shm: Option<String>,
     /// Its `ib` control channel, when it serves RDMA clients (`--ib`).
     pub ib: Option<SocketAddr>,
+    /// Whether its memory is a file on a persistent path (a data directory
+    /// not on tmpfs): then `fsync` flushes the file's extents there
+    /// ([`citron_lock::rdma::Verb::Flush`]); elsewhere nothing can make
+    /// bytes more durable than writing them did.
+    pub durable: bool,
 }
 
 /// What a client needs to do I/O on a regular file without the meta-server.
@@ -196,6 +201,9 @@ pub enum MetaRequest {
         /// data directory): then a server that stops answering is down,
         /// not lost (see the meta-server's `service::data_servers`).
         kept: bool,
+        /// Whether that memory is on a persistent path
+        /// ([`DataServerInfo::durable`]).
+        durable: bool,
     },
     /// A data server goes away for good (SIGTERM of a server whose memory
     /// is not kept): its memory and the file data in it are gone.

@@ -143,6 +143,24 @@ impl DataDir {
         &self.path
     }
 
+    /// Whether the directory is on a persistent path: not on tmpfs or
+    /// ramfs, whose pages no sync makes more durable than they are.
+    pub fn is_durable(&self) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        const RAMFS_MAGIC: i64 = 0x8584_58f6;
+        let Ok(path) = std::ffi::CString::new(self.path.as_os_str().as_bytes()) else { return true };
+        // SAFETY: an all-zero statfs is a valid value to be overwritten.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: `path` is NUL-terminated and `st` is a valid out-pointer.
+        if unsafe { libc::statfs(path.as_ptr(), &mut st) } != 0 {
+            return true;
+        }
+        #[allow(clippy::unnecessary_cast)] // f_type's type differs between libcs
+        let kind = st.f_type as i64;
+        kind != TMPFS_MAGIC && kind != RAMFS_MAGIC
+    }
+
     /// The identity recorded at the first registration; `None` for a new
     /// directory.
     pub fn identity(&self) -> Option<&DataIdentity> {

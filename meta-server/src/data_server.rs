@@ -231,6 +231,7 @@ impl DataServer {
             capacity,
             rejoin: data_dir.as_ref().and_then(DataDir::identity).map(|i| i.server),
             kept: data_dir.is_some(),
+            durable: data_dir.as_ref().is_some_and(DataDir::is_durable),
         };
         let id = match rpc.call(&request)? {
             MetaResponse::DataServerRegistered(id) => id,

@@ -222,6 +222,9 @@ pub struct CitronFuse {
     /// Entries the kernel's last full `READDIRPLUS` buffer took (see
     /// [`listing`]).
     plus_fit: listing::PlusFit,
+    /// Whether this mount's `fsync` flushes data servers (decided at the
+    /// first one: see `fsync` in [`filesystem`]).
+    fsync_flushes: std::sync::OnceLock<bool>,
 }
 
 impl Drop for CitronFuse {
@@ -259,6 +262,7 @@ impl CitronFuse {
             requests: FuseCounters::default(),
             invalidations,
             plus_fit: listing::PlusFit::default(),
+            fsync_flushes: std::sync::OnceLock::new(),
         }
     }
 

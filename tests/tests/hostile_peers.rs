@@ -161,6 +161,7 @@ fn meta_requests(aim: &Aim) -> Vec<Vec<u8>> {
             capacity: 1 << 20,
             rejoin: None,
             kept: false,
+            durable: false,
         },
         MetaRequest::Layout { ino: aim.honest },
         MetaRequest::StatFs,

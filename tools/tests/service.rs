@@ -812,3 +812,52 @@ fn the_sweep_keeps_the_memory_of_a_stopped_data_server() {
     }
     std::fs::remove_dir_all(&kept).unwrap();
 }
+
+/// fsync through a mount: on a data server whose data directory is on a
+/// persistent path, it flushes the file's extents there (a flush verb per
+/// extent, `msync(MS_SYNC)` on the server); where the memory is on tmpfs
+/// it costs nothing after the first (the kernel is told there is nothing
+/// to do, and asks no more).
+#[test]
+fn fsync_flushes_the_files_extents_on_a_persistent_data_dir() {
+    use citron_lock::rdma::VerbKind;
+    use citronfs_mount::FuseOp;
+    let on_disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0"]);
+    let addr = meta_addr(&line);
+    let dir = on_disk.path().to_str().unwrap();
+    let (mut data, _) =
+        start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--data-dir", dir]);
+    let mount = patient_mount(&addr);
+    let file = std::fs::File::create(mount.path("f")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &pattern(3, 100_000), 0).unwrap();
+    assert_eq!(mount.client.verb_counts().get(VerbKind::Flush), 0, "writing flushes nothing");
+    file.sync_all().unwrap();
+    assert_eq!(mount.client.verb_counts().get(VerbKind::Flush), 1, "one extent, flushed");
+    file.sync_data().unwrap();
+    assert_eq!(mount.client.verb_counts().get(VerbKind::Flush), 2, "fdatasync flushes too");
+    drop(file);
+    drop(mount);
+
+    // The same on tmpfs: the first fsync is the last the mount hears of.
+    let shm = format!("fsync-data-{}", std::process::id());
+    let kept = citronfs_meta_server::data_dir::DataDir::default_path(&shm);
+    let (mut meta2, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0"]);
+    let addr2 = meta_addr(&line);
+    let (mut data2, _) =
+        start_server(&["data-server", "--meta", &addr2, "--capacity", "16MiB", "--shm", &shm]);
+    let mount = patient_mount(&addr2);
+    let file = std::fs::File::create(mount.path("f")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &pattern(4, 100_000), 0).unwrap();
+    file.sync_all().unwrap();
+    file.sync_all().unwrap();
+    assert_eq!(mount.client.verb_counts().get(VerbKind::Flush), 0);
+    assert_eq!(mount.requests.snapshot().get(FuseOp::Fsync), 1, "asked once, answered ENOSYS");
+    drop(file);
+    drop(mount);
+    for child in [&mut data, &mut meta, &mut data2, &mut meta2] {
+        signal(child.id() as i32, libc::SIGTERM);
+        assert!(wait_exit(child).success());
+    }
+    std::fs::remove_dir_all(&kept).unwrap();
+}

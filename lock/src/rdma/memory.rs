@@ -370,7 +370,23 @@ impl RegionMemory {
             Verb::ExtFaa { addr, add, boundary_mask } => {
                 self.ext_faa(addr, add, boundary_mask).map(VerbReply::Old128)
             }
+            Verb::Flush { addr, len } => self.flush(addr, len).map(|()| VerbReply::Written),
         }
+    }
+
+    /// Makes `[addr, addr + len)` durable in the file the region maps
+    /// (`msync(MS_SYNC)` of the pages it touches); nothing for anonymous
+    /// memory, which no sync can make durable.
+    pub fn flush(&self, addr: RemoteAddr, len: u64) -> Result<(), VerbError> {
+        let off = self.check(addr, len, 1)?;
+        if self.backing.is_none() || len == 0 {
+            return Ok(());
+        }
+        self.map.flush_range(off, len as usize).map_err(|e| VerbError::HostIo {
+            addr,
+            len,
+            reason: format!("msync: {e}"),
+        })
     }
 }
 

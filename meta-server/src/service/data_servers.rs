@@ -29,7 +29,6 @@
 //! layouts are refused). A lost server that registers again under its id
 //! (a kept one that said it left) comes back as it was.
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,12 +65,10 @@ impl MetaService {
     /// re-adopted its memory (`rejoin`) is re-linked under the id it had, if
     /// that id is this meta-server's and its memory is the same region and
     /// capacity, and is up again with its extents as they were.
-    #[allow(clippy::too_many_arguments)]
+    /// `info` is where it is (its id is assigned here).
     pub(super) fn register_data_server(
         &self,
-        nic: SocketAddr,
-        shm: Option<String>,
-        ib: Option<SocketAddr>,
+        info: DataServerInfo,
         region: u32,
         capacity: u64,
         rejoin: Option<DataServerId>,
@@ -104,12 +101,9 @@ impl MetaService {
             }
         };
         let credentials = server_credentials(&self.access);
-        let link = DataServerLink::connect(
-            DataServerInfo { id, nic, shm, ib },
-            RegionId(region),
-            kept,
-            credentials,
-        )?;
+        let nic = info.nic;
+        let link =
+            DataServerLink::connect(DataServerInfo { id, ..info }, RegionId(region), kept, credentials)?;
         self.access.add_data_server(id, nic);
         match rejoin {
             None => self.ns.lock().extents.add_server(id, RegionId(region), capacity, link.discard()),

@@ -480,8 +480,10 @@ impl MetaService {
                 let _ = self.reaper_wake.lock().send(());
                 A::Done
             }
-            R::RegisterDataServer { nic, shm, ib, region, capacity, rejoin, kept } => {
-                self.register_data_server(nic, shm, ib, region, capacity, rejoin, kept)?
+            R::RegisterDataServer { nic, shm, ib, region, capacity, rejoin, kept, durable } => {
+                let id = citronfs_core::types::DataServerId(0);
+                let info = citronfs_core::proto::DataServerInfo { id, nic, shm, ib, durable };
+                self.register_data_server(info, region, capacity, rejoin, kept)?
             }
             R::DataServerLeaves { id } => {
                 self.lose_data_server(id, "it left");
