@@ -462,6 +462,24 @@ mod tests {
         f
     }
 
+    #[test]
+    fn a_flush_syncs_a_file_region_within_its_bounds() {
+        let file = tempfile::tempfile().expect("a file");
+        file.set_len(8192).expect("sized");
+        let m = RegionMemory::from_file(REGION, &file).expect("mapped");
+        m.write_from(RemoteAddr::new(REGION, 100), b"durable!").unwrap();
+        let whole = Verb::Flush { addr: RemoteAddr::new(REGION, 0), len: 8192 };
+        assert_eq!(m.execute(&whole).unwrap(), VerbReply::Written);
+        m.flush(RemoteAddr::new(REGION, 4100), 10).unwrap();
+        assert!(matches!(m.flush(RemoteAddr::new(REGION, 8000), 1000), Err(VerbError::OutOfBounds { .. })));
+        let mut back = [0u8; 8];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut back, 100).unwrap();
+        assert_eq!(&back, b"durable!");
+        // Anonymous memory: nothing to make durable, and no error.
+        let anon = RegionMemory::anonymous(REGION, 4096).unwrap();
+        anon.flush(RemoteAddr::new(REGION, 0), 4096).unwrap();
+    }
+
     /// A bulk write goes through the file and a small one through the
     /// mapping; either is seen through every other mapping of the file (the
     /// other processes of a shm fabric), and nothing around it changes.
