@@ -694,21 +694,54 @@ fn write_synced(path: &Path, bytes: &[u8]) {
 }
 
 /// SIGKILL of a data server keeping its memory in a data directory while a
-/// mount has written and fsync'ed files; a write issued while it is down.
-/// Restarted with the same directory, it registers under the same id (at
-/// another port), the write that waited succeeds, and the same mount, and
-/// a new one, read back every byte.
+/// mount has written and fsync'ed files; a write into a file and a new
+/// file's write issued while it is down. Restarted with the same
+/// directory, it registers under the same id (at another port), the writes
+/// that waited succeed, and the same mount, and a new one, read back every
+/// byte.
 #[test]
 fn a_data_server_killed_and_restarted_with_its_data_dir_keeps_every_byte() {
+    killed_and_restarted_with_its_data_dir(false);
+}
+
+/// The same in a cluster with keys: the restarted server's NIC is given
+/// the grants of the files open on it again.
+#[test]
+fn a_keyed_data_server_killed_and_restarted_keeps_every_byte() {
+    killed_and_restarted_with_its_data_dir(true);
+}
+
+fn killed_and_restarted_with_its_data_dir(keyed: bool) {
     let data_dir = tempfile::tempdir().unwrap();
-    let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0", "--lease-ms", "1000"]);
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("cluster.key");
+    let mut key_args: Vec<String> = Vec::new();
+    if keyed {
+        let out = Command::new(EXE).args(["key", "new"]).arg(&key_file).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        key_args = vec!["--key-file".into(), key_file.to_str().unwrap().into()];
+    }
+    let key_args: Vec<&str> = key_args.iter().map(String::as_str).collect();
+    let meta_args =
+        [&["meta-server", "--listen", "127.0.0.1:0", "--lease-ms", "1000"][..], &key_args].concat();
+    let (mut meta, line) = start_server(&meta_args);
     let addr = meta_addr(&line);
     let dir = data_dir.path().to_str().unwrap().to_string();
-    let start_data =
-        || start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--data-dir", &dir]);
+    let data_args =
+        [&["data-server", "--meta", &addr, "--capacity", "16MiB", "--data-dir", &dir][..], &key_args]
+            .concat();
+    let start_data = || start_server(&data_args);
     let (mut data, first) = start_data();
     let id = data_server_id(&first);
 
+    let key = keyed.then(|| citron_rpc::auth::Keyring::load(&key_file).unwrap().first().clone());
+    let patient_mount = |addr: &str| {
+        let mut config = citronfs_core::client::ClientConfig::new(addr.parse().unwrap());
+        config.transport = citronfs_core::client::Transport::Tcp;
+        config.timeout = HANG;
+        config.key = key.clone();
+        citronfs_tests::TestMount::with_config(config)
+    };
     let mount = patient_mount(&addr);
     // One 1 MiB chunk and less, and a file over three chunks.
     let mut files: Vec<(String, Vec<u8>)> = [1usize, 10_000, 100_000, 2_500_000]
