@@ -325,6 +325,14 @@ impl FsClient {
         let mut waits = 0u32;
         loop {
             match op() {
+                // A fenced client's connections are cut by every NIC: that
+                // is no data server going away, and nothing to wait for.
+                Err(FsError::DataServerDown(server)) if self.shared.fenced() => {
+                    return Err(FsError::Io(format!(
+                        "data server {}: this client's lease expired; it is fenced until it re-registers",
+                        server.0
+                    )))
+                }
                 Err(FsError::DataServerDown(server)) => {
                     self.data_server_waits.fetch_add(1, Ordering::Relaxed);
                     log::warn!("data server {} does not answer; waiting for it", server.0);
@@ -355,6 +363,9 @@ impl FsClient {
     fn await_data_server(&self, server: DataServerId, deadline: Instant) -> bool {
         let mut pause = Duration::from_millis(20);
         loop {
+            if self.shared.fenced() {
+                return false;
+            }
             match self.rejoin_data_server(server) {
                 Ok(()) => {
                     log::info!("data server {} answers again", server.0);
