@@ -54,6 +54,11 @@ pub enum FsError {
     /// A server could not be reached or answered garbage.
     #[error("i/o error: {0}")]
     Io(String),
+    /// A data server did not answer a verb or a connection (it crashed,
+    /// or restarts). Clients wait for it to come back, up to their
+    /// timeout, and answer EIO only then.
+    #[error("data server {} does not answer", .0 .0)]
+    DataServerDown(crate::types::DataServerId),
     /// This client's registration ended (its lease ran out, or it registered
     /// anew) while a call it had begun under the old one was under way: the
     /// call must not go on under the new identity.
@@ -80,7 +85,7 @@ impl FsError {
     /// endpoints are as good as before, and reusing them costs no new
     /// connection and no new id.
     pub fn may_break_endpoints(&self) -> bool {
-        matches!(self, FsError::Io(_) | FsError::Fenced)
+        matches!(self, FsError::Io(_) | FsError::Fenced | FsError::DataServerDown(_))
     }
 }
 

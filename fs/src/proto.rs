@@ -77,6 +77,11 @@ pub struct DataServerInfo {
     pub shm: Option<String>,
     /// Its `ib` control channel, when it serves RDMA clients (`--ib`).
     pub ib: Option<SocketAddr>,
+    /// Whether its memory is a file on a persistent path (a data directory
+    /// not on tmpfs): then `fsync` flushes the file's extents there
+    /// ([`citron_lock::rdma::Verb::Flush`]); elsewhere nothing can make
+    /// bytes more durable than writing them did.
+    pub durable: bool,
 }
 
 /// What a client needs to do I/O on a regular file without the meta-server.
@@ -190,9 +195,26 @@ pub enum MetaRequest {
         ib: Option<SocketAddr>,
         region: u32,
         capacity: u64,
+        /// The identity this server had, when it re-adopted its memory
+        /// from its data directory: the meta-server re-links that server
+        /// (its extents stay valid) instead of assigning a new id, and
+        /// refuses an id it does not know.
+        rejoin: Option<DataServerId>,
+        /// The file system that memory belongs to (from its data
+        /// directory): a rejoin to a meta-server of another file system is
+        /// refused, so that no server holding one file system's data joins
+        /// another under an id that is not its own.
+        fs: Option<crate::types::FsId>,
+        /// Whether the server keeps its memory across its own restart (a
+        /// data directory): then a server that stops answering is down,
+        /// not lost (see the meta-server's `service::data_servers`).
+        kept: bool,
+        /// Whether that memory is on a persistent path
+        /// ([`DataServerInfo::durable`]).
+        durable: bool,
     },
-    /// A data server goes away (SIGTERM): its memory and the file data in
-    /// it are gone.
+    /// A data server goes away for good (SIGTERM of a server whose memory
+    /// is not kept): its memory and the file data in it are gone.
     DataServerLeaves {
         id: DataServerId,
     },
@@ -660,7 +682,8 @@ pub enum XattrMode {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum MetaResponse {
     Registered(ClusterInfo),
-    DataServerRegistered(DataServerId),
+    /// The data server's id, and the file system its memory now belongs to.
+    DataServerRegistered(DataServerId, crate::types::FsId),
     DataServers(Vec<DataServerInfo>),
     Attr(Attr),
     /// The answer to a `Lookup` or `GetAttr` sent as

@@ -214,8 +214,13 @@ impl Access {
         }
     }
 
-    /// A data server registered: its NIC is told who is in charge and which
-    /// clients are admitted; later changes follow in order.
+    /// A data server registered: its NIC is told who is in charge, which
+    /// clients are admitted and, for one that came back with its memory
+    /// (registered again under its id), what the openers of files with
+    /// extents there hold; later changes follow in order. The ledger stays
+    /// locked until the new pusher is in place, so a change is either in
+    /// this first batch or sent through the new pusher (or both: a grant
+    /// twice is a grant).
     pub fn add_data_server(&self, id: DataServerId, nic: SocketAddr) {
         let credentials = match &self.keyring {
             None => Credentials::anonymous(),
@@ -235,9 +240,29 @@ impl Access {
             AccessCommand::Reset { incarnation: self.incarnation },
             AccessCommand::SetHold { millis: self.hold_ms },
         ];
-        first.extend(self.ledger.lock().admitted.iter().map(|c| AccessCommand::Admit { client: c.0 }));
+        let ledger = self.ledger.lock();
+        first.extend(ledger.admitted.iter().map(|c| AccessCommand::Admit { client: c.0 }));
+        if self.enforcing() {
+            for file in ledger.files.values() {
+                let here: Vec<&Placed> =
+                    file.extents.iter().filter(|p| p.server == ServerRef::Data(id)).collect();
+                if here.is_empty() {
+                    continue;
+                }
+                for (client, writer) in &file.openers {
+                    for (class, write) in [(Class::Lock, true), (Class::Data, *writer)] {
+                        let extents: Vec<Extent> =
+                            here.iter().filter(|p| p.class == class).map(|p| p.extent).collect();
+                        if !extents.is_empty() {
+                            first.push(AccessCommand::Grant { client: client.0, extents, write });
+                        }
+                    }
+                }
+            }
+        }
         pusher.send(first, None);
         self.remotes.lock().insert(id, pusher);
+        drop(ledger);
     }
 
     /// A client registered: it may connect, and holds the membership extents.

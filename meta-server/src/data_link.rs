@@ -25,8 +25,23 @@ use crate::extents::Discard;
 /// Largest piece of one zero or copy verb.
 const PIECE: u64 = 4 << 20;
 
+/// What a round of probes found ([`DataServerLink::probe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    Answered,
+    /// Failed, but not yet for a whole lease.
+    Failing,
+    /// Failed every probe for a whole lease.
+    Silent,
+}
+
 pub struct DataServerLink {
     pub info: DataServerInfo,
+    /// Whether the server keeps its memory across its own restart (see
+    /// `service::data_servers` for what that changes).
+    pub kept: bool,
+    /// Whether it is down: silent for a lease, not re-registered since.
+    pub down: std::sync::atomic::AtomicBool,
     endpoint: Mutex<Endpoint>,
     /// The region's file, when the data server publishes it as shm here.
     region_file: Option<File>,
@@ -46,6 +61,7 @@ impl DataServerLink {
     pub fn connect(
         info: DataServerInfo,
         region: RegionId,
+        kept: bool,
         credentials: NodeCredentials,
     ) -> Result<Self, FsError> {
         let local = info.shm.as_deref().map(fabric_dir).filter(|d| d.exists());
@@ -71,6 +87,8 @@ impl DataServerLink {
             .ok();
         Ok(Self {
             info,
+            kept,
+            down: std::sync::atomic::AtomicBool::new(false),
             endpoint: Mutex::new(node.endpoint()?),
             region_file,
             region,
@@ -91,9 +109,9 @@ impl DataServerLink {
 
     /// Reads one word of the server's memory through its NIC, over a fresh
     /// connection after a failure (a server that died refuses it at once),
-    /// waiting at most `wait`. Returns whether the server has now failed
-    /// every probe for `lease`: it is to be taken for gone.
-    pub fn probe(&self, wait: Duration, lease: Duration) -> bool {
+    /// waiting at most `wait`. Tells whether the server answered, and if
+    /// not whether it has now failed every probe for `lease`.
+    pub fn probe(&self, wait: Duration, lease: Duration) -> Probe {
         let word = RemoteAddr::new(self.region, 0);
         let mut prober = self.prober.lock();
         let (endpoint, failing_since) = &mut *prober;
@@ -111,9 +129,11 @@ impl DataServerLink {
         };
         if answered {
             *failing_since = None;
-            false
+            Probe::Answered
+        } else if failing_since.get_or_insert_with(Instant::now).elapsed() >= lease {
+            Probe::Silent
         } else {
-            failing_since.get_or_insert_with(Instant::now).elapsed() >= lease
+            Probe::Failing
         }
     }
 

@@ -124,6 +124,9 @@ struct ServerSpace {
     buddy: Buddy,
     extents: u64,
     discard: Option<Discard>,
+    /// Whether new extents may go there: not while the server is down
+    /// (it stopped answering) or lost ([`ExtentAllocator::set_available`]).
+    available: bool,
 }
 
 /// One data server's space ([`ExtentAllocator::servers`]).
@@ -143,14 +146,12 @@ pub struct ExtentAllocator {
     servers: Vec<ServerSpace>,
     /// Round-robin start, so new files spread over servers.
     cursor: usize,
-    /// Servers that went away ([`ExtentAllocator::remove_server`]).
-    removed: Vec<DataServerId>,
 }
 
 impl ExtentAllocator {
     pub fn new(chunk_size: u64) -> Self {
         assert!(chunk_size.is_power_of_two() && chunk_size >= MIN_EXTENT, "chunk size {chunk_size}");
-        Self { chunk_size, servers: Vec::new(), cursor: 0, removed: Vec::new() }
+        Self { chunk_size, servers: Vec::new(), cursor: 0 }
     }
 
     /// Adds a server offering `capacity` bytes of `region` from offset 0;
@@ -165,15 +166,36 @@ impl ExtentAllocator {
         let min = MIN_EXTENT.trailing_zeros();
         let max = self.chunk_size.trailing_zeros();
         let buddy = Buddy::new(0, capacity, min, max);
-        self.servers.push(ServerSpace { id, region, buddy, extents: 0, discard });
+        self.servers.push(ServerSpace { id, region, buddy, extents: 0, discard, available: true });
     }
 
-    /// Takes a data server that went away out of allocation: its extents,
-    /// in use or free, are never handed out again, and freeing one of them
-    /// is a no-op.
-    pub fn remove_server(&mut self, id: DataServerId) {
-        self.servers.retain(|s| s.id != id);
-        self.removed.push(id);
+    /// Whether new extents may go to server `id`. A server that is down
+    /// or lost keeps its extents, in use and free, and their bookkeeping
+    /// (freeing one works as ever), so that it can come back as it was;
+    /// only allocation skips it, and its space does not count in
+    /// [`ExtentAllocator::total_bytes`] and [`ExtentAllocator::free_bytes`].
+    pub fn set_available(&mut self, id: DataServerId, available: bool) {
+        if let Some(s) = self.servers.iter_mut().find(|s| s.id == id) {
+            s.available = available;
+        }
+    }
+
+    /// The servers allocation skips ([`ExtentAllocator::set_available`]).
+    pub fn unavailable(&self) -> Vec<DataServerId> {
+        self.servers.iter().filter(|s| !s.available).map(|s| s.id).collect()
+    }
+
+    /// The region and capacity of server `id`, if it was ever added.
+    pub fn server_memory(&self, id: DataServerId) -> Option<(RegionId, u64)> {
+        self.servers.iter().find(|s| s.id == id).map(|s| (s.region, s.buddy.total_bytes()))
+    }
+
+    /// How server `id` gives pages back now (a server that came back
+    /// publishes its region anew).
+    pub fn set_discard(&mut self, id: DataServerId, discard: Option<Discard>) {
+        if let Some(s) = self.servers.iter_mut().find(|s| s.id == id) {
+            s.discard = discard;
+        }
     }
 
     /// Takes the extent `loc` out of the free space of its server (an
@@ -228,6 +250,9 @@ impl ExtentAllocator {
         let order_of_visit = first.into_iter().chain((0..n).map(|i| (self.cursor + i) % n));
         for idx in order_of_visit {
             let s = &mut self.servers[idx];
+            if !s.available {
+                continue;
+            }
             let Some(block) = s.buddy.allocate(order) else { continue };
             s.extents += 1;
             if first != Some(idx) {
@@ -245,9 +270,7 @@ impl ExtentAllocator {
     pub fn free(&mut self, loc: ChunkLoc) {
         let chunk_order = self.chunk_size.trailing_zeros();
         let Some(s) = self.servers.iter_mut().find(|s| s.id == loc.server) else {
-            if !self.removed.contains(&loc.server) {
-                log::error!("freeing an extent of unknown data server {}", loc.server.0);
-            }
+            log::error!("freeing an extent of unknown data server {}", loc.server.0);
             return;
         };
         let order = loc.capacity.trailing_zeros();
@@ -268,11 +291,11 @@ impl ExtentAllocator {
 
     /// Bytes of data-server memory managed.
     pub fn total_bytes(&self) -> u64 {
-        self.servers.iter().map(|s| s.buddy.total_bytes()).sum()
+        self.servers.iter().filter(|s| s.available).map(|s| s.buddy.total_bytes()).sum()
     }
 
     pub fn free_bytes(&self) -> u64 {
-        self.servers.iter().map(|s| s.buddy.free_bytes()).sum()
+        self.servers.iter().filter(|s| s.available).map(|s| s.buddy.free_bytes()).sum()
     }
 
     /// Each server's space.

@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod buddy;
+pub mod data_dir;
 pub mod data_link;
 pub mod data_server;
 pub mod extents;

@@ -40,6 +40,7 @@ use crate::reclaim::{Cause, Reclamation};
 mod lending;
 mod memory;
 mod restore;
+pub use restore::DataServerSpace;
 mod slots;
 mod table;
 pub use lending::{Lent, MAX_LOAN};

@@ -395,15 +395,32 @@ impl Filesystem for CitronFuse {
         }
     }
 
-    /// Nothing to do: every write reached the data servers' memory before
-    /// it answered (no cache here), and the kernel writes a shared
-    /// mapping's dirty pages back before it asks. ENOSYS tells the kernel
-    /// so: it sends no FSYNC for this mount any more and answers fsync(2)
-    /// itself after that write-back — a request fewer per fsync (SQLite
-    /// sends three per transaction).
-    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    /// `fsync(2)` and `fdatasync(2)`, and what the kernel makes of
+    /// `O_SYNC`/`O_DSYNC` writes and `msync(MS_SYNC)`: every write reached
+    /// the data servers' memory before it answered (no cache here), and the
+    /// kernel writes a shared mapping's dirty pages back before it asks.
+    /// What is left is durability where a data server keeps its memory on
+    /// a persistent path: the file's extents there are flushed
+    /// ([`FsClient::fsync`](citronfs_core::client::FsClient::fsync)).
+    ///
+    /// With no such data server in the cluster at the first fsync, there is
+    /// nothing to do, and ENOSYS tells the kernel so: it sends no FSYNC for
+    /// this mount any more and answers fsync(2) itself after that
+    /// write-back — a request fewer per fsync (SQLite sends three per
+    /// transaction). A persistent data server that joins the cluster later
+    /// is then not flushed through this mount until it is mounted again.
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         self.requests.count(FuseOp::Fsync);
-        reply.error(Errno::ENOSYS)
+        let flushes = *self.fsync_flushes.get_or_init(|| {
+            self.client.any_durable_data_server().unwrap_or_else(|e| {
+                log::warn!("cannot tell whether a data server keeps its memory on a disk ({e}): flushing");
+                true
+            })
+        });
+        if !flushes {
+            return reply.error(Errno::ENOSYS);
+        }
+        crate::done(reply, self.client.fsync(Ino(ino.0)))
     }
 
     /// A directory keeps no open state here (listings are paged by

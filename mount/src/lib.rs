@@ -108,9 +108,11 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Interrupted => Errno::EINTR,
         FsError::NoLocks => Errno::ENOLCK,
         FsError::TooManyOpenFiles => Errno::ENFILE,
-        FsError::Io(_) | FsError::Fenced | FsError::OtherFileSystem { .. } | FsError::MetaRestarted => {
-            Errno::EIO
-        }
+        FsError::Io(_)
+        | FsError::Fenced
+        | FsError::OtherFileSystem { .. }
+        | FsError::MetaRestarted
+        | FsError::DataServerDown(_) => Errno::EIO,
     }
 }
 
@@ -229,6 +231,9 @@ pub struct CitronFuse {
     /// Entries the kernel's last full `READDIRPLUS` buffer took (see
     /// [`listing`]).
     plus_fit: listing::PlusFit,
+    /// Whether this mount's `fsync` flushes data servers (decided at the
+    /// first one: see `fsync` in [`filesystem`]).
+    fsync_flushes: std::sync::OnceLock<bool>,
 }
 
 impl Drop for CitronFuse {
@@ -266,6 +271,7 @@ impl CitronFuse {
             requests: FuseCounters::default(),
             invalidations,
             plus_fit: listing::PlusFit::default(),
+            fsync_flushes: std::sync::OnceLock::new(),
         }
     }
 

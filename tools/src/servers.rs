@@ -4,8 +4,18 @@
 //! They are systemd `Type=notify` services (units in `dist/systemd/`): once
 //! the server serves (its RPC port and NIC accept, a data server is
 //! registered with the meta-server) it sends `READY=1` to `$NOTIFY_SOCKET`,
-//! and `STOPPING=1` when a signal ends it. On SIGTERM a data server tells
-//! the meta-server it leaves before it stops serving.
+//! and `STOPPING=1` when a signal ends it.
+//!
+//! A data server keeps its memory in a data directory unless told
+//! `--ephemeral` ([`citronfs_meta_server::data_dir`]): `--data-dir DIR`, or
+//! by default `/dev/shm/citronfs.data/NAME`, NAME being its `--shm` name,
+//! or else its `--listen` address (`IP:PORT`) when the port is fixed. The
+//! name must stay the same across restarts to find the memory again, and
+//! those are the names an operator already keeps fixed: a `--listen` on
+//! port 0 and no `--shm` has nothing stable, so such a server's memory is
+//! not kept (it says so). On SIGTERM a server that keeps its memory just
+//! stops (a restart: the meta-server holds its files until it is back); one
+//! that does not tells the meta-server it leaves, and its files answer EIO.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,6 +27,7 @@ use citron_lock::rdma::IbDevice;
 use citron_lock::rwlock::Algorithm;
 use citronfs_core::locks::area::LockChoice;
 use citronfs_core::locks::ClusterLockParams;
+use citronfs_meta_server::data_server::DataServerSetup;
 use citronfs_meta_server::{DataServer, MetaServer, MetaServerConfig};
 use clap::Args;
 
@@ -156,10 +167,44 @@ pub struct DataServerArgs {
     /// Also serve the memory to RDMA clients through this device.
     #[arg(long, value_name = "DEVICE")]
     ib: Option<IbDevice>,
+    /// Keep the memory in DIR (a sparse file and this server's identity):
+    /// a restarted server re-adopts it. On a persistent path it survives a
+    /// reboot [default: /dev/shm/citronfs.data/NAME, NAME the --shm name,
+    /// or the --listen address when its port is fixed].
+    #[arg(long, value_name = "DIR", conflicts_with = "ephemeral")]
+    data_dir: Option<std::path::PathBuf>,
+    /// Keep no memory across a restart: when this server stops, the data
+    /// of its files is lost.
+    #[arg(long)]
+    ephemeral: bool,
     #[command(flatten)]
     key: KeyArgs,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+impl DataServerArgs {
+    /// Where the memory is kept ([`DataServerArgs::data_dir`]), if it is.
+    fn memory_dir(&self) -> Option<std::path::PathBuf> {
+        use citronfs_meta_server::data_dir::DataDir;
+        if self.ephemeral {
+            return None;
+        }
+        if let Some(dir) = &self.data_dir {
+            return Some(dir.clone());
+        }
+        if let Some(name) = &self.shm {
+            return Some(DataDir::default_path(name));
+        }
+        if self.listen.port() != 0 {
+            return Some(DataDir::default_path(&self.listen.to_string()));
+        }
+        log::warn!(
+            "this data server's memory is not kept across a restart: it listens on port 0 and has no \
+             --shm name to find it again by; give --data-dir, --shm or a fixed --listen port"
+        );
+        None
+    }
 }
 
 /// Tells the service manager (if `$NOTIFY_SOCKET` names one) that the
@@ -218,26 +263,53 @@ pub fn run_meta(args: MetaServerArgs) -> Result<()> {
 
 pub fn run_data(args: DataServerArgs) -> Result<()> {
     let keyring = args.key.for_server(args.listen, "the data server")?;
-    let capacity = args.capacity.unwrap_or_else(|| {
-        ByteSize(citronfs_meta_server::data_server::default_capacity(args.shm.is_some(), 0))
-    });
     let stop = StopSignal::install()?;
-    let mut server = DataServer::start_with(
-        args.listen,
-        args.meta,
-        capacity.0,
-        args.shm.as_deref(),
-        args.ib.as_ref(),
-        keyring,
-    )
-    .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
+    let (mut server, capacity) = match args.memory_dir() {
+        Some(dir) => {
+            let setup = DataServerSetup {
+                listen: args.listen,
+                meta: args.meta,
+                shm: args.shm.as_deref(),
+                ib: args.ib.as_ref(),
+                keyring,
+            };
+            let server =
+                DataServer::start_in(&dir, args.capacity.map(|c| c.0), setup).with_context(|| {
+                    format!(
+                        "cannot start a data server keeping its memory in {}, registered with {}",
+                        dir.display(),
+                        args.meta
+                    )
+                })?;
+            let capacity = ByteSize(server.capacity());
+            (server, capacity)
+        }
+        None => {
+            let capacity = args.capacity.unwrap_or_else(|| {
+                ByteSize(citronfs_meta_server::data_server::default_capacity(args.shm.is_some(), 0))
+            });
+            let server = DataServer::start_with(
+                args.listen,
+                args.meta,
+                capacity.0,
+                args.shm.as_deref(),
+                args.ib.as_ref(),
+                keyring,
+            )
+            .with_context(|| format!("cannot start a data server registered with {}", args.meta))?;
+            (server, capacity)
+        }
+    };
     let status = format!("data server {} exporting {} on {}", server.id().0, capacity, server.nic_addr());
     println!("{status}");
     log::info!("{status}");
     notify_ready(&status);
     stop.wait();
     notify_stopping();
-    if let Err(e) = server.leave() {
+    if server.keeps_memory() {
+        // A restart: the meta-server keeps its files until it is back.
+        server.shutdown();
+    } else if let Err(e) = server.leave() {
         // It stops all the same; the meta-server finds out when its probes fail.
         log::warn!("cannot tell the meta-server that this data server leaves: {e}");
     }

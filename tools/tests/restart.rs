@@ -233,3 +233,51 @@ fn a_mount_that_finds_another_file_system_answers_eio() {
     let e = std::fs::read(old.path("dir/renamed")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
 }
+
+/// A file system kept on persistent directories (a disk here): every
+/// process stopped, all started again as after a reboot, and the file
+/// system is whole, its bytes included.
+#[test]
+fn state_and_data_on_persistent_directories_survive_stopping_everything() {
+    let disk = tempfile::tempdir().unwrap();
+    let (state, data) = (disk.path().join("state"), disk.path().join("data"));
+    let addr = format!("127.0.0.1:{}", free_port());
+    let data_args =
+        ["data-server", "--meta", &addr, "--capacity", "64MiB", "--data-dir", data.to_str().unwrap()];
+    let meta_server = meta(&addr, &state);
+    let data_server = Server::start(&data_args);
+    let m = TestMount::new(addr.parse().unwrap());
+    make_tree(&m);
+    drop(m);
+    data_server.stop(libc::SIGTERM);
+    meta_server.stop(libc::SIGTERM);
+
+    let _meta = meta(&addr, &state);
+    let _data = Server::start(&data_args);
+    let m = TestMount::new(addr.parse().unwrap());
+    check_tree(&m);
+    std::fs::write(m.path("after"), b"written after the reboot").unwrap();
+    assert_eq!(std::fs::read(m.path("after")).unwrap(), b"written after the reboot");
+}
+
+/// A data server whose memory belongs to another file system (its data
+/// directory names another identity) is refused, with why.
+#[test]
+fn a_data_server_of_another_file_system_is_refused() {
+    let data = state_dir();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let data_args =
+        ["data-server", "--meta", &addr, "--capacity", "64MiB", "--data-dir", data.path().to_str().unwrap()];
+    let first = state_dir();
+    let meta_server = meta(&addr, first.path());
+    let data_server = Server::start(&data_args);
+    data_server.stop(libc::SIGKILL);
+    meta_server.stop(libc::SIGKILL);
+    // Another, empty file system at the same address.
+    let other = state_dir();
+    let _meta = meta(&addr, other.path());
+    let out = Command::new(EXE).args(data_args).output().unwrap();
+    assert!(!out.status.success(), "a data server of another file system must not join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("belongs to file system"), "{stderr}");
+}

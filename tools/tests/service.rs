@@ -367,8 +367,16 @@ fn sigterm_of_each_process_leaves_no_region_and_no_stale_mount() {
     let (meta_name, data_name) = (format!("svc-meta-{tag}"), format!("svc-data-{tag}"));
     let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0", "--shm", &meta_name]);
     let addr = meta_addr(&line);
-    let (mut data, _) =
-        start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--shm", &data_name]);
+    let (mut data, _) = start_server(&[
+        "data-server",
+        "--meta",
+        &addr,
+        "--capacity",
+        "16MiB",
+        "--shm",
+        &data_name,
+        "--ephemeral",
+    ]);
     assert!(fabric(&meta_name).exists() && fabric(&data_name).exists());
 
     let joined = MountDir::new();
@@ -409,8 +417,16 @@ fn after_sigkill_the_next_start_removes_the_orphaned_regions() {
     let (meta_name, data_name) = (format!("kill-meta-{tag}"), format!("kill-data-{tag}"));
     let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0", "--shm", &meta_name]);
     let addr = meta_addr(&line);
-    let (mut data, _) =
-        start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--shm", &data_name]);
+    let (mut data, _) = start_server(&[
+        "data-server",
+        "--meta",
+        &addr,
+        "--capacity",
+        "16MiB",
+        "--shm",
+        &data_name,
+        "--ephemeral",
+    ]);
     let dir = MountDir::new();
     let mut mount = spawn(
         Command::new(EXE)
@@ -568,14 +584,15 @@ fn mount_ends_with_a_blocked_setlkw_waiter(end: impl FnOnce(i32, &Path)) {
     assert!(String::from_utf8_lossy(&out.stdout).contains("held"));
 }
 
-/// SIGTERM of a data server: it leaves the cluster; files whose data it
-/// held answer EIO (promptly, not after a hang) and keep their names; a
-/// data server that joins later takes new files.
+/// SIGTERM of a data server whose memory is not kept: it leaves the
+/// cluster; files whose data it held answer EIO (promptly, not after a
+/// hang) and keep their names; a data server that joins later takes new
+/// files.
 #[test]
 fn a_data_server_that_leaves_makes_its_files_answer_eio() {
     let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0"]);
     let addr = meta_addr(&line);
-    let (mut data, _) = start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB"]);
+    let (mut data, _) = start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--ephemeral"]);
     let mount = citronfs_tests::TestMount::new(addr.parse().unwrap());
     std::fs::write(mount.path("lost"), vec![7u8; 100_000]).unwrap();
     let open = std::fs::File::open(mount.path("lost")).unwrap();
@@ -622,16 +639,18 @@ fn install_units_into_a_staging_root() {
     assert_eq!(std::fs::read_link(root.path().join("sbin/mount.fuse.citronfs")).unwrap(), exe);
 }
 
-/// SIGKILL of a data server whose memory a mount maps (shm): the
-/// meta-server finds it gone (its probes fail for a lease) and the files
-/// whose data it held answer EIO instead of the dead server's memory.
+/// SIGKILL of a data server whose memory is not kept and which a mount
+/// maps (shm): the meta-server finds it gone (its probes fail for a lease)
+/// and the files whose data it held answer EIO instead of the dead
+/// server's memory.
 #[test]
 fn a_crashed_data_server_is_found_and_its_files_answer_eio() {
     let tag = std::process::id();
     let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0", "--lease-ms", "1000"]);
     let addr = meta_addr(&line);
     let shm = format!("crash-data-{tag}");
-    let (mut data, _) = start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--shm", &shm]);
+    let (mut data, _) =
+        start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--shm", &shm, "--ephemeral"]);
     let mount = citronfs_tests::TestMount::new(addr.parse().unwrap());
     std::fs::write(mount.path("f"), b"in the dead server's memory").unwrap();
     data.kill().unwrap();
@@ -760,4 +779,235 @@ fn status_says_what_is_wrong_and_exits_nonzero_when_unhealthy() {
     drop(mount);
     signal(meta.id() as i32, libc::SIGTERM);
     assert!(wait_exit(&mut meta).success());
+}
+
+/// The id a data server printed at its start ("data server N exporting ...").
+fn data_server_id(line: &str) -> u32 {
+    line.strip_prefix("data server ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("not a data server's first line: {line}"))
+}
+
+/// Bytes that differ per file and per position.
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u64).wrapping_mul(2654435761).wrapping_add(u64::from(seed)) as u8 ^ seed).collect()
+}
+
+/// A mount that reaches data servers over tcp and waits for one that does
+/// not answer as long as the test guards against hangs.
+fn patient_mount(meta: &str) -> citronfs_tests::TestMount {
+    let mut config = citronfs_core::client::ClientConfig::new(meta.parse().unwrap());
+    config.transport = citronfs_core::client::Transport::Tcp;
+    config.timeout = HANG;
+    citronfs_tests::TestMount::with_config(config)
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// SIGKILL of a data server keeping its memory in a data directory while a
+/// mount has written and fsync'ed files; a write into a file and a new
+/// file's write issued while it is down. Restarted with the same
+/// directory, it registers under the same id (at another port), the writes
+/// that waited succeed, and the same mount, and a new one, read back every
+/// byte.
+#[test]
+fn a_data_server_killed_and_restarted_with_its_data_dir_keeps_every_byte() {
+    killed_and_restarted_with_its_data_dir(false);
+}
+
+/// The same in a cluster with keys: the restarted server's NIC is given
+/// the grants of the files open on it again.
+#[test]
+fn a_keyed_data_server_killed_and_restarted_keeps_every_byte() {
+    killed_and_restarted_with_its_data_dir(true);
+}
+
+fn killed_and_restarted_with_its_data_dir(keyed: bool) {
+    let data_dir = tempfile::tempdir().unwrap();
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("cluster.key");
+    let mut key_args: Vec<String> = Vec::new();
+    if keyed {
+        let out = Command::new(EXE).args(["key", "new"]).arg(&key_file).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        key_args = vec!["--key-file".into(), key_file.to_str().unwrap().into()];
+    }
+    let key_args: Vec<&str> = key_args.iter().map(String::as_str).collect();
+    let meta_args =
+        [&["meta-server", "--listen", "127.0.0.1:0", "--lease-ms", "1000"][..], &key_args].concat();
+    let (mut meta, line) = start_server(&meta_args);
+    let addr = meta_addr(&line);
+    let dir = data_dir.path().to_str().unwrap().to_string();
+    let data_args =
+        [&["data-server", "--meta", &addr, "--capacity", "16MiB", "--data-dir", &dir][..], &key_args]
+            .concat();
+    let start_data = || start_server(&data_args);
+    let (mut data, first) = start_data();
+    let id = data_server_id(&first);
+
+    let key = keyed.then(|| citron_rpc::auth::Keyring::load(&key_file).unwrap().first().clone());
+    let patient_mount = |addr: &str| {
+        let mut config = citronfs_core::client::ClientConfig::new(addr.parse().unwrap());
+        config.transport = citronfs_core::client::Transport::Tcp;
+        config.timeout = HANG;
+        config.key = key.clone();
+        citronfs_tests::TestMount::with_config(config)
+    };
+    let mount = patient_mount(&addr);
+    // One 1 MiB chunk and less, and a file over three chunks.
+    let mut files: Vec<(String, Vec<u8>)> = [1usize, 10_000, 100_000, 2_500_000]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| (format!("f{i}"), pattern(i as u8 + 1, len)))
+        .collect();
+    for (name, bytes) in &files {
+        write_synced(&mount.path(name), bytes);
+    }
+    data.kill().unwrap();
+    data.wait().unwrap();
+
+    // Into bytes the file has (an extent it has): nothing to allocate.
+    let target = mount.path("f3");
+    let writer = std::thread::spawn(move || -> std::io::Result<()> {
+        let f = std::fs::OpenOptions::new().write(true).open(&target)?;
+        std::os::unix::fs::FileExt::write_all_at(&f, b"written while the server was down", 1_500_000)?;
+        f.sync_all()
+    });
+    // A new file: its extents are allocated on the server that is down.
+    let created = mount.path("created while down");
+    let new_bytes = pattern(42, 50_000);
+    let creator = {
+        let new_bytes = new_bytes.clone();
+        std::thread::spawn(move || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&created)?;
+            f.write_all(&new_bytes)?;
+            f.sync_all()
+        })
+    };
+    wait_until("both writes meet the dead data server", || mount.client.data_server_waits() >= 2);
+    let (mut data, again) = start_data();
+    assert_eq!(data_server_id(&again), id, "registered again under its identity: {again}");
+    writer.join().unwrap().expect("the write that waited for the data server");
+    creator.join().unwrap().expect("the new file's write that waited for the data server");
+    files[3].1[1_500_000..1_500_000 + 33].copy_from_slice(b"written while the server was down");
+    files.push(("created while down".to_string(), new_bytes));
+
+    for (name, bytes) in &files {
+        assert!(std::fs::read(mount.path(name)).unwrap() == *bytes, "{name} through the same mount");
+    }
+    let fresh = patient_mount(&addr);
+    for (name, bytes) in &files {
+        assert!(std::fs::read(fresh.path(name)).unwrap() == *bytes, "{name} through a new mount");
+    }
+    // New files go to it as before.
+    write_synced(&mount.path("after"), b"after the restart");
+    assert_eq!(std::fs::read(fresh.path("after")).unwrap(), b"after the restart");
+    drop((mount, fresh));
+    for child in [&mut data, &mut meta] {
+        signal(child.id() as i32, libc::SIGTERM);
+        assert!(wait_exit(child).success());
+    }
+}
+
+/// A data server keeping its memory in its default data directory (under
+/// /dev/shm, named after its shm fabric): SIGKILL leaves its fabric
+/// orphaned, and the sweep at the next citronfs start removes the fabric
+/// but not the memory; restarted, the server registers under the same id
+/// and the mount (over shm) reads its files. SIGTERM is a restart too.
+#[test]
+fn the_sweep_keeps_the_memory_of_a_stopped_data_server() {
+    let tag = std::process::id();
+    let shm = format!("kept-data-{tag}");
+    let kept = citronfs_meta_server::data_dir::DataDir::default_path(&shm);
+    let _ = std::fs::remove_dir_all(&kept);
+    let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0", "--lease-ms", "1000"]);
+    let addr = meta_addr(&line);
+    let start_data = || start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--shm", &shm]);
+    let (mut data, first) = start_data();
+    let id = data_server_id(&first);
+    let mut config = citronfs_core::client::ClientConfig::new(addr.parse().unwrap());
+    config.timeout = HANG;
+    let mount = citronfs_tests::TestMount::with_config(config);
+    let bytes = pattern(9, 300_000);
+    write_synced(&mount.path("f"), &bytes);
+
+    data.kill().unwrap();
+    data.wait().unwrap();
+    assert!(fabric(&shm).exists(), "SIGKILL leaves the fabric");
+    let out = Command::new(EXE).args(["regions", "--remove-orphans"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!fabric(&shm).exists(), "the orphaned fabric is swept");
+    assert!(kept.join("region").exists(), "the sweep removed the memory in {}", kept.display());
+
+    let (mut data, again) = start_data();
+    assert_eq!(data_server_id(&again), id, "{again}");
+    assert!(std::fs::read(mount.path("f")).unwrap() == bytes, "after SIGKILL and the sweep");
+    signal(data.id() as i32, libc::SIGTERM);
+    assert!(wait_exit(&mut data).success());
+    let (mut data, again) = start_data();
+    assert_eq!(data_server_id(&again), id, "SIGTERM is a restart: {again}");
+    let fresh = citronfs_tests::TestMount::new(addr.parse().unwrap());
+    assert!(std::fs::read(fresh.path("f")).unwrap() == bytes, "after SIGTERM, through a new mount");
+    drop((mount, fresh));
+    for child in [&mut data, &mut meta] {
+        signal(child.id() as i32, libc::SIGTERM);
+        assert!(wait_exit(child).success());
+    }
+    std::fs::remove_dir_all(&kept).unwrap();
+}
+
+/// fsync through a mount: on a data server whose data directory is on a
+/// persistent path, it flushes the file's extents there (a flush verb per
+/// extent, `msync(MS_SYNC)` on the server); where the memory is on tmpfs
+/// it costs nothing after the first (the kernel is told there is nothing
+/// to do, and asks no more).
+#[test]
+fn fsync_flushes_the_files_extents_on_a_persistent_data_dir() {
+    use citron_lock::rdma::VerbKind;
+    use citronfs_mount::FuseOp;
+    let on_disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (mut meta, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0"]);
+    let addr = meta_addr(&line);
+    let dir = on_disk.path().to_str().unwrap();
+    let (mut data, _) =
+        start_server(&["data-server", "--meta", &addr, "--capacity", "16MiB", "--data-dir", dir]);
+    let mount = patient_mount(&addr);
+    let file = std::fs::File::create(mount.path("f")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &pattern(3, 100_000), 0).unwrap();
+    assert_eq!(mount.client.verb_counts().get(VerbKind::Flush), 0, "writing flushes nothing");
+    file.sync_all().unwrap();
+    assert_eq!(mount.client.verb_counts().get(VerbKind::Flush), 1, "one extent, flushed");
+    file.sync_data().unwrap();
+    assert_eq!(mount.client.verb_counts().get(VerbKind::Flush), 2, "fdatasync flushes too");
+    drop(file);
+    drop(mount);
+
+    // The same on tmpfs: the first fsync is the last the mount hears of.
+    let shm = format!("fsync-data-{}", std::process::id());
+    let kept = citronfs_meta_server::data_dir::DataDir::default_path(&shm);
+    let (mut meta2, line) = start_server(&["meta-server", "--listen", "127.0.0.1:0"]);
+    let addr2 = meta_addr(&line);
+    let (mut data2, _) =
+        start_server(&["data-server", "--meta", &addr2, "--capacity", "16MiB", "--shm", &shm]);
+    let mount = patient_mount(&addr2);
+    let file = std::fs::File::create(mount.path("f")).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &pattern(4, 100_000), 0).unwrap();
+    file.sync_all().unwrap();
+    file.sync_all().unwrap();
+    assert_eq!(mount.client.verb_counts().get(VerbKind::Flush), 0);
+    assert_eq!(mount.requests.snapshot().get(FuseOp::Fsync), 1, "asked once, answered ENOSYS");
+    drop(file);
+    drop(mount);
+    for child in [&mut data, &mut meta, &mut data2, &mut meta2] {
+        signal(child.id() as i32, libc::SIGTERM);
+        assert!(wait_exit(child).success());
+    }
+    std::fs::remove_dir_all(&kept).unwrap();
 }

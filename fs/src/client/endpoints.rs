@@ -2,11 +2,24 @@
 //! data servers' NICs (shm, tcp or RDMA, [`Transport`]), the pool of
 //! per-thread [`Endpoints`] an operation checks out, and the data servers'
 //! endpoints that batches of verbs run on.
+//!
+//! # A data server that does not answer
+//!
+//! A data server restarts (a crash, an upgrade) and comes back with its
+//! memory, maybe at another address. A batch of data verbs or a connection
+//! to it that fails in transport (refused, reset, timed out) is
+//! [`FsError::DataServerDown`]; the operation ([`FsClient::riding_through`])
+//! lets go of everything it holds, forgets the connection, and waits for
+//! the server: it asks the meta-server where the server is now and
+//! connects there, again and again, up to the client's timeout, and then
+//! does the whole operation again (rewriting the same bytes, or reading
+//! them again, is harmless). Only a server still away after the timeout
+//! costs the application an error (EIO).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use citron_lock::range_lock::RangeLockSite;
 use citron_lock::rdma::{
@@ -273,7 +286,13 @@ impl FsClient {
             // Last, after the endpoint's connection was opened and any stop
             // point, right before its verbs.
             self.same_identity(identity)?;
-            let replies = post(ep, &batch)?;
+            let replies = match post(ep, &batch) {
+                Ok(replies) => replies,
+                Err(e) => {
+                    eps.data.remove(&server);
+                    return Err(data_transport_error(server, e));
+                }
+            };
             for (r, tag) in replies.into_iter().zip(tags) {
                 out.push((tag, r.map_err(|e| data_verb_error(server, e))?));
             }
@@ -282,8 +301,9 @@ impl FsClient {
     }
 
     pub(super) fn data_endpoint(&self, server: DataServerId) -> Result<Endpoint, FsError> {
-        if let Some((_, node)) = self.data_nodes.read().get(&server) {
-            return Ok(node.endpoint()?);
+        let known = self.data_nodes.read().get(&server).map(|(_, node)| node.endpoint());
+        if let Some(endpoint) = known {
+            return endpoint.map_err(|e| data_transport_error(server, e));
         }
         // A data server that joined after us.
         match self.call(&MetaRequest::DataServers)? {
@@ -293,7 +313,108 @@ impl FsClient {
         let nodes = self.data_nodes.read();
         let (_, node) =
             nodes.get(&server).ok_or_else(|| FsError::Io(format!("unknown data server {}", server.0)))?;
-        Ok(node.endpoint()?)
+        node.endpoint().map_err(|e| data_transport_error(server, e))
+    }
+
+    /// Runs `op` until it is not stopped by a data server that does not
+    /// answer, waiting for such a server to come back in between, all
+    /// within the client's timeout (see the module header). `op` must hold
+    /// nothing when it fails, and be harmless to do again.
+    pub(super) fn riding_through<T>(&self, mut op: impl FnMut() -> Result<T, FsError>) -> Result<T, FsError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut waits = 0u32;
+        loop {
+            match op() {
+                // A fenced client's connections are cut by every NIC: that
+                // is no data server going away, and nothing to wait for.
+                Err(FsError::DataServerDown(server)) if self.shared.fenced() => {
+                    return Err(FsError::Io(format!(
+                        "data server {}: this client's lease expired; it is fenced until it re-registers",
+                        server.0
+                    )))
+                }
+                Err(FsError::DataServerDown(server)) => {
+                    self.data_server_waits.fetch_add(1, Ordering::Relaxed);
+                    log::warn!("data server {} does not answer; waiting for it", server.0);
+                    if waits > 0 {
+                        // It took a connection, yet the operation found it
+                        // down again (its NIC serves before it has
+                        // registered again): not a busy loop meanwhile.
+                        let pause = Duration::from_millis(10 << waits.min(5));
+                        std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+                    }
+                    waits += 1;
+                    if !self.await_data_server(server, deadline) {
+                        return Err(FsError::Io(format!(
+                            "data server {} did not answer within {:?}",
+                            server.0, self.timeout
+                        )));
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Waits until data server `server` takes a connection again, at the
+    /// address the meta-server has for it now, or until `deadline`;
+    /// returns whether it did. The node it connected through replaces the
+    /// old one.
+    fn await_data_server(&self, server: DataServerId, deadline: Instant) -> bool {
+        let mut pause = Duration::from_millis(20);
+        loop {
+            if self.shared.fenced() {
+                return false;
+            }
+            match self.rejoin_data_server(server) {
+                Ok(()) => {
+                    log::info!("data server {} answers again", server.0);
+                    return true;
+                }
+                Err(e) => log::debug!("data server {} still away: {e}", server.0),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::sleep(pause.min(deadline - now));
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Joins data server `server` anew, where the meta-server says it is,
+    /// and checks that it takes a connection.
+    fn rejoin_data_server(&self, server: DataServerId) -> Result<(), FsError> {
+        let list = match self.call(&MetaRequest::DataServers)? {
+            MetaResponse::DataServers(list) => list,
+            other => return Err(unexpected(other)),
+        };
+        let info = list
+            .into_iter()
+            .find(|i| i.id == server)
+            .ok_or_else(|| FsError::Io(format!("the meta-server knows no data server {}", server.0)))?;
+        let meta = self.shared.rpc.server();
+        let addrs = ServerAddrs {
+            nic: reachable(info.nic, meta),
+            shm: info.shm.as_deref(),
+            ib: info.ib.map(|a| reachable(a, meta)),
+        };
+        let node = join_server(
+            addrs,
+            self.transport,
+            self.ib_device.as_ref(),
+            self.tcp_options,
+            self.shared.identity.node_credentials(),
+        )?;
+        node.endpoint()?;
+        self.data_nodes.write().insert(server, (info, node));
+        Ok(())
+    }
+
+    /// How many times an operation of this client found a data server
+    /// not answering and waited for it.
+    pub fn data_server_waits(&self) -> u64 {
+        self.data_server_waits.load(Ordering::Relaxed)
     }
 
     /// Verbs issued so far by this client's I/O and lock calls (pooled and
@@ -314,6 +435,20 @@ impl FsClient {
 /// Bytes of the caller's buffer to write at an address of a data server
 /// ([`FsClient::write_grouped`]).
 pub(super) type DataWrite<'a> = (RemoteAddr, &'a [u8]);
+
+/// A batch or a connection to data server `server` that failed in
+/// transport: the server is down ([`FsError::DataServerDown`]) when the
+/// connection broke, was refused or timed out; an error otherwise (a
+/// refused handshake, a protocol violation).
+fn data_transport_error(server: DataServerId, e: TransportError) -> FsError {
+    match e {
+        TransportError::Io(_) | TransportError::Disconnected | TransportError::Timeout(_) => {
+            log::info!("data server {}: {e}", server.0);
+            FsError::DataServerDown(server)
+        }
+        e => FsError::Io(format!("data server {}: {e}", server.0)),
+    }
+}
 
 /// A data verb a data server refused: `ENOSPC` when its memory ran out
 /// (its shm file system filled up under it), EIO otherwise.

@@ -226,9 +226,15 @@ impl FsClient {
     /// as zeros.
     pub fn read(&self, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
         let pin = self.pin(ino)?;
+        self.riding_through(|| self.read_once(&pin, ino, offset, len))
+    }
+
+    /// One [`FsClient::read`], stopped by a data server that does not
+    /// answer.
+    fn read_once(&self, pin: &Pinned, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
         let area = pin.area;
         retrying_late_holds(ino, "read", || {
-            self.with_pinned_endpoints(&pin, |eps| {
+            self.with_pinned_endpoints(pin, |eps| {
                 self.with_inode_lock(eps, area, Mode::Shared, |eps| {
                     let (layout, slot) = self.current_layout(eps, ino)?;
                     let end = offset.saturating_add(len.into()).min(slot.size);
@@ -276,12 +282,12 @@ impl FsClient {
         let mode = if exclusive { Mode::Exclusive } else { Mode::Shared };
         let write_under =
             |mode| retrying_late_holds(ino, "write", || self.write_under(&pin, ino, mode, offset, data, how));
-        match write_under(mode)? {
+        self.riding_through(|| match write_under(mode)? {
             Some(at) => Ok(at),
             // An extent must grow: again, alone on the file.
             None => write_under(Mode::Exclusive)?
                 .ok_or_else(|| FsError::Io(format!("inode {}: a write found its extent too small", ino.0))),
-        }
+        })
     }
 
     /// One attempt of [`FsClient::write`] holding the inode mutex in `mode`;

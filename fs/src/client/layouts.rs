@@ -14,7 +14,7 @@ use super::endpoints::Endpoints;
 use super::{unexpected, FsClient};
 use crate::error::FsError;
 use crate::proto::{Allocated, AttrSlot, FileLayout, MetaRequest, MetaResponse, MAX_AHEAD_CHUNKS};
-use crate::types::{Attr, ChunkIndex, ChunkLoc, Ino, Timestamp};
+use crate::types::{Attr, ChunkIndex, ChunkLoc, DataServerId, Ino, Timestamp};
 
 pub(super) struct CachedLayout {
     pub(super) slot: AttrSlot,
@@ -175,6 +175,54 @@ impl FsClient {
             return Ok((self.refresh_layout(ino)?, now));
         }
         Ok((layout, now))
+    }
+
+    /// `fsync`/`fdatasync` of regular file `ino`: every extent of the file
+    /// on a data server whose memory is on a persistent path
+    /// ([`DataServerInfo::durable`](crate::proto::DataServerInfo)) is
+    /// flushed there ([`Verb::Flush`](citron_lock::rdma::Verb::Flush):
+    /// `msync(MS_SYNC)` of the extent's range; whole extents, as the
+    /// client keeps no record of which bytes it wrote). Every write already
+    /// reached the data servers' memory before it answered, so that is all
+    /// durability needs. One batch per such data server, none when there
+    /// are none. Waits for a data server that does not answer as I/O does.
+    pub fn fsync(&self, ino: Ino) -> Result<(), FsError> {
+        self.riding_through(|| {
+            self.with_endpoints(|eps| {
+                let (layout, _) = self.current_layout(eps, ino)?;
+                let durable: std::collections::HashSet<DataServerId> = {
+                    let nodes = self.data_nodes.read();
+                    nodes.iter().filter(|(_, (info, _))| info.durable).map(|(id, _)| *id).collect()
+                };
+                let verbs: Vec<(DataServerId, Verb, usize)> = layout
+                    .read()
+                    .chunks
+                    .values()
+                    .filter(|loc| durable.contains(&loc.server))
+                    .enumerate()
+                    .map(|(i, loc)| (loc.server, Verb::Flush { addr: loc.addr, len: loc.capacity }, i))
+                    .collect();
+                if verbs.is_empty() {
+                    return Ok(());
+                }
+                self.execute_grouped(eps, verbs, None, None)?;
+                Ok(())
+            })
+        })
+    }
+
+    /// Whether any data server of the cluster, as the meta-server lists
+    /// them now, keeps its memory on a persistent path (so that `fsync` has
+    /// something to do).
+    pub fn any_durable_data_server(&self) -> Result<bool, FsError> {
+        match self.call(&MetaRequest::DataServers)? {
+            MetaResponse::DataServers(list) => {
+                let durable = list.iter().any(|i| i.durable);
+                self.add_data_servers(list)?;
+                Ok(durable)
+            }
+            other => Err(unexpected(other)),
+        }
     }
 
     /// The size of a regular file as its slot says (one verb).

@@ -251,6 +251,12 @@ pub struct FsClient {
     ib_device: Option<IbDevice>,
     /// How data servers are joined (timeouts, the test-only distance).
     tcp_options: TcpOptions,
+    /// How long an operation waits for a data server that does not answer
+    /// to come back ([`ClientConfig::timeout`]).
+    timeout: Duration,
+    /// Times an operation waited for a data server that did not answer
+    /// ([`FsClient::data_server_waits`]).
+    data_server_waits: AtomicU64,
     meta_node: Node,
     data_nodes: RwLock<HashMap<DataServerId, (DataServerInfo, Node)>>,
     pool: Mutex<Vec<Endpoints>>,
@@ -414,6 +420,8 @@ impl FsClient {
             transport: config.transport,
             ib_device: config.ib_device.clone(),
             tcp_options: options,
+            timeout: config.timeout,
+            data_server_waits: AtomicU64::new(0),
             meta_node,
             data_nodes: RwLock::new(HashMap::new()),
             pool: Mutex::new(Vec::new()),

@@ -370,7 +370,23 @@ impl RegionMemory {
             Verb::ExtFaa { addr, add, boundary_mask } => {
                 self.ext_faa(addr, add, boundary_mask).map(VerbReply::Old128)
             }
+            Verb::Flush { addr, len } => self.flush(addr, len).map(|()| VerbReply::Written),
         }
+    }
+
+    /// Makes `[addr, addr + len)` durable in the file the region maps
+    /// (`msync(MS_SYNC)` of the pages it touches); nothing for anonymous
+    /// memory, which no sync can make durable.
+    pub fn flush(&self, addr: RemoteAddr, len: u64) -> Result<(), VerbError> {
+        let off = self.check(addr, len, 1)?;
+        if self.backing.is_none() || len == 0 {
+            return Ok(());
+        }
+        self.map.flush_range(off, len as usize).map_err(|e| VerbError::HostIo {
+            addr,
+            len,
+            reason: format!("msync: {e}"),
+        })
     }
 }
 
@@ -444,6 +460,24 @@ mod tests {
         let f = tempfile::tempfile_in(dir).expect("a file in the directory");
         f.set_len(len).expect("sized");
         f
+    }
+
+    #[test]
+    fn a_flush_syncs_a_file_region_within_its_bounds() {
+        let file = tempfile::tempfile().expect("a file");
+        file.set_len(8192).expect("sized");
+        let m = RegionMemory::from_file(REGION, &file).expect("mapped");
+        m.write_from(RemoteAddr::new(REGION, 100), b"durable!").unwrap();
+        let whole = Verb::Flush { addr: RemoteAddr::new(REGION, 0), len: 8192 };
+        assert_eq!(m.execute(&whole).unwrap(), VerbReply::Written);
+        m.flush(RemoteAddr::new(REGION, 4100), 10).unwrap();
+        assert!(matches!(m.flush(RemoteAddr::new(REGION, 8000), 1000), Err(VerbError::OutOfBounds { .. })));
+        let mut back = [0u8; 8];
+        std::os::unix::fs::FileExt::read_exact_at(&file, &mut back, 100).unwrap();
+        assert_eq!(&back, b"durable!");
+        // Anonymous memory: nothing to make durable, and no error.
+        let anon = RegionMemory::anonymous(REGION, 4096).unwrap();
+        anon.flush(RemoteAddr::new(REGION, 0), 4096).unwrap();
     }
 
     /// A bulk write goes through the file and a small one through the

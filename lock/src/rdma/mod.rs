@@ -432,6 +432,17 @@ impl Endpoint {
             Verb::ExtFaa { addr, add, boundary_mask }, reply => old128(reply))
     }
 
+    /// Makes `[addr, addr + len)` durable where the host keeps it
+    /// ([`Verb::Flush`]).
+    pub fn flush(&self, addr: RemoteAddr, len: u64) -> Result<(), RdmaError> {
+        let verb = Verb::Flush { addr, len };
+        match self.execute(std::slice::from_ref(&verb))?.pop() {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(e.into()),
+            None => Err(RdmaError::Transport(TransportError::Protocol("no answer to a flush".into()))),
+        }
+    }
+
     fn execute_tcp_one(&self, verb: &Verb) -> Result<VerbReply, RdmaError> {
         let Qp::Tcp(q) = &self.qp else { unreachable!("tcp path on a shm endpoint") };
         let mut out = Vec::with_capacity(1);

@@ -7,7 +7,7 @@
 //! | file | what |
 //! |---|---|
 //! | `control` | 4 KiB; word 0 is the next node id (taken with fetch-and-add) |
-//! | `region-<id>` | one registered region, published by rename once sized |
+//! | `region-<id>` | one registered region, published by rename once sized, or a symbolic link to a file that outlives the fabric (a data server's data directory, [`ShmHost::add_region_file`]) |
 //! | `region-<id>.nic` | only in the test mode [`RemoteAtomicity::NicOnly`]: the page holding the region's NIC mutex, created before the region is published |
 //! | `node-<id>.sock` | the node's datagram socket for two-sided messages |
 //!
@@ -137,25 +137,20 @@ impl ShmHost {
         self.regions.insert(mem).map_err(|e| TransportError::Shm(e.to_string()))
     }
 
-    /// Registers the file at `source` as region `id`, as it is (a region
-    /// that outlives the host: a restarted server maps its file again).
-    /// Clients find it in the fabric's directory as any other region: a
-    /// hard link, or where `source` is on another file system, a symbolic
-    /// link. Removing the fabric removes the link, never `source`.
-    pub fn publish_region_file(
-        &self,
-        id: RegionId,
-        source: &Path,
-    ) -> Result<Arc<RegionMemory>, TransportError> {
+    /// Registers the memory of `file`, a file that outlives the fabric (a
+    /// data server's data directory), as region `id`: published as a
+    /// symbolic link `region-<id>` to it, so that clients map the file
+    /// itself and removing the fabric (by its host, or a sweep of orphans)
+    /// removes the link, never the memory.
+    pub fn add_region_file(&self, id: RegionId, file: &Path) -> Result<Arc<RegionMemory>, TransportError> {
         let path = self.dir.join(format!("region-{}", id.0));
         if path.exists() {
             return Err(TransportError::Shm(format!("region {id:?} already exists")));
         }
+        let target = fs::canonicalize(file).map_err(|e| shm_err("cannot resolve", file, e))?;
         let mem =
-            RegionMemory::from_file(id, &open_rw(source)?).map_err(|e| shm_err("cannot map", source, e))?;
-        if fs::hard_link(source, &path).is_err() {
-            std::os::unix::fs::symlink(source, &path).map_err(|e| shm_err("cannot publish", &path, e))?;
-        }
+            RegionMemory::from_file(id, &open_rw(&target)?).map_err(|e| shm_err("cannot map", &target, e))?;
+        std::os::unix::fs::symlink(&target, &path).map_err(|e| shm_err("cannot publish", &path, e))?;
         self.regions.insert(mem).map_err(|e| TransportError::Shm(e.to_string()))
     }
 

@@ -218,7 +218,9 @@ fn describe(dir: &Path, name: &str, owner: Owner) -> FabricInfo {
         .flatten()
         .flatten()
         .filter_map(|e| {
-            let meta = e.metadata().ok()?;
+            // Through a region published as a link to a data directory's
+            // file: that file's size and memory.
+            let meta = fs::metadata(e.path()).ok()?;
             Some(FabricFile {
                 name: e.file_name().to_string_lossy().into_owned(),
                 bytes: meta.len(),

@@ -62,6 +62,16 @@ pub enum Verb {
         add: u128,
         boundary_mask: u128,
     },
+    /// Makes `[addr, addr + len)` durable where the host keeps the region:
+    /// `msync(MS_SYNC)` of that range of a region that maps a file, nothing
+    /// for anonymous memory (and next to nothing for a file on tmpfs).
+    /// Returns [`VerbReply::Written`] once done. Executed by the host's CPU
+    /// (an RNIC has no such verb here), or on shm by the caller's, whose
+    /// mapping shares the file's pages.
+    Flush {
+        addr: RemoteAddr,
+        len: u64,
+    },
 }
 
 impl Verb {
@@ -74,7 +84,8 @@ impl Verb {
             | Verb::MaskedCas { addr, .. }
             | Verb::MaskedFaa { addr, .. }
             | Verb::ExtCas { addr, .. }
-            | Verb::ExtFaa { addr, .. } => addr,
+            | Verb::ExtFaa { addr, .. }
+            | Verb::Flush { addr, .. } => addr,
         }
     }
 
@@ -88,6 +99,7 @@ impl Verb {
             Verb::MaskedFaa { .. } => VerbKind::MaskedFaa,
             Verb::ExtCas { .. } => VerbKind::ExtCas,
             Verb::ExtFaa { .. } => VerbKind::ExtFaa,
+            Verb::Flush { .. } => VerbKind::Flush,
         }
     }
 }
@@ -114,10 +126,11 @@ pub enum VerbKind {
     MaskedFaa,
     ExtCas,
     ExtFaa,
+    Flush,
 }
 
 impl VerbKind {
-    pub const ALL: [VerbKind; 8] = [
+    pub const ALL: [VerbKind; 9] = [
         VerbKind::Read,
         VerbKind::Write,
         VerbKind::Cas,
@@ -126,10 +139,11 @@ impl VerbKind {
         VerbKind::MaskedFaa,
         VerbKind::ExtCas,
         VerbKind::ExtFaa,
+        VerbKind::Flush,
     ];
 
     pub fn is_atomic(self) -> bool {
-        !matches!(self, VerbKind::Read | VerbKind::Write)
+        !matches!(self, VerbKind::Read | VerbKind::Write | VerbKind::Flush)
     }
 
     pub fn name(self) -> &'static str {
@@ -142,6 +156,7 @@ impl VerbKind {
             VerbKind::MaskedFaa => "masked_faa",
             VerbKind::ExtCas => "ext_cas",
             VerbKind::ExtFaa => "ext_faa",
+            VerbKind::Flush => "flush",
         }
     }
 }
@@ -151,7 +166,7 @@ impl VerbKind {
 /// A round trip is one wait for the network: a single verb, or a whole batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerbCounts {
-    pub by_kind: [u64; 8],
+    pub by_kind: [u64; 9],
     pub round_trips: u64,
     pub messages_sent: u64,
     pub messages_received: u64,

@@ -58,6 +58,8 @@ pub enum ContentImage {
 pub struct DataServerImage {
     pub region: u32,
     pub capacity: u64,
+    /// It keeps its memory across its own restarts (a data directory).
+    pub kept: bool,
     pub at: citronfs_core::proto::DataServerInfo,
 }
 
@@ -235,8 +237,9 @@ mod tests {
             nic: "127.0.0.1:1".parse().unwrap(),
             shm: None,
             ib: None,
+            durable: false,
         };
-        let space = DataServerImage { region: 1, capacity: 1 << 30, at };
+        let space = DataServerImage { region: 1, capacity: 1 << 30, kept: true, at };
         let batch = |changes| Batch { next_ino: 2, next_cookie: 3, next_client: 1, changes };
         image.apply(batch(vec![Change::DataServer(id, space.clone()), Change::LostServer(id)]));
         assert!(image.lost.contains(&id));

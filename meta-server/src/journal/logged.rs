@@ -14,8 +14,14 @@ use crate::namespace::Namespace;
 
 thread_local! {
     /// The newest batch this thread's namespace holds appended or could
-    /// have read, since its last [`Logged::commit_seen`].
-    static SEEN: Cell<u64> = const { Cell::new(0) };
+    /// have read, since its last [`Logged::commit_seen`], and of which
+    /// journal (its address: a process that runs several meta-servers, as
+    /// tests do, must not wait in one for a number of another).
+    static SEEN: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
+}
+
+fn journal_key(journal: &Journal) -> usize {
+    std::ptr::from_ref(journal) as usize
 }
 
 pub struct Logged {
@@ -45,8 +51,8 @@ impl Logged {
     /// durable: called before a request's answer leaves, so no answer
     /// reveals a change that a crash could still take back.
     pub fn commit_seen(&self) -> Result<(), JournalError> {
-        let seen = SEEN.with(|s| s.replace(0));
-        if seen == 0 {
+        let (of, seen) = SEEN.with(|s| s.replace((0, 0)));
+        if seen == 0 || of != journal_key(&self.journal) {
             return Ok(());
         }
         self.journal.commit(seen)
@@ -77,6 +83,10 @@ impl Drop for LoggedGuard<'_> {
             // release and our acquire order it before this load.
             None => self.journal.appended(),
         };
-        SEEN.with(|s| s.set(s.get().max(seq)));
+        let key = journal_key(self.journal);
+        SEEN.with(|s| {
+            let (of, seen) = s.get();
+            s.set((key, if of == key { seen.max(seq) } else { seq }));
+        });
     }
 }

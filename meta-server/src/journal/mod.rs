@@ -264,6 +264,8 @@ impl Journal {
             return Ok(());
         }
         let mut p = self.pending.lock();
+        // Only what was appended here can become durable here.
+        let seq = seq.min(p.appended);
         loop {
             if p.durable >= seq {
                 return Ok(());
@@ -574,6 +576,19 @@ mod tests {
         assert_eq!(files::snapshots(dir.path()).unwrap(), vec![upto]);
         let (_journal, after) = Journal::open(&config(dir.path(), 4096)).unwrap();
         assert_eq!(after.image, before.image, "a snapshot holds what the segments held");
+    }
+
+    #[test]
+    fn a_commit_never_waits_for_a_batch_not_appended() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(&config(dir.path(), DEFAULT_SEGMENT_BYTES)).unwrap();
+        let seq = journal.append(&batch(2));
+        // A number from elsewhere (another journal of the process) returns
+        // once what is here is durable.
+        journal.commit(seq + 1000).unwrap();
+        drop(journal);
+        let (_journal, again) = Journal::open(&config(dir.path(), DEFAULT_SEGMENT_BYTES)).unwrap();
+        assert_eq!(again.batches, 1);
     }
 
     #[test]

@@ -87,7 +87,40 @@ impl Namespace {
     pub fn lose_data_server(&mut self, id: DataServerId) -> usize {
         self.lost_servers.insert(id);
         self.server_changes.push(crate::journal::image::Change::LostServer(id));
-        self.extents.remove_server(id);
+        self.extents.set_available(id, false);
+        self.bump_epochs_on(id)
+    }
+
+    /// Data server `id` came back with its memory (it re-adopted its data
+    /// directory and registered under its identity): its extents are
+    /// allocated from again, and if it had been lost its files answer
+    /// again (their epochs change, so clients refetch their layouts).
+    /// `discard` is how its pages are given back now. Returns how many
+    /// files it had been lost for.
+    pub fn rejoin_data_server(
+        &mut self,
+        id: DataServerId,
+        discard: Option<crate::extents::Discard>,
+    ) -> usize {
+        self.extents.set_discard(id, discard);
+        self.extents.set_available(id, true);
+        if self.lost_servers.remove(&id) {
+            self.server_changes.push(crate::journal::image::Change::FoundServer(id));
+            self.bump_epochs_on(id)
+        } else {
+            0
+        }
+    }
+
+    /// A data server that is down (silent, not lost): allocation cannot use
+    /// its memory until it comes back.
+    pub fn down_server(&self) -> Option<DataServerId> {
+        self.extents.unavailable().into_iter().find(|id| !self.lost_servers.contains(id))
+    }
+
+    /// Moves the layout epoch of every file with an extent on `id`;
+    /// returns how many there are.
+    fn bump_epochs_on(&mut self, id: DataServerId) -> usize {
         let holding: Vec<Ino> = self
             .inodes
             .values()

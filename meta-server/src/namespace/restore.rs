@@ -7,6 +7,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use citron_lock::rdma::{RegionId, RegionMemory};
+
+/// The memory a data server offers as it joins.
+#[derive(Clone, Copy, Debug)]
+pub struct DataServerSpace {
+    pub region: RegionId,
+    pub capacity: u64,
+    /// It held this file system's data before (it joins again).
+    pub reused: bool,
+    /// It keeps its memory across its own restarts (a data directory).
+    pub kept: bool,
+}
 use citronfs_core::proto::DataServerInfo;
 use citronfs_core::types::{Caller, DataServerId, Ino};
 
@@ -118,22 +129,36 @@ impl Namespace {
         &self.data_servers
     }
 
-    /// Data server `id` joins with `capacity` bytes of `region`. A server
-    /// this namespace knew (it joins again: it restarted, or the
-    /// meta-server did) takes back the extents its files hold there, and
-    /// its free memory may hold old bytes (`reused`): every free block is
-    /// zeroed before it is handed out. A server that was lost is found.
+    /// Data server `at` joins with `space`. One the allocator still has
+    /// (it restarted, this meta-server did not) is up again with its
+    /// extents as they were ([`Namespace::rejoin_data_server`]); returns
+    /// how many files it had been lost for. Otherwise its space is added,
+    /// and if this namespace knew it (`space.reused`: it joins again after
+    /// a restart of the meta-server) it takes back the extents its files
+    /// hold there, and every free block is zeroed before it is handed out
+    /// (its memory may hold old bytes).
     pub fn add_data_server(
         &mut self,
         at: &DataServerInfo,
-        region: RegionId,
-        capacity: u64,
+        space: DataServerSpace,
         discard: Option<Discard>,
-        reused: bool,
-    ) {
+    ) -> Option<usize> {
         let id = at.id;
-        self.extents.add_server(id, region, capacity, discard);
-        if reused {
+        let image = DataServerImage {
+            region: space.region.0,
+            capacity: space.capacity,
+            kept: space.kept,
+            at: at.clone(),
+        };
+        if self.data_servers.get(&id) != Some(&image) {
+            self.data_servers.insert(id, image.clone());
+            self.server_changes.push(Change::DataServer(id, image));
+        }
+        if self.extents.server_memory(id).is_some() {
+            return Some(self.rejoin_data_server(id, discard));
+        }
+        self.extents.add_server(id, space.region, space.capacity, discard);
+        if space.reused {
             self.extents.mark_free_dirty(id);
         }
         let mut claimed = 0u64;
@@ -151,16 +176,9 @@ impl Namespace {
                 }
             }
         }
-        if claimed > 0 {
-            log::info!("data server {} holds {claimed} extents of existing files", id.0);
-        }
-        let space = DataServerImage { region: region.0, capacity, at: at.clone() };
-        if self.data_servers.get(&id) != Some(&space) {
-            self.data_servers.insert(id, space.clone());
-            self.server_changes.push(Change::DataServer(id, space));
-        }
         if self.lost_servers.remove(&id) {
             self.server_changes.push(Change::FoundServer(id));
         }
+        space.reused.then_some(claimed as usize)
     }
 }

@@ -1,8 +1,34 @@
-//! The data servers as the meta-server sees them: registering one, losing
-//! one that stopped answering (the prober), and the calls the meta-server
-//! makes on their memory (zeroing freed extents, filling new ones).
+//! The data servers as the meta-server sees them: registering one (anew,
+//! or again under the identity it had), telling one that stopped answering
+//! down or lost (the prober), and the calls the meta-server makes on their
+//! memory (zeroing freed extents, filling new ones).
+//!
+//! # Down or lost
+//!
+//! A data server whose memory is *kept* (it runs with a data directory,
+//! `MetaRequest::RegisterDataServer::kept`) re-adopts it when it restarts
+//! and registers again with the id it had (`rejoin`). For such a server:
+//!
+//! * silent for a whole lease (a crash, SIGKILL, SIGTERM, a hung host): it
+//!   is **down**. No new extent goes to it; its files keep their layouts and
+//!   names, and I/O on them waits in the clients (up to their `--timeout`,
+//!   then EIO) for it to come back. It answers probes again, or registers
+//!   again under its id (a new NIC address, shm name, region mapping), and
+//!   it is up: the same extents, the same bytes. It stays down, never lost,
+//!   however long it is away: only the operator knows whether it will come
+//!   back. A rejoin under an id this meta-server does not know is refused
+//!   with an error that says so: a server holding data is never given a
+//!   new identity silently.
+//! * SIGTERM is a restart like any other: it sends no goodbye (its memory
+//!   stays in its data directory), and is down until it registers again.
+//!
+//! A data server whose memory is *not* kept (no data directory) loses its
+//! memory when it stops, so it is **lost**: when it says it leaves
+//! (`DataServerLeaves`, on SIGTERM) or when it is silent for a lease. Its
+//! files keep their names and answer EIO at once and for good (their
+//! layouts are refused). A lost server that registers again under its id
+//! (a kept one that said it left) comes back as it was.
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +39,8 @@ use citronfs_core::types::{ChunkIndex, ChunkLoc, DataServerId, Ino};
 use citronfs_core::FsError;
 
 use crate::access::Placed;
-use crate::data_link::DataServerLink;
-use crate::namespace::{extent_memory, ExtentPlan, Namespace, ZeroRange};
+use crate::data_link::{DataServerLink, Probe};
+use crate::namespace::{extent_memory, DataServerSpace, ExtentPlan, Namespace, ZeroRange};
 
 use super::{server_credentials, MetaService};
 
@@ -35,17 +61,48 @@ impl MetaService {
         Ok(())
     }
 
+    /// Registers a data server: a new one gets the next id; one that
+    /// re-adopted its memory (`rejoin`) is re-linked under the id it had, if
+    /// that id is this meta-server's and its memory is the same region and
+    /// capacity, and is up again with its extents as they were.
+    /// `info` is where it is (its id is assigned here).
     pub(super) fn register_data_server(
         &self,
-        nic: SocketAddr,
-        shm: Option<String>,
-        ib: Option<SocketAddr>,
+        info: DataServerInfo,
         region: u32,
         capacity: u64,
+        rejoin: Option<DataServerId>,
+        kept: bool,
     ) -> Result<MetaResponse, FsError> {
-        let id = DataServerId(self.next_data_server.fetch_add(1, Ordering::Relaxed) as u32);
-        self.link_data_server(DataServerInfo { id, nic, shm, ib }, region, capacity, false)?;
-        Ok(MetaResponse::DataServerRegistered(id))
+        let id = match rejoin {
+            None => DataServerId(self.next_data_server.fetch_add(1, Ordering::Relaxed) as u32),
+            Some(id) => {
+                // Known from the journal: across restarts of this
+                // meta-server too.
+                let known = self.ns.lock().known_data_servers().get(&id).map(|s| (s.region, s.capacity));
+                match known {
+                    None => {
+                        return Err(FsError::Invalid(format!(
+                            "data server {} is not known to this meta-server: its data directory holds \
+                             the memory of another file system, or of a meta-server whose state is \
+                             gone. Point it at the meta-server it belongs to, or start it with another \
+                             (empty) data directory; its data is then lost",
+                            id.0
+                        )))
+                    }
+                    Some((r, c)) if r != region || c != capacity => {
+                        return Err(FsError::Invalid(format!(
+                            "data server {} had region {r} of {c} bytes, and now offers region {region} \
+                             of {capacity} bytes: its memory is not the one it had",
+                            id.0
+                        )))
+                    }
+                    Some(_) => id,
+                }
+            }
+        };
+        self.link_data_server(DataServerInfo { id, ..info }, region, capacity, rejoin.is_some(), kept)?;
+        Ok(MetaResponse::DataServerRegistered(id, self.identity.fs))
     }
 
     /// Links data server `at` and gives its space to the extent allocator;
@@ -57,15 +114,24 @@ impl MetaService {
         region: u32,
         capacity: u64,
         reused: bool,
+        kept: bool,
     ) -> Result<(), FsError> {
         let mut links = self.data_servers.lock();
         let credentials = server_credentials(&self.access);
-        let link = DataServerLink::connect(at.clone(), RegionId(region), credentials)?;
+        let link = DataServerLink::connect(at.clone(), RegionId(region), kept, credentials)?;
         self.access.add_data_server(at.id, at.nic);
-        self.ns.lock().add_data_server(&at, RegionId(region), capacity, link.discard(), reused);
+        let space = DataServerSpace { region: RegionId(region), capacity, reused, kept };
+        let found = self.ns.lock().add_data_server(&at, space, link.discard());
         links.retain(|l| l.info.id != at.id);
         links.push(Arc::new(link));
-        log::info!("data server {} at {}: {capacity} bytes", at.id.0, at.nic);
+        match found {
+            Some(files) => log::info!(
+                "data server {} is back at {} with its memory ({files} files found again)",
+                at.id.0,
+                at.nic
+            ),
+            None => log::info!("data server {} at {}: {capacity} bytes", at.id.0, at.nic),
+        }
         Ok(())
     }
 
@@ -80,7 +146,7 @@ impl MetaService {
         };
         for server in known {
             let (id, nic) = (server.at.id, server.at.nic);
-            match self.link_data_server(server.at, server.region, server.capacity, true) {
+            match self.link_data_server(server.at, server.region, server.capacity, true, server.kept) {
                 Ok(()) => log::info!("data server {} at {nic} is linked again", id.0),
                 Err(e) => log::warn!(
                     "data server {} at {nic} does not answer ({e}); its files wait for it to register again",
@@ -109,17 +175,45 @@ impl MetaService {
     }
 
     /// Probes every data server through its NIC ([`DataServerLink::probe`]).
-    /// A server that has not answered for a whole lease is lost
-    /// ([`MetaService::lose_data_server`]): the lease is the bound a busy
-    /// machine gets before anyone is declared dead, as for clients. Clients
-    /// reaching it over tcp see errors before that; clients on its shm
-    /// fabric learn from the epochs.
+    /// One that has not answered for a whole lease is down if its memory is
+    /// kept, lost otherwise (see the module header); the lease is the
+    /// bound a busy machine gets before anyone is declared dead, as for
+    /// clients. A down server that answers again is up.
     pub(super) fn probe_data_servers(&self) {
         let links = self.data_servers.lock().clone();
         let wait = (self.lease / 4).max(Duration::from_millis(100));
         for link in links {
-            if link.probe(wait, self.lease) {
-                self.lose_data_server(link.info.id, "it stopped answering for a lease");
+            let id = link.info.id;
+            let probe = link.probe(wait, self.lease);
+            // Under the list's lock, and only for the link that is still the
+            // server's: one that registered again meanwhile has a new link,
+            // and what the old one's probes found is about a dead process.
+            let current = self.data_servers.lock();
+            if !current.iter().any(|l| Arc::ptr_eq(l, &link)) {
+                continue;
+            }
+            match probe {
+                Probe::Silent if !link.kept => {
+                    drop(current);
+                    self.lose_data_server(id, "it stopped answering for a lease");
+                }
+                Probe::Silent => {
+                    if !link.down.swap(true, Ordering::SeqCst) {
+                        self.ns.lock().extents.set_available(id, false);
+                        log::warn!(
+                            "data server {} is down (silent for a lease): I/O on its files waits for it \
+                             to come back",
+                            id.0
+                        );
+                    }
+                }
+                Probe::Answered => {
+                    if link.down.swap(false, Ordering::SeqCst) {
+                        self.ns.lock().extents.set_available(id, true);
+                        log::info!("data server {} answers again", id.0);
+                    }
+                }
+                Probe::Failing => {}
             }
         }
     }
@@ -136,8 +230,16 @@ impl MetaService {
         let plan = {
             let mut ns = self.ns.lock();
             ns.sweep_orphans();
-            match plan(&mut ns) {
-                Err(FsError::NoSpace) if ns.free_orphans_now() => plan(&mut ns)?,
+            let planned = match plan(&mut ns) {
+                Err(FsError::NoSpace) if ns.free_orphans_now() => plan(&mut ns),
+                other => other,
+            };
+            match planned {
+                // Full without the servers that are down: the client waits
+                // for one to come back rather than hear ENOSPC.
+                Err(FsError::NoSpace) => {
+                    return Err(ns.down_server().map_or(FsError::NoSpace, FsError::DataServerDown))
+                }
                 other => other?,
             }
         };
@@ -203,12 +305,29 @@ impl MetaService {
         for step in &plan.steps {
             let dest = self.link(step.new.server)?;
             if let Some(old) = step.old {
-                self.link(old.server)?.copy(old.addr, step.copy, &dest, step.new.addr)?;
+                self.link(old.server)?
+                    .copy(old.addr, step.copy, &dest, step.new.addr)
+                    .map_err(|e| unreachable_as_down(e, &[old.server, step.new.server]))?;
             }
             if step.zero && step.copy < step.new.capacity {
-                dest.zero(step.new.addr + step.copy, step.new.capacity - step.copy)?;
+                dest.zero(step.new.addr + step.copy, step.new.capacity - step.copy)
+                    .map_err(|e| unreachable_as_down(e, &[step.new.server]))?;
             }
         }
         Ok(())
+    }
+}
+
+/// A zero or copy on data servers `servers` that failed in transport (the
+/// server crashed, or restarts, before the prober found it down): the
+/// client waits for the server and asks again ([`FsError::DataServerDown`])
+/// instead of answering EIO. Refusals stay errors.
+fn unreachable_as_down(e: FsError, servers: &[DataServerId]) -> FsError {
+    match e {
+        FsError::Io(why) => {
+            log::warn!("data server {} does not answer: {why}", servers[0].0);
+            FsError::DataServerDown(*servers.last().unwrap_or(&servers[0]))
+        }
+        other => other,
     }
 }

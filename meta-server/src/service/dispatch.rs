@@ -480,8 +480,18 @@ impl MetaService {
                 let _ = self.reaper_wake.lock().send(());
                 A::Done
             }
-            R::RegisterDataServer { nic, shm, ib, region, capacity } => {
-                self.register_data_server(nic, shm, ib, region, capacity)?
+            R::RegisterDataServer { nic, shm, ib, region, capacity, rejoin, fs, kept, durable } => {
+                if let Some(theirs) = fs.filter(|&f| f != self.identity.fs) {
+                    return Err(FsError::Invalid(format!(
+                        "this data server's memory belongs to file system {theirs}, and this meta-server \
+                         serves {}: point it at its own meta-server, or give it another (empty) data \
+                         directory",
+                        self.identity.fs
+                    )));
+                }
+                let id = citronfs_core::types::DataServerId(0);
+                let info = citronfs_core::proto::DataServerInfo { id, nic, shm, ib, durable };
+                self.register_data_server(info, region, capacity, rejoin, kept)?
             }
             R::DataServerLeaves { id } => {
                 self.lose_data_server(id, "it left");

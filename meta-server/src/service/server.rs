@@ -113,7 +113,7 @@ impl MetaServer {
         let (shm, regions, slots, locks) = match &config.shm {
             Some(name) => {
                 let host = ShmHost::create(name)?;
-                let slots = host.publish_region_file(SLOT_REGION, &slot_path)?;
+                let slots = host.add_region_file(SLOT_REGION, &slot_path)?;
                 let locks = host.add_region(LOCK_REGION, lock_bytes)?;
                 let regions = host.regions().clone();
                 (Some(host), regions, slots, locks)

@@ -475,7 +475,8 @@ fn read_frame<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<T> {
 /// What a worker's stdout said, as its reader thread saw it.
 enum Event {
     Ready,
-    Report(usize, Result<WorkerReport>),
+    /// Boxed: a report is large next to `Ready`.
+    Report(usize, Box<Result<WorkerReport>>),
 }
 
 /// Kills the workers still running when dropped (an error path).
@@ -518,14 +519,19 @@ fn run_workers(exe: &std::path::Path, plans: Vec<WorkerPlan>) -> Result<Vec<Work
             match stdout.read_exact(&mut b) {
                 Ok(()) if b[0] == READY => {
                     let _ = tx.send(Event::Ready);
-                    let _ = tx.send(Event::Report(i, read_frame(&mut stdout)));
+                    let _ = tx.send(Event::Report(i, Box::new(read_frame(&mut stdout))));
                 }
                 Ok(()) => {
-                    let _ =
-                        tx.send(Event::Report(i, Err(anyhow!("worker said {:?} instead of ready", b[0]))));
+                    let _ = tx.send(Event::Report(
+                        i,
+                        Box::new(Err(anyhow!("worker said {:?} instead of ready", b[0]))),
+                    ));
                 }
                 Err(e) => {
-                    let _ = tx.send(Event::Report(i, Err(anyhow!("worker exited before it was ready: {e}"))));
+                    let _ = tx.send(Event::Report(
+                        i,
+                        Box::new(Err(anyhow!("worker exited before it was ready: {e}"))),
+                    ));
                 }
             }
         });
@@ -555,7 +561,7 @@ fn run_workers(exe: &std::path::Path, plans: Vec<WorkerPlan>) -> Result<Vec<Work
         let wait = report_deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(wait) {
             Ok(Event::Report(i, r)) => {
-                let r = r.with_context(|| format!("worker {i}"))?;
+                let r = (*r).with_context(|| format!("worker {i}"))?;
                 if !r.errors.is_empty() {
                     bail!("worker {i}: {}", r.errors.join("; "));
                 }

@@ -326,6 +326,7 @@ fn issue(ep: &Endpoint, kind: VerbKind, addr: RemoteAddr, seq: u64) -> Result<()
         VerbKind::ExtFaa => {
             ep.ext_faa(addr + 16, 1 | 1 << 64, 1 << 63 | 1 << 127)?;
         }
+        VerbKind::Flush => ep.flush(addr, 8)?,
     }
     Ok(())
 }
@@ -342,6 +343,7 @@ fn verb_of(kind: VerbKind, addr: RemoteAddr) -> Verb {
         VerbKind::ExtFaa => {
             Verb::ExtFaa { addr: (addr + 16), add: 1 | 1 << 64, boundary_mask: 1 << 63 | 1 << 127 }
         }
+        VerbKind::Flush => Verb::Flush { addr, len: 8 },
     }
 }
 

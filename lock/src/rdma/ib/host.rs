@@ -104,9 +104,9 @@ impl RpcService for HostService {
             HostRequest::Connect { qp, .. } => self.connect(&qp, peer).unwrap_or_else(refused),
             HostRequest::Regions => self.grants().map(HostResponse::Regions).unwrap_or_else(refused),
             HostRequest::Execute(verb) => HostResponse::Executed(match verb {
-                Verb::ExtCas { .. } | Verb::ExtFaa { .. } => self.regions.execute(&verb),
+                Verb::ExtCas { .. } | Verb::ExtFaa { .. } | Verb::Flush { .. } => self.regions.execute(&verb),
                 other => Err(VerbError::Malformed(format!(
-                    "the ib host executes only 16-byte atomics, not {}",
+                    "the ib host executes only 16-byte atomics and flushes, not {}",
                     other.kind().name()
                 ))),
             }),

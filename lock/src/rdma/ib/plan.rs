@@ -161,7 +161,7 @@ fn classify(verb: &Verb) -> Result<Native, Option<EmulatedOp>> {
         Verb::MaskedFaa { add, boundary_mask, .. } => {
             return Err(Some(EmulatedOp::MaskedFaa { add, boundary_mask }))
         }
-        Verb::ExtCas { .. } | Verb::ExtFaa { .. } => return Err(None),
+        Verb::ExtCas { .. } | Verb::ExtFaa { .. } | Verb::Flush { .. } => return Err(None),
     })
 }
 

@@ -85,6 +85,7 @@ impl RemoteRegions {
             | Verb::MaskedCas { addr, .. }
             | Verb::MaskedFaa { addr, .. } => self.check(*addr, 8, 8),
             Verb::ExtCas { addr, .. } | Verb::ExtFaa { addr, .. } => self.check(*addr, 16, 16),
+            Verb::Flush { addr, len } => self.check(*addr, *len, 1),
         }
     }
 

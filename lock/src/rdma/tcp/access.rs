@@ -228,8 +228,9 @@ fn touched(verb: &Verb) -> (RemoteAddr, u64, bool) {
         Verb::Write { data, .. } => data.len() as u64,
         Verb::Cas { .. } | Verb::Faa { .. } | Verb::MaskedCas { .. } | Verb::MaskedFaa { .. } => 8,
         Verb::ExtCas { .. } | Verb::ExtFaa { .. } => 16,
+        Verb::Flush { len, .. } => *len,
     };
-    (verb.addr(), len, !matches!(verb, Verb::Read { .. }))
+    (verb.addr(), len, !matches!(verb, Verb::Read { .. } | Verb::Flush { .. }))
 }
 
 impl AccessTable {
