@@ -318,3 +318,51 @@ fn fsyncs_reach_the_daemon_at_most_once_and_directory_opens_each_time() {
     assert!(requests.get(FuseOp::Fsync) <= 1, "{} FSYNC requests", requests.get(FuseOp::Fsync));
     assert_eq!(requests.get(FuseOp::OpenDir), 10, "two directory opens a round, each answered");
 }
+
+/// A name one byte longer than NAME_MAX is refused with ENAMETOOLONG by
+/// every call that names it, whatever the directory held before: here after
+/// the longest name was created, changed and removed, as pjdfstest checks
+/// it, in the root and in a directory the mount made (which a caching mount
+/// may list itself), in both modes.
+fn a_name_past_name_max_is_too_long(options: citronfs_mount::MountOptions) {
+    let cluster = TestCluster::start(1, 16 << 20, CHUNK);
+    let m = cluster.mount_with(options);
+    fs::create_dir(m.path("made")).unwrap();
+    let (longest, past) = ("l".repeat(255), "l".repeat(256));
+    for dir in ["", "made/"] {
+        let at = |name: &str| m.path(&format!("{dir}{name}"));
+        fs::write(at(&longest), b"").unwrap();
+        fs::set_permissions(at(&longest), fs::Permissions::from_mode(0o620)).unwrap();
+        assert_eq!(fs::metadata(at(&longest)).unwrap().permissions().mode() & 0o7777, 0o620);
+        fs::remove_file(at(&longest)).unwrap();
+        let p = at(&past);
+        let too_long = |what: &str, r: std::io::Result<()>| {
+            let e = r.expect_err(what);
+            assert_eq!(errno_of(e), libc::ENAMETOOLONG, "{what} of a {}-byte name in {dir:?}", past.len());
+        };
+        too_long("chmod", fs::set_permissions(&p, fs::Permissions::from_mode(0o620)));
+        too_long("chown", std::os::unix::fs::chown(&p, Some(65534), Some(65534)));
+        too_long("truncate", OpenOptions::new().write(true).open(&p).and_then(|f| f.set_len(0)));
+        too_long("stat", fs::symlink_metadata(&p).map(drop));
+        too_long("create", fs::write(&p, b""));
+        too_long("mkdir", fs::create_dir(&p));
+        too_long("unlink", fs::remove_file(&p));
+        too_long("rmdir", fs::remove_dir(&p));
+        too_long("symlink", std::os::unix::fs::symlink("x", &p));
+        fs::write(at("short"), b"").unwrap();
+        too_long("link", fs::hard_link(at("short"), &p));
+        too_long("rename", fs::rename(at("short"), &p));
+        fs::remove_file(at("short")).unwrap();
+    }
+}
+
+#[test]
+fn a_name_past_name_max_is_too_long_on_a_strict_mount() {
+    a_name_past_name_max_is_too_long(citronfs_mount::MountOptions::default());
+}
+
+#[test]
+fn a_name_past_name_max_is_too_long_on_a_caching_mount() {
+    let cache_ttl = std::time::Duration::from_secs(1);
+    a_name_past_name_max_is_too_long(citronfs_mount::MountOptions { cache_ttl, ..Default::default() });
+}
