@@ -103,7 +103,12 @@ pub fn errno(e: &FsError) -> Errno {
         FsError::Interrupted => Errno::EINTR,
         FsError::NoLocks => Errno::ENOLCK,
         FsError::TooManyOpenFiles => Errno::ENFILE,
-        FsError::Io(_) | FsError::Fenced => Errno::EIO,
+        // The one place a call is answered EIO: say why, or a program's
+        // "Input/output error" has no trace in the mount's log.
+        FsError::Io(_) | FsError::Fenced => {
+            log::warn!("answering EIO: {e}");
+            Errno::EIO
+        }
     }
 }
 
