@@ -214,7 +214,12 @@ impl Shared {
                 "this client's lease expired; it is fenced until it re-registers".into(),
             ));
         }
-        answer(self.call(request))
+        // A call that failed says which it was: "no reply within 5s" alone
+        // does not tell a slow allocation from a slow create.
+        answer(self.call(request)).map_err(|e| match e {
+            FsError::Io(why) => FsError::Io(format!("{:?}: {why}", request.inner().kind())),
+            e => e,
+        })
     }
 
     /// One call to the meta-server, counted by kind.
