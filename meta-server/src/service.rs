@@ -295,6 +295,9 @@ impl MetaService {
     }
 }
 
+/// A request that takes longer is logged (at info) with what it was.
+const SLOW_REQUEST: Duration = Duration::from_secs(1);
+
 impl RpcService for MetaService {
     type Request = MetaRequest;
     type Response = MetaResponse;
@@ -318,7 +321,18 @@ impl RpcService for MetaService {
                 log::warn!("client {} sent a request as client {}; refused", me.0, caching.unwrap().0 .0);
                 MetaResponse::Failed(FsError::Perm)
             }
-            Ok(asker) => self.dispatch(&asker, caching, request).unwrap_or_else(MetaResponse::Failed),
+            Ok(asker) => {
+                let (kind, started) = (request.kind(), std::time::Instant::now());
+                let answer = self.dispatch(&asker, caching, request).unwrap_or_else(MetaResponse::Failed);
+                // What a request waited for (grants, recalls, locks) shows
+                // here: a client waits on while this server is alive, and
+                // its log says only that it waited.
+                let took = started.elapsed();
+                if took > SLOW_REQUEST {
+                    log::info!("a {kind:?} of {:?} took {took:?}", peer.principal);
+                }
+                answer
+            }
             Err(e) => {
                 log::warn!("meta: {} ({:?}) may not ask {request:?}: {e}", peer.addr, peer.principal);
                 MetaResponse::Failed(e)

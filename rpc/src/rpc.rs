@@ -465,3 +465,42 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         codec::decode(&conn.body).map_err(|e| RpcError::Protocol(format!("undecodable reply: {e}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers each number after a nap longer than the clients' timeout.
+    struct Slow(Duration);
+
+    impl RpcService for Slow {
+        type Request = u64;
+        type Response = u64;
+        fn handle(&self, request: u64, _peer: SocketAddr) -> u64 {
+            std::thread::sleep(self.0);
+            request + 1
+        }
+        fn malformed(&self, _error: String) -> u64 {
+            0
+        }
+    }
+
+    /// An answer later than the timeout fails a plain call, and a patient
+    /// call waits for it as long as it is told to, asking once per timeout.
+    #[test]
+    fn a_patient_call_waits_past_the_timeout_while_told_to() {
+        let (timeout, nap) = (Duration::from_millis(50), Duration::from_millis(400));
+        let server = RpcServer::spawn("127.0.0.1:0".parse().unwrap(), Slow(nap), "slow").unwrap();
+        let client: RpcClient<u64, u64> = RpcClient::new(server.local_addr(), timeout);
+        assert!(matches!(client.call(&1), Err(RpcError::Timeout(_))), "a plain call waits one timeout");
+        let mut asked = 0;
+        let answer = client.call_patiently(&41, &mut |_| {
+            asked += 1;
+            true
+        });
+        assert_eq!(answer.unwrap(), 42);
+        assert!(asked >= 1, "the answer came within the timeout, though the server napped {nap:?}");
+        let refused = client.call_patiently(&1, &mut |_| false);
+        assert!(matches!(refused, Err(RpcError::Timeout(_))), "told not to wait: {refused:?}");
+    }
+}
