@@ -319,6 +319,9 @@ impl MetaService {
     }
 }
 
+/// A request that takes longer is logged (at info) with what it was.
+const SLOW_REQUEST: Duration = Duration::from_secs(1);
+
 impl RpcService for MetaService {
     type Request = MetaRequest;
     type Response = MetaResponse;
@@ -343,12 +346,21 @@ impl RpcService for MetaService {
                 MetaResponse::Failed(FsError::Perm)
             }
             Ok(asker) => {
+                let (kind, started) = (request.kind(), std::time::Instant::now());
                 let answer = self.dispatch(&asker, caching, request).unwrap_or_else(MetaResponse::Failed);
                 // No answer leaves before what it could have seen is durable.
-                match self.ns.commit_seen() {
+                let answer = match self.ns.commit_seen() {
                     Ok(()) => answer,
                     Err(e) => MetaResponse::Failed(FsError::Io(e.to_string())),
+                };
+                // What a request waited for (grants, recalls, locks, the
+                // journal) shows here: a client waits on while this server
+                // is alive, and its log says only that it waited.
+                let took = started.elapsed();
+                if took > SLOW_REQUEST {
+                    log::info!("a {kind:?} of {:?} took {took:?}", peer.principal);
                 }
+                answer
             }
             Err(e) => {
                 log::warn!("meta: {} ({:?}) may not ask {request:?}: {e}", peer.addr, peer.principal);

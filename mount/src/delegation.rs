@@ -72,7 +72,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use citronfs_core::proto::{Delegated, Grant};
-use citronfs_core::types::{Attr, FileKind, Ino};
+use citronfs_core::types::{Attr, FileKind, Ino, NAME_MAX};
 use citronfs_core::FsError;
 use fuser::{Errno, Generation, ReplyAttr, ReplyEntry};
 use parking_lot::Mutex;
@@ -540,6 +540,14 @@ impl CitronFuse {
         }
         let epochs = self.invalidations.epochs();
         let before = epochs.all();
+        // Refused as the meta-server's lookup refuses it: a name no
+        // listing can hold is not absent but too long, and the calls that
+        // name it (chmod, truncate, create, rename, ...) must fail with
+        // ENAMETOOLONG, not ENOENT.
+        if name.len() > NAME_MAX {
+            reply.error(Errno::ENAMETOOLONG);
+            return None;
+        }
         match d.lookup(parent, name) {
             // TTL zero: a negative entry could be dropped only by an epoch
             // (see the module header).

@@ -84,10 +84,7 @@ pub const META_XATTR: &str = "user.citronfs.meta";
 /// The errno of every file-system error: the one place they are mapped.
 /// An error that becomes EIO is logged with its cause ([`io_errors`]).
 pub fn errno(e: &FsError) -> Errno {
-    if matches!(e, FsError::Io(_) | FsError::Fenced) {
-        io_errors::report(e);
-    }
-    match e {
+    let errno = match e {
         FsError::NotFound => Errno::ENOENT,
         FsError::Exists => Errno::EEXIST,
         FsError::NotEmpty => Errno::ENOTEMPTY,
@@ -113,7 +110,11 @@ pub fn errno(e: &FsError) -> Errno {
         | FsError::OtherFileSystem { .. }
         | FsError::MetaRestarted
         | FsError::DataServerDown(_) => Errno::EIO,
+    };
+    if errno == Errno::EIO {
+        io_errors::report(e);
     }
+    errno
 }
 
 fn file_type(k: FileKind) -> FileType {

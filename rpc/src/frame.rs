@@ -89,6 +89,30 @@ pub fn poll_readable(stream: &std::net::TcpStream, budget: std::time::Duration) 
     }
 }
 
+/// Waits up to `timeout` until `stream` has something to read (or is
+/// closed, or failed: reading will say); `false` if the time ran out.
+pub fn wait_readable(stream: &std::net::TcpStream, timeout: std::time::Duration) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut fd = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = libc::c_int::try_from(left.as_millis() + 1).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd, for the duration of the call.
+        match unsafe { libc::poll(&mut fd, 1, ms) } {
+            n if n > 0 => return Ok(true),
+            0 if std::time::Instant::now() >= deadline => return Ok(false),
+            0 => {}
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
 /// Appends one frame to `out` (a buffered writer or a byte vector).
 pub fn write_frame(out: &mut impl Write, seq: u64, body: &[u8]) -> io::Result<()> {
     let len = u32::try_from(body.len() + 8).map_err(|_| io::Error::other("frame too large"))?;

@@ -391,12 +391,34 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
 
     /// Sends `request` and waits for its answer.
     pub fn call(&self, request: &Req) -> Result<Resp, RpcError> {
+        self.call_waiting(request, None)
+    }
+
+    /// [`Self::call`] for a request the server may take longer than the
+    /// timeout to answer because it waits for something else (a cache
+    /// grant's holder, a lock): each time the timeout passes without an
+    /// answer, `keep_waiting(waited)` says whether to wait another
+    /// timeout (the caller knows the server is alive) or to give up with
+    /// [`RpcError::Timeout`], as [`Self::call`] does at once.
+    pub fn call_patiently(
+        &self,
+        request: &Req,
+        keep_waiting: &mut dyn FnMut(Duration) -> bool,
+    ) -> Result<Resp, RpcError> {
+        self.call_waiting(request, Some(keep_waiting))
+    }
+
+    fn call_waiting(
+        &self,
+        request: &Req,
+        keep_waiting: Option<&mut dyn FnMut(Duration) -> bool>,
+    ) -> Result<Resp, RpcError> {
         let pooled = self.idle.lock().pop();
         let mut conn = match pooled {
             Some(c) => c,
             None => self.connect()?,
         };
-        let result = self.call_on(&mut conn, request);
+        let result = self.call_on(&mut conn, request, keep_waiting);
         // A connection that proved replaced credentials is not reused.
         if result.is_ok() && conn.proved == self.credentials.version() {
             self.idle.lock().push(conn);
@@ -404,12 +426,26 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         result
     }
 
-    fn call_on(&self, conn: &mut Conn, request: &Req) -> Result<Resp, RpcError> {
+    fn call_on(
+        &self,
+        conn: &mut Conn,
+        request: &Req,
+        keep_waiting: Option<&mut dyn FnMut(Duration) -> bool>,
+    ) -> Result<Resp, RpcError> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         frame::write_frame(&mut conn.writer, seq, &codec::encode(request))?;
         conn.writer.flush()?;
-        if conn.reader.buffer().is_empty() {
-            frame::poll_readable(conn.reader.get_ref(), self.poll_budget);
+        if conn.reader.buffer().is_empty() && !frame::poll_readable(conn.reader.get_ref(), self.poll_budget) {
+            if let Some(keep_waiting) = keep_waiting {
+                // Wait for the answer's first byte a timeout at a time;
+                // once it is there, the frame is read as usual.
+                let sent = std::time::Instant::now();
+                while !frame::wait_readable(conn.reader.get_ref(), self.timeout)? {
+                    if !keep_waiting(sent.elapsed()) {
+                        return Err(RpcError::Timeout(self.timeout));
+                    }
+                }
+            }
         }
         let got = match frame::read_frame(&mut conn.reader, &mut conn.body) {
             Ok(s) => s,
@@ -427,5 +463,44 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
             return Err(RpcError::Protocol(format!("reply {got} where {seq} was due")));
         }
         codec::decode(&conn.body).map_err(|e| RpcError::Protocol(format!("undecodable reply: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers each number after a nap longer than the clients' timeout.
+    struct Slow(Duration);
+
+    impl RpcService for Slow {
+        type Request = u64;
+        type Response = u64;
+        fn handle(&self, request: u64, _peer: SocketAddr) -> u64 {
+            std::thread::sleep(self.0);
+            request + 1
+        }
+        fn malformed(&self, _error: String) -> u64 {
+            0
+        }
+    }
+
+    /// An answer later than the timeout fails a plain call, and a patient
+    /// call waits for it as long as it is told to, asking once per timeout.
+    #[test]
+    fn a_patient_call_waits_past_the_timeout_while_told_to() {
+        let (timeout, nap) = (Duration::from_millis(50), Duration::from_millis(400));
+        let server = RpcServer::spawn("127.0.0.1:0".parse().unwrap(), Slow(nap), "slow").unwrap();
+        let client: RpcClient<u64, u64> = RpcClient::new(server.local_addr(), timeout);
+        assert!(matches!(client.call(&1), Err(RpcError::Timeout(_))), "a plain call waits one timeout");
+        let mut asked = 0;
+        let answer = client.call_patiently(&41, &mut |_| {
+            asked += 1;
+            true
+        });
+        assert_eq!(answer.unwrap(), 42);
+        assert!(asked >= 1, "the answer came within the timeout, though the server napped {nap:?}");
+        let refused = client.call_patiently(&1, &mut |_| false);
+        assert!(matches!(refused, Err(RpcError::Timeout(_))), "told not to wait: {refused:?}");
     }
 }

@@ -196,6 +196,23 @@ pub fn wait_all(children: Vec<Child>) {
     }
 }
 
+/// Names the environment variable that runs the tests of the default
+/// (strict) mount on coherent caching mounts instead: its value is the
+/// grant TTL in seconds (`CITRONFS_TEST_CACHE_TTL=1 cargo test -p
+/// citronfs-tests --test mount_posix`). Unset or 0: strict mounts.
+pub const CACHE_TTL_VAR: &str = "CITRONFS_TEST_CACHE_TTL";
+
+/// The options of [`TestCluster::mount`] and [`TestCluster::mount_tcp`]:
+/// the default mount's, or coherent caching with the TTL that
+/// [`CACHE_TTL_VAR`] names, so that every POSIX test runs in both modes.
+pub fn mount_options() -> citronfs_mount::MountOptions {
+    let ttl = std::env::var(CACHE_TTL_VAR).ok().map(|v| {
+        let secs: f64 = v.parse().unwrap_or_else(|_| panic!("{CACHE_TTL_VAR}={v:?} is not seconds"));
+        std::time::Duration::from_secs_f64(secs)
+    });
+    citronfs_mount::MountOptions { cache_ttl: ttl.unwrap_or_default(), ..Default::default() }
+}
+
 /// A real FUSE mount of a cluster, served by this process: one client (one
 /// "node") per mount. Unmounted when dropped.
 pub struct TestMount {
@@ -440,9 +457,10 @@ impl TestCluster {
         config
     }
 
-    /// A mount on the shm backend (servers and mount share this host).
+    /// A mount on the shm backend (servers and mount share this host), in
+    /// the mode [`mount_options`] chooses.
     pub fn mount(&self) -> TestMount {
-        TestMount::with_config(self.client_config(None, citronfs_core::client::Transport::Auto))
+        self.mount_with(mount_options())
     }
 
     /// A mount on the shm backend with mount `options` (caching, threads).
@@ -451,9 +469,11 @@ impl TestCluster {
         TestMount::with_config_and_options(config, options)
     }
 
-    /// A mount that reaches server memory only through the tcp NICs.
+    /// A mount that reaches server memory only through the tcp NICs, in
+    /// the mode [`mount_options`] chooses.
     pub fn mount_tcp(&self) -> TestMount {
-        TestMount::with_config(self.client_config(None, citronfs_core::client::Transport::Tcp))
+        let config = self.client_config(None, citronfs_core::client::Transport::Tcp);
+        TestMount::with_config_and_options(config, mount_options())
     }
 
     /// A tcp mount `added_rtt` farther away than the others ([`TestMount::far`]).

@@ -299,6 +299,33 @@ fn a_change_waits_out_the_grant_of_a_mount_that_does_not_acknowledge() {
     assert_eq!(seen, 0o640);
 }
 
+/// A change that waits out the grant of a mount that does not acknowledge
+/// (stalled, as a mount of a loaded machine may be) waits as long as the
+/// grant lasts, here longer than the changer's RPC time-out, and then
+/// answers: a wait the meta-server is in, alive and answering heartbeats,
+/// is no reason for EIO. Only a server that is gone is.
+#[test]
+fn a_change_waiting_out_a_grant_longer_than_the_rpc_timeout_answers() {
+    // Longer than a test mount's RPC time-out (3 s): the chmod below waits
+    // for B's grant past it.
+    let ttl = Duration::from_secs(8);
+    let (c, a, b) = cluster(Mode::Cached(ttl));
+    fs::write(a.path("f"), b"x").unwrap();
+    all_closed(&c);
+    fs::set_permissions(a.path("f"), fs::Permissions::from_mode(0o644)).unwrap();
+    fs::metadata(b.path("f")).unwrap();
+    let (_, calls, _) = stat_cost(&b, "f");
+    assert_eq!(calls.operations(), 0, "B does not cache f: {}", calls.describe());
+
+    b.invalidations.stall(true);
+    let _hang = a.watchdog(Duration::from_secs(120));
+    fs::set_permissions(a.path("f"), fs::Permissions::from_mode(0o600))
+        .expect("a chmod that waits out a stalled mount's grant answers, not EIO");
+    let seen = fs::metadata(b.path("f")).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(seen, 0o600, "stalled B still sees the old mode after the chmod answered");
+    b.invalidations.stall(false);
+}
+
 /// Two mounts unlinking at once in one directory, each names the other has
 /// cached: neither waits for the other's grants (an entry invalidation
 /// takes no directory lock, so each acknowledges while its own unlinks

@@ -318,3 +318,210 @@ fn fsyncs_reach_the_daemon_at_most_once_and_directory_opens_each_time() {
     assert!(requests.get(FuseOp::Fsync) <= 1, "{} FSYNC requests", requests.get(FuseOp::Fsync));
     assert_eq!(requests.get(FuseOp::OpenDir), 10, "two directory opens a round, each answered");
 }
+
+/// A name one byte longer than NAME_MAX is refused with ENAMETOOLONG by
+/// every call that names it, whatever the directory held before: here after
+/// the longest name was created, changed and removed, as pjdfstest checks
+/// it, in the root and in a directory the mount made (which a caching mount
+/// may list itself), in both modes.
+fn a_name_past_name_max_is_too_long(options: citronfs_mount::MountOptions) {
+    let cluster = TestCluster::start(1, 16 << 20, CHUNK);
+    let m = cluster.mount_with(options);
+    fs::create_dir(m.path("made")).unwrap();
+    let (longest, past) = ("l".repeat(255), "l".repeat(256));
+    for dir in ["", "made/"] {
+        let at = |name: &str| m.path(&format!("{dir}{name}"));
+        fs::write(at(&longest), b"").unwrap();
+        fs::set_permissions(at(&longest), fs::Permissions::from_mode(0o620)).unwrap();
+        assert_eq!(fs::metadata(at(&longest)).unwrap().permissions().mode() & 0o7777, 0o620);
+        fs::remove_file(at(&longest)).unwrap();
+        let p = at(&past);
+        let too_long = |what: &str, r: std::io::Result<()>| {
+            let e = r.expect_err(what);
+            assert_eq!(errno_of(e), libc::ENAMETOOLONG, "{what} of a {}-byte name in {dir:?}", past.len());
+        };
+        too_long("chmod", fs::set_permissions(&p, fs::Permissions::from_mode(0o620)));
+        too_long("chown", std::os::unix::fs::chown(&p, Some(65534), Some(65534)));
+        too_long("truncate", OpenOptions::new().write(true).open(&p).and_then(|f| f.set_len(0)));
+        too_long("stat", fs::symlink_metadata(&p).map(drop));
+        too_long("create", fs::write(&p, b""));
+        too_long("mkdir", fs::create_dir(&p));
+        too_long("unlink", fs::remove_file(&p));
+        too_long("rmdir", fs::remove_dir(&p));
+        too_long("symlink", std::os::unix::fs::symlink("x", &p));
+        fs::write(at("short"), b"").unwrap();
+        too_long("link", fs::hard_link(at("short"), &p));
+        too_long("rename", fs::rename(at("short"), &p));
+        fs::remove_file(at("short")).unwrap();
+    }
+}
+
+#[test]
+fn a_name_past_name_max_is_too_long_on_a_strict_mount() {
+    a_name_past_name_max_is_too_long(citronfs_mount::MountOptions::default());
+}
+
+#[test]
+fn a_name_past_name_max_is_too_long_on_a_caching_mount() {
+    let cache_ttl = std::time::Duration::from_secs(1);
+    a_name_past_name_max_is_too_long(citronfs_mount::MountOptions { cache_ttl, ..Default::default() });
+}
+
+/// Runs `act` in a child process acting as `uid`:`gid` (no supplementary
+/// groups) and answers the errno it returns (0: success). Only system
+/// calls in the child: the paths are made before the fork.
+fn as_user(uid: u32, gid: u32, act: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child makes only system calls (setgroups, setresgid,
+    // setresuid, those of `act`) and leaves with _exit: nothing that could
+    // take a lock another thread of this process held at the fork.
+    unsafe {
+        match libc::fork() {
+            0 => {
+                let ok = libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setresgid(gid, gid, gid) == 0
+                    && libc::setresuid(uid, uid, uid) == 0;
+                libc::_exit(if ok { act() } else { 255 })
+            }
+            -1 => panic!("fork: {}", std::io::Error::last_os_error()),
+            child => {
+                let mut status = 0;
+                assert_eq!(libc::waitpid(child, &mut status, 0), child);
+                assert!(libc::WIFEXITED(status), "the child acting as {uid} died");
+                let code = libc::WEXITSTATUS(status);
+                assert_ne!(code, 255, "the child could not become {uid}:{gid}");
+                code
+            }
+        }
+    }
+}
+
+/// The errno of the last failed system call if `r` is -1, else 0.
+fn errno_if(r: libc::c_int) -> i32 {
+    if r == -1 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(254)
+    } else {
+        0
+    }
+}
+
+/// The calls a child of [`as_user`] makes, each answering its errno.
+fn create(path: &CString) -> impl FnOnce() -> i32 + '_ {
+    // SAFETY: a valid NUL-terminated path.
+    move || unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644);
+        if fd >= 0 {
+            libc::close(fd);
+        }
+        errno_if(fd)
+    }
+}
+
+fn unlink(path: &CString) -> impl FnOnce() -> i32 + '_ {
+    // SAFETY: a valid NUL-terminated path.
+    move || unsafe { errno_if(libc::unlink(path.as_ptr())) }
+}
+
+fn rename<'a>(from: &'a CString, to: &'a CString) -> impl FnOnce() -> i32 + 'a {
+    // SAFETY: valid NUL-terminated paths.
+    move || unsafe { errno_if(libc::rename(from.as_ptr(), to.as_ptr())) }
+}
+
+fn mkdir(path: &CString) -> impl FnOnce() -> i32 + '_ {
+    // SAFETY: a valid NUL-terminated path.
+    move || unsafe { errno_if(libc::mkdir(path.as_ptr(), 0o755)) }
+}
+
+fn rmdir(path: &CString) -> impl FnOnce() -> i32 + '_ {
+    // SAFETY: a valid NUL-terminated path.
+    move || unsafe { errno_if(libc::rmdir(path.as_ptr())) }
+}
+
+fn chmod(path: &CString, mode: libc::mode_t) -> impl FnOnce() -> i32 + '_ {
+    // SAFETY: a valid NUL-terminated path.
+    move || unsafe { errno_if(libc::chmod(path.as_ptr(), mode)) }
+}
+
+fn stat(path: &CString) -> impl FnOnce() -> i32 + '_ {
+    // SAFETY: a valid NUL-terminated path and a stat buffer.
+    move || unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        errno_if(libc::stat(path.as_ptr(), &mut st))
+    }
+}
+
+/// The sticky bit, search and write permissions, and the rules of
+/// renaming directories, as Linux applies them, on two mounts: the
+/// directories are made on the first (which a caching mount lists itself,
+/// answering creates first) and each step is tried on both. pjdfstest's
+/// sticky, permission and directory-rename cases, in short.
+fn sticky_permission_and_rename_rules(options: citronfs_mount::MountOptions) {
+    const ALICE: u32 = 1000;
+    const BOB: u32 = 1001;
+    let cluster = TestCluster::start(1, 16 << 20, CHUNK);
+    let (a, b) = (cluster.mount_with(options.clone()), cluster.mount_with(options));
+    fs::create_dir(a.path("t")).unwrap();
+    fs::set_permissions(a.path("t"), fs::Permissions::from_mode(0o1777)).unwrap();
+    for (round, m) in [&a, &b].into_iter().enumerate() {
+        let p = |rel: &str| cpath(&m.path(&format!("t/{rel}{round}")));
+        let within = |rel: &str| cpath(&m.path(&format!("t/alicedir{round}/{rel}")));
+        let (mine, bobs, mydir, renamed) = (p("alice"), p("bob"), p("alicedir"), p("renamed"));
+        assert_eq!(as_user(ALICE, ALICE, create(&mine)), 0, "alice creates in a sticky 1777 directory");
+        assert_eq!(as_user(BOB, BOB, create(&bobs)), 0, "bob creates in a sticky 1777 directory");
+        assert_eq!(as_user(ALICE, ALICE, mkdir(&mydir)), 0);
+        // Sticky: only the owner of the file (or of the directory, or
+        // root) removes or renames it.
+        assert_eq!(as_user(BOB, BOB, unlink(&mine)), libc::EPERM, "bob unlinks alice's file (round {round})");
+        assert_eq!(as_user(BOB, BOB, rename(&mine, &renamed)), libc::EPERM, "bob renames alice's file");
+        assert_eq!(as_user(BOB, BOB, rename(&bobs, &mine)), libc::EPERM, "bob renames over alice's file");
+        assert_eq!(as_user(BOB, BOB, rmdir(&mydir)), libc::EPERM, "bob removes alice's directory");
+        assert_eq!(as_user(BOB, BOB, rename(&mydir, &renamed)), libc::EPERM, "bob renames alice's directory");
+        assert_eq!(as_user(ALICE, ALICE, unlink(&bobs)), libc::EPERM, "alice unlinks bob's file");
+        assert_eq!(as_user(ALICE, ALICE, rename(&mine, &renamed)), 0, "alice renames her own file");
+        assert_eq!(as_user(ALICE, ALICE, unlink(&renamed)), 0, "alice unlinks her own file");
+        assert_eq!(as_user(BOB, BOB, unlink(&bobs)), 0, "bob unlinks his own file");
+        // Permissions: alice's 0755 directory is not bob's to write in,
+        // and once 0700 not his to search.
+        let inside = within("x");
+        assert_eq!(as_user(BOB, BOB, create(&inside)), libc::EACCES, "bob creates in alice's 0755 directory");
+        assert_eq!(as_user(ALICE, ALICE, create(&inside)), 0);
+        assert_eq!(as_user(BOB, BOB, unlink(&inside)), libc::EACCES, "bob unlinks in alice's 0755 directory");
+        assert_eq!(as_user(ALICE, ALICE, chmod(&mydir, 0o700)), 0);
+        assert_eq!(as_user(BOB, BOB, stat(&inside)), libc::EACCES, "bob searches alice's 0700 directory");
+        assert_eq!(as_user(ALICE, ALICE, stat(&inside)), 0);
+        assert_eq!(as_user(BOB, BOB, chmod(&mydir, 0o777)), libc::EPERM, "bob chmods alice's directory");
+        // Directory renames: not into itself, not over a non-empty
+        // directory, not over a file (and a file not over a directory).
+        let (sub, file, other) = (within("sub"), p("file"), p("other"));
+        assert_eq!(as_user(ALICE, ALICE, mkdir(&sub)), 0);
+        assert_eq!(as_user(ALICE, ALICE, rename(&mydir, &sub)), libc::EINVAL, "a directory into itself");
+        assert_eq!(as_user(ALICE, ALICE, create(&file)), 0);
+        assert_eq!(as_user(ALICE, ALICE, rename(&mydir, &file)), libc::ENOTDIR, "a directory over a file");
+        assert_eq!(as_user(ALICE, ALICE, rename(&file, &mydir)), libc::EISDIR, "a file over a directory");
+        assert_eq!(as_user(ALICE, ALICE, mkdir(&other)), 0);
+        let err = as_user(ALICE, ALICE, rename(&other, &mydir));
+        assert!(err == libc::ENOTEMPTY || err == libc::EEXIST, "over a non-empty directory: {err}");
+        // A directory moved into another: both parents' link counts, on
+        // both mounts, and the moved directory's `..`.
+        let nlink = |m: &citronfs_tests::TestMount, rel: &str| fs::metadata(m.path(rel)).unwrap().nlink();
+        let (before_t, before_d) = (nlink(&a, "t"), nlink(&b, &format!("t/alicedir{round}")));
+        let moved = within("other");
+        assert_eq!(as_user(ALICE, ALICE, rename(&other, &moved)), 0);
+        for seen in [&a, &b] {
+            assert_eq!(nlink(seen, "t"), before_t - 1, "t lost a subdirectory (round {round})");
+            assert_eq!(nlink(seen, &format!("t/alicedir{round}")), before_d + 1, "alicedir gained one");
+            let dotdot = fs::metadata(seen.path(&format!("t/alicedir{round}/other/.."))).unwrap().ino();
+            assert_eq!(dotdot, fs::metadata(seen.path(&format!("t/alicedir{round}"))).unwrap().ino());
+        }
+    }
+}
+
+#[test]
+fn sticky_permission_and_rename_rules_on_strict_mounts() {
+    sticky_permission_and_rename_rules(citronfs_mount::MountOptions::default());
+}
+
+#[test]
+fn sticky_permission_and_rename_rules_on_caching_mounts() {
+    let cache_ttl = std::time::Duration::from_secs(1);
+    sticky_permission_and_rename_rules(citronfs_mount::MountOptions { cache_ttl, ..Default::default() });
+}

@@ -75,7 +75,9 @@ pub struct MountArgs {
     /// `mlx5_0:PORT:GID_INDEX`); embedded servers serve ib on it too.
     #[arg(long, value_name = "DEVICE")]
     ib_device: Option<IbDevice>,
-    /// Seconds to wait for a server before answering EIO.
+    /// Seconds to wait for a server before answering EIO (a meta-server
+    /// that still renews this mount's lease is waited for longer, up to a
+    /// minute: it is busy or waits for another mount, not gone).
     #[arg(long, default_value_t = 5.0)]
     timeout: f64,
     /// Test only: microseconds added to every round trip of this mount to

@@ -50,7 +50,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use citron_lock::rdma::tcp::{RpcClient, RpcError};
 use citron_lock::rdma::{IbDevice, Node, TcpOptions, VerbCounts};
@@ -91,6 +91,11 @@ pub struct ChangeGrant {
     /// "Delegations").
     pub delegated: Delegated,
 }
+
+/// The longest a call to the meta-server waits for its answer while the
+/// meta-server is alive ([`Shared::call`]): longer than any wait of its
+/// own, which a cache grant bounds (a mount's TTL, seconds, plus a margin).
+const PATIENCE: Duration = Duration::from_secs(60);
 
 /// How long a last release waits for the calls that use the file's lock
 /// memory (they are bounded by the locks' own give-up times).
@@ -224,13 +229,37 @@ impl Shared {
                 "this client's lease expired; it is fenced until it re-registers".into(),
             ));
         }
-        answer(self.call(request))
+        // A call that failed says which it was: "no reply within 5s" alone
+        // does not tell a slow allocation from a slow create.
+        answer(self.call(request)).map_err(|e| match e {
+            FsError::Io(why) => FsError::Io(format!("{:?}: {why}", request.inner().kind())),
+            e => e,
+        })
     }
 
-    /// One call to the meta-server, counted by kind.
+    /// One call to the meta-server, counted by kind. An answer later than
+    /// the RPC timeout is waited for as long as the meta-server shows it
+    /// is alive: it answered a lease renewal sent after this call, and
+    /// this client is not fenced. The meta-server's own waits (a cache
+    /// grant's holder that acknowledges late, or not at all until the
+    /// grant expires; an attribute lock) last as long as a loaded machine
+    /// makes them, and are no failure of the server: only a server that
+    /// stopped answering is, and that fails the call (EIO) a timeout
+    /// after the last renewal it answered. At most [`PATIENCE`].
     fn call(&self, request: &MetaRequest) -> Result<MetaResponse, RpcError> {
-        self.rpc_counts.count(request.inner().kind());
-        self.rpc.call(request)
+        let kind = request.inner().kind();
+        self.rpc_counts.count(kind);
+        let sent = Instant::now();
+        self.rpc.call_patiently(request, &mut |waited| {
+            let alive = *self.renewed.lock() > sent && !self.fenced.load(Ordering::SeqCst);
+            let waits = alive && waited < PATIENCE;
+            if waits {
+                log::warn!("{kind:?}: no answer after {waited:?}; the meta-server renews the lease, so still waiting");
+            } else {
+                log::warn!("{kind:?}: no answer after {waited:?}, and the meta-server answered no renewal since it was sent");
+            }
+            waits
+        })
     }
 
     /// Whether this client must stop acting: its lease was refused, or it
