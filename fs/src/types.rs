@@ -22,8 +22,31 @@ pub struct ClientId(pub u64);
 /// to every client at registration. A client that finds another identity
 /// after reconnecting is talking to a different file system (state lost,
 /// or the wrong cluster) and must not show it in place of the old one.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FsId(pub u128);
+
+/// As a UUID string where people read it (JSON: `citronfs status
+/// --json`, a data directory's identity file, which also have no 128-bit
+/// numbers), as a number on the wire.
+impl Serialize for FsId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.collect_str(self)
+        } else {
+            s.serialize_u128(self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for FsId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        if d.is_human_readable() {
+            String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        } else {
+            u128::deserialize(d).map(FsId)
+        }
+    }
+}
 
 impl FsId {
     /// A new identity, from the operating system's random source.
@@ -242,6 +265,10 @@ mod tests {
         assert_eq!(id.to_string(), "01234567-89ab-cdef-0011-223344556677");
         assert_eq!(id.to_string().parse::<FsId>(), Ok(id));
         assert!("0123".parse::<FsId>().is_err());
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(json, "\"01234567-89ab-cdef-0011-223344556677\"");
+        assert_eq!(serde_json::from_str::<FsId>(&json).unwrap(), id);
+        assert_eq!(bincode::deserialize::<FsId>(&bincode::serialize(&id).unwrap()).unwrap(), id);
         assert_ne!(FsId::random(), FsId::random());
     }
 }
