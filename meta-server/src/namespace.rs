@@ -139,6 +139,10 @@ pub struct Namespace {
     /// Files whose attribute ALock the service holds for the request at
     /// hand (taken before the namespace mutex: `MetaService::with_attr_locked`).
     pub attr_held: std::collections::HashSet<Ino>,
+    /// Files whose attribute ALock address a request of the service took
+    /// and still uses (waits on, holds or releases), with how many do: their
+    /// lock memory is not freed meanwhile ([`Namespace::pin_attr_lock`]).
+    attr_pins: std::collections::HashMap<Ino, u32>,
 }
 
 /// The Citron tree host of the meta-server (DESIGN.md §4 "Tree growth"):
@@ -211,6 +215,7 @@ impl Namespace {
             data_servers: BTreeMap::new(),
             lost_servers: std::collections::HashSet::new(),
             attr_held: std::collections::HashSet::new(),
+            attr_pins: std::collections::HashMap::new(),
         };
         let now = Timestamp::now();
         let root = Inode {
@@ -528,6 +533,7 @@ impl Namespace {
     }
 
     fn sweep_orphans_past(&mut self, grace: std::time::Duration) {
+        let mut pinned = Vec::new();
         while let Some(&(ino, since)) = self.orphans.front() {
             if since.elapsed() < grace {
                 break;
@@ -535,10 +541,15 @@ impl Namespace {
             self.orphans.pop_front();
             let still_dead = matches!(self.inodes.get(&ino), Some(Inode { attr, content: Content::File(f), .. })
                 if attr.nlink == 0 && f.opens.is_empty());
-            if still_dead {
+            if still_dead && self.attr_pins.contains_key(&ino) {
+                // A request uses its attribute ALock: freeing (zeroing) the
+                // lock under it would break the lock; the next sweep frees it.
+                pinned.push((ino, std::time::Instant::now()));
+            } else if still_dead {
                 self.free_file(ino);
             }
         }
+        self.orphans.extend(pinned);
     }
 
     /// Frees a regular file that has no link and no open: nobody can reach
@@ -730,6 +741,21 @@ impl Namespace {
     /// without any is open on no client, so none could race).
     pub fn attr_lock_of(&self, ino: Ino) -> Option<RemoteAddr> {
         self.file(ino).ok().and_then(|f| f.locks.as_ref()).map(|l| l.area.attr_lock())
+    }
+
+    /// [`Namespace::attr_lock_of`], with the file's lock memory kept until
+    /// [`Namespace::unpin_attr_lock`]: the service takes the lock after it
+    /// let go of the namespace mutex and holds it across several takings of
+    /// it, and a last close (or a fence, or the orphan sweep) in between
+    /// would free the memory, i.e. zero the lock's words under its waiter
+    /// or holder. A holder whose `tail_l` was zeroed cannot release (its
+    /// CAS fails and it waits for a successor that does not exist: the
+    /// release stalled for the give-up time and poisoned its handle), and a
+    /// zeroed lock reused by another file lets two threads in at once.
+    pub fn pin_attr_lock(&mut self, ino: Ino) -> Option<RemoteAddr> {
+        let lock = self.attr_lock_of(ino)?;
+        *self.attr_pins.entry(ino).or_default() += 1;
+        Some(lock)
     }
 
     /// Runs `f` holding `ino`'s attribute ALock (if the file has lock

@@ -303,18 +303,25 @@ impl MetaService {
     /// — a client holds it, or died holding it and is being recovered —
     /// never holds up the other requests.
     fn with_attr_locked<T>(&self, ino: Ino, op: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
-        let Some(lock) = self.ns.lock().attr_lock_of(ino) else { return op() };
+        // Pinned: the file's lock memory (the lock's words) is not freed
+        // until we are done with it, whoever closes the file meanwhile.
+        let Some(lock) = self.ns.lock().pin_attr_lock(ino) else { return op() };
         let lock_err = |e: citron_lock::rwlock::LockError| {
             FsError::Io(format!("attribute lock of inode {}: {e}", ino.0))
         };
-        let mut local = self.attr_host.local().map_err(lock_err)?;
-        let guard = local.lock(lock).map_err(lock_err)?;
-        self.ns.lock().attr_held.insert(ino);
-        let result = op();
-        self.ns.lock().attr_held.remove(&ino);
-        if let Err(e) = guard.unlock() {
-            log::error!("releasing the attribute ALock of inode {}: {e}", ino.0);
-        }
+        let locked = || {
+            let mut local = self.attr_host.local().map_err(lock_err)?;
+            let guard = local.lock(lock).map_err(lock_err)?;
+            self.ns.lock().attr_held.insert(ino);
+            let result = op();
+            self.ns.lock().attr_held.remove(&ino);
+            if let Err(e) = guard.unlock() {
+                log::error!("releasing the attribute ALock of inode {}: {e}", ino.0);
+            }
+            result
+        };
+        let result = locked();
+        self.ns.lock().unpin_attr_lock(ino);
         result
     }
 }

@@ -271,7 +271,8 @@ impl Patience {
         Self { looks: 0, start, deadline: start + give_up }
     }
 
-    /// Waits a little; `false` once the deadline has passed.
+    /// Waits a little; `false` once the deadline has passed (having still
+    /// paused, so a caller that waits on past its deadline does not spin).
     fn wait(&mut self) -> bool {
         self.looks = self.looks.saturating_add(1);
         if self.looks <= SPINS {
@@ -280,6 +281,7 @@ impl Patience {
         }
         let now = Instant::now();
         if now >= self.deadline {
+            std::thread::sleep(NAP);
             return false;
         }
         if now - self.start < YIELD_FOR {
@@ -350,14 +352,22 @@ impl AlockLocal {
         let host = self.host.clone();
         let w = LockWords::of(&host.memory, lock)?;
         let k = host.config.budget(Cohort::Local);
-        let mut patience = Patience::new(host.config.give_up);
         let Some(prev) = host.slot_of(prev).inspect_err(|_| self.poison("corrupt local tail"))? else {
             // A leader that found the remote flag up: Alg. 4.
-            self.peterson(&w, &mut patience)?;
+            self.peterson(&w, &mut Patience::new(host.config.give_up))?;
             return Ok(self.granted(lock, k));
         };
+        // Between the swap and the link a thread may be descheduled for as
+        // long as the machine likes (tests widen the gap here).
+        #[cfg(test)]
+        hooks::between_swap_and_link();
         // Line 8: link ourselves behind the predecessor.
         host.descriptor(prev, DESC_NEXT)?.store(self.me.0, Ordering::Release);
+        // Our patience starts once we are linked: time this thread spent
+        // descheduled before the link is no wait for the predecessor (which
+        // waited for *us* meanwhile, see `hand_over`), and counting it
+        // would make a waiter give up on the handover its link enables.
+        let mut patience = Patience::new(host.config.give_up);
         // Line 9: spin on our own descriptor until the predecessor passes.
         let budget = host.descriptor(self.slot, DESC_BUDGET)?;
         let passed = loop {
@@ -428,7 +438,7 @@ impl AlockLocal {
             return Ok(());
         }
         self.stats.handovers += 1;
-        self.hand_over(passed_budget(held.budget))
+        self.hand_over(held.lock, passed_budget(held.budget))
     }
 
     /// Alg. 3 lines 15–18 with `pass` as the successor's budget.
@@ -436,24 +446,71 @@ impl AlockLocal {
         if w.tail_l.compare_exchange(self.me.0, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             return Ok(());
         }
-        self.hand_over(pass)
+        self.hand_over(w.lock, pass)
     }
 
     /// Lines 16–18: a successor swapped itself in after us; pass it `pass`.
+    ///
+    /// The wait for the link (line 17) has no deadline, unlike every other
+    /// wait of the local cohort, and that is what keeps a slow successor
+    /// from being taken for a dead one. The successor is a thread of this
+    /// process: between its swap (line 3) and its link (line 8) it runs a
+    /// handful of instructions that cannot block, fail or panic, so the
+    /// link comes as soon as the scheduler runs it again — under load that
+    /// may take seconds, but it comes. A thread cannot die alone (a panic
+    /// unwinds no path between those two lines, and nothing kills a single
+    /// thread of a process), and if the process dies the lock dies with it
+    /// (its memory is the host's; see "Recovery" in [`super`]). Giving up
+    /// here, as this wait once did after `give_up`, helped nobody: the
+    /// successor links a moment later and then waits for a handover that
+    /// never comes, so the lock was lost for good *and* the release stalled
+    /// for the give-up time.
+    ///
+    /// What a deadline would catch is not a slow thread but lock words that
+    /// changed under the holder, i.e. the lock's memory freed (zeroed) while
+    /// it was held. That is detected exactly instead: once our release CAS
+    /// failed, `tail_l` names a waiter behind us, and no one can set it back
+    /// to 0 until we hand over — only the tail itself clears it (line 15),
+    /// and every thread queued behind us is still waiting for our handover
+    /// (a waiter that gave up while queued never clears it; a leader's
+    /// `leave_queue` is a release by a thread at the head, i.e. us). So a
+    /// `tail_l` of 0 while we wait proves the lock was reset beneath us: we
+    /// fail at once. The handle is poisoned then, as a successor that
+    /// swapped before the reset may still link into our slot.
     #[cold]
-    fn hand_over(&mut self, pass: u32) -> Result<(), LockError> {
+    fn hand_over(&mut self, lock: RemoteAddr, pass: u32) -> Result<(), LockError> {
         let host = self.host.clone();
         let next = host.descriptor(self.slot, DESC_NEXT)?;
+        let tail_l = host.memory.word(lock + TAIL_LOCAL)?;
         let mut patience = Patience::new(host.config.give_up);
+        let mut warned = false;
         // Line 17: a successor swapped itself in; wait until it links.
         let successor = loop {
             let n = next.load(Ordering::Acquire);
             if n != 0 {
                 break LocalTail(n);
             }
-            if !patience.wait() {
-                self.poison("a local successor never linked itself in");
-                return Err(LockError::Timeout(host.config.give_up));
+            if tail_l.load(Ordering::SeqCst) == 0 {
+                // Re-read `next`: a successor that linked and then had its
+                // lock word zeroed under us is still ours to hand over to.
+                let n = next.load(Ordering::Acquire);
+                if n != 0 {
+                    break LocalTail(n);
+                }
+                self.poison(
+                    "the lock's words were reset while it was held (its memory freed under the holder)",
+                );
+                return Err(LockError::Misuse("an ALock was reset while held"));
+            }
+            if !patience.wait() && !warned {
+                // Not a give-up (see above): only a word that a slow thread
+                // will still write.
+                warned = true;
+                log::warn!(
+                    "ALock {lock}: the local successor (tail {:#x}) has not linked itself in after {:?}; still waiting",
+                    tail_l.load(Ordering::SeqCst),
+                    host.config.give_up
+                );
             }
         };
         let Some(successor) = host.slot_of(successor).inspect_err(|_| self.poison("corrupt next"))? else {
@@ -514,6 +571,30 @@ impl Drop for AlockGuard<'_> {
                 log::warn!("releasing an ALock on drop failed: {e}");
             }
         }
+    }
+}
+
+/// Test hooks at the racy points of the local queue, per thread.
+#[cfg(test)]
+pub(crate) mod hooks {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static BETWEEN_SWAP_AND_LINK: RefCell<Option<Box<dyn FnMut()>>> = const { RefCell::new(None) };
+    }
+
+    /// Runs `f` on this thread each time it has swapped itself onto a
+    /// `tail_l` that named a predecessor and has not linked in yet.
+    pub fn set_between_swap_and_link(f: impl FnMut() + 'static) {
+        BETWEEN_SWAP_AND_LINK.with(|h| *h.borrow_mut() = Some(Box::new(f)));
+    }
+
+    pub(super) fn between_swap_and_link() {
+        BETWEEN_SWAP_AND_LINK.with(|h| {
+            if let Some(f) = h.borrow_mut().as_mut() {
+                f();
+            }
+        });
     }
 }
 
@@ -610,5 +691,152 @@ mod tests {
         // With no remote cohort the budget still runs out: every K-th pass is a reacquire.
         assert!(total.reacquires > 0, "{total:?}");
         assert_eq!(h.free_slots(), 8);
+    }
+
+    /// The stall of the meta-server (a release that gave up after the
+    /// give-up time, "a local successor never linked itself in"): the
+    /// successor swapped itself onto `tail_l` and was descheduled before its
+    /// link for longer than the give-up time, as a loaded machine does. The
+    /// hook holds it there until the releaser has been waiting past its
+    /// give-up time; the sleep only makes sure of that, nothing is asserted
+    /// about time. Before the fix the release failed with a timeout and
+    /// poisoned the holder, the successor then linked into a queue nobody
+    /// would hand over and timed out too, and the lock was lost.
+    #[test]
+    fn a_descheduled_successor_is_waited_for_not_given_up() {
+        let give_up = Duration::from_millis(20);
+        let mem = Arc::new(RegionMemory::anonymous(R, 1 << 16).unwrap());
+        let cfg = AlockConfig::default().with_give_up(give_up);
+        let h = AlockHost::new(mem, RemoteAddr::new(R, 4096), 4, cfg).unwrap();
+        let lock = RemoteAddr::new(R, 64);
+        let tail_l = h.memory().word(lock + TAIL_LOCAL).unwrap();
+        let mut a = h.local().unwrap();
+        let mut b = h.local().unwrap();
+        let b_tail = LocalTail::of(b.slot()).0;
+        let (resume, parked) = std::sync::mpsc::channel::<()>();
+        let guard = a.lock(lock).unwrap();
+        std::thread::scope(|s| {
+            let successor = s.spawn(move || {
+                hooks::set_between_swap_and_link(move || parked.recv().unwrap());
+                let got = b.lock(lock).and_then(|g| g.unlock()).map_err(|e| e.to_string());
+                (got, b)
+            });
+            while tail_l.load(Ordering::SeqCst) != b_tail {
+                std::thread::yield_now();
+            }
+            // B has swapped and is parked before its link: release now.
+            let releaser = s.spawn(move || guard.unlock());
+            std::thread::sleep(give_up * 5);
+            resume.send(()).unwrap();
+            let released = releaser.join().unwrap();
+            let (got, b) = successor.join().unwrap();
+            assert!(released.is_ok(), "the release gave up on a live successor: {released:?}");
+            assert_eq!(got, Ok(()), "the successor was never handed the lock");
+            assert_eq!(b.poisoned(), None);
+            assert_eq!(b.stats().passed, 1);
+        });
+        assert_eq!(a.poisoned(), None);
+        assert_eq!(a.stats().handovers, 1);
+        assert_eq!(tail_l.load(Ordering::SeqCst), 0, "the lock is idle again");
+        a.lock(lock).unwrap().unlock().unwrap();
+    }
+
+    /// What a deadline on the link wait could catch besides a slow thread:
+    /// the lock's words zeroed under its holder (its memory freed while
+    /// held). With no successor at all the old release waited the whole
+    /// give-up time for one and then blamed it; now the reset is seen at
+    /// once (`tail_l` cannot be 0 while a holder's successor waits) and
+    /// said as what it is.
+    #[test]
+    fn a_lock_reset_under_its_holder_fails_the_release_at_once() {
+        // Before the fix the release waited this long and then said Timeout.
+        let cfg = AlockConfig::default().with_give_up(Duration::from_millis(200));
+        let mem = Arc::new(RegionMemory::anonymous(R, 1 << 16).unwrap());
+        let h = AlockHost::new(mem, RemoteAddr::new(R, 4096), 4, cfg).unwrap();
+        let lock = RemoteAddr::new(R, 64);
+        let mut a = h.local().unwrap();
+        let g = a.lock(lock).unwrap();
+        // The lock memory is freed (zeroed) while A holds.
+        h.memory().word(lock + TAIL_LOCAL).unwrap().store(0, Ordering::SeqCst);
+        match g.unlock() {
+            Err(LockError::Misuse(why)) => assert!(why.contains("reset"), "{why}"),
+            other => panic!("a release under a reset lock said {other:?}"),
+        }
+        assert!(a.poisoned().is_some(), "its slot may still be linked into");
+        // The lock itself is idle and usable by a fresh handle.
+        h.local().unwrap().lock(lock).unwrap().unlock().unwrap();
+    }
+
+    /// Many more threads than cores (the machine of the report had a load
+    /// of 10-15 on 2 cores), each descheduled at random between its swap
+    /// and its link, taking a fresh handle per acquisition as the
+    /// meta-server's requests do (so slots are recycled while others are
+    /// queued): exclusion holds, every handover is received, no handle is
+    /// poisoned and no slot leaks. The give-up time is long: a waiter queued
+    /// behind a descheduled thread waits at least as long as the releaser
+    /// ahead of it, so no give-up time separates the two; the deterministic
+    /// test above is the one that shows the releaser's old give-up.
+    #[test]
+    fn many_descheduled_local_threads_never_give_up_on_each_other() {
+        const THREADS: u64 = 16;
+        const ITER: u64 = 200;
+        let mem = Arc::new(RegionMemory::anonymous(R, 1 << 16).unwrap());
+        let cfg = AlockConfig::default().with_give_up(Duration::from_secs(30));
+        let h = AlockHost::new(mem, RemoteAddr::new(R, 4096), THREADS as u32, cfg).unwrap();
+        let lock = RemoteAddr::new(R, 128);
+        let counter = RemoteAddr::new(R, 256);
+        let stats: Vec<AlockLocalStats> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let h = h.clone();
+                    s.spawn(move || {
+                        // A small xorshift per thread: which look yields or sleeps.
+                        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+                        hooks::set_between_swap_and_link(move || {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            match x % 8 {
+                                0..=2 => std::thread::yield_now(),
+                                3 => std::thread::sleep(Duration::from_micros(x % 500)),
+                                _ => {}
+                            }
+                        });
+                        let c = h.memory().word(counter).unwrap();
+                        let mut stats = AlockLocalStats::default();
+                        for i in 0..ITER {
+                            // A handle per acquisition, as the meta-server's
+                            // requests take one: slots are recycled.
+                            let mut l = h.local().unwrap();
+                            let g = l.lock(lock).unwrap();
+                            let v = c.load(Ordering::Relaxed);
+                            if i % 8 == 0 {
+                                std::thread::yield_now();
+                            }
+                            c.store(v + 1, Ordering::Relaxed);
+                            g.unlock().unwrap();
+                            assert_eq!(l.poisoned(), None);
+                            let st = l.stats();
+                            stats.passed += st.passed;
+                            stats.reacquires += st.reacquires;
+                            stats.handovers += st.handovers;
+                        }
+                        stats
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(h.memory().word(counter).unwrap().load(Ordering::SeqCst), THREADS * ITER);
+        let total = stats.iter().fold(AlockLocalStats::default(), |mut a, s| {
+            a.passed += s.passed;
+            a.reacquires += s.reacquires;
+            a.handovers += s.handovers;
+            a
+        });
+        assert!(total.handovers > 0, "never contended: {total:?}");
+        assert_eq!(total.handovers, total.passed + total.reacquires, "every handover was received");
+        assert_eq!(h.free_slots(), THREADS as u32, "no slot was poisoned");
+        assert_eq!(h.memory().word(lock + TAIL_LOCAL).unwrap().load(Ordering::SeqCst), 0);
     }
 }

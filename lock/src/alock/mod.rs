@@ -121,11 +121,17 @@
 //!   [`LockError::Timeout`](crate::rwlock::LockError::Timeout). A leader that
 //!   gives up in Peterson leaves cleanly: it releases its queue position
 //!   passing budget 0 (its successor, if any, competes in Peterson
-//!   instead). A waiter that gives up while queued, or a holder whose
-//!   successor never links itself in, cannot leave an MCS queue: the handle
-//!   is then *poisoned* (every later call fails with `Misuse`, a local
-//!   handle's descriptor slot is never reused) and the lock stays blocked,
-//!   as ALock has no failure recovery (§4 assumes failure-free accesses).
+//!   instead). A waiter that gives up while queued cannot leave an MCS
+//!   queue: the handle is then *poisoned* (every later call fails with
+//!   `Misuse`, a local handle's descriptor slot is never reused) and the
+//!   lock stays blocked, as ALock has no failure recovery (§4 assumes
+//!   failure-free accesses). The one wait without a deadline is a local
+//!   holder's wait for its local successor to link itself in (Alg. 3 line
+//!   17): that successor is a live thread of this process a few
+//!   instructions from the link, however long it is descheduled, and giving
+//!   up on it lost the lock for good (see `hand_over` in `local.rs`). A
+//!   lock whose words were reset under its holder (its memory freed while
+//!   held) is detected there exactly and fails at once.
 //!
 //!
 //! # Recovery by leases (not in the paper: §4 assumes no failures)

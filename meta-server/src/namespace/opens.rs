@@ -66,10 +66,28 @@ impl Namespace {
         Ok(())
     }
 
+    /// Ends one [`Namespace::pin_attr_lock`]; the last gives the lock memory
+    /// back if the file went idle meanwhile.
+    pub fn unpin_attr_lock(&mut self, ino: Ino) {
+        let Some(pins) = self.attr_pins.get_mut(&ino) else {
+            log::error!("unpinning the attribute ALock of inode {}, which is not pinned", ino.0);
+            return;
+        };
+        *pins -= 1;
+        if *pins == 0 {
+            self.attr_pins.remove(&ino);
+            self.maybe_idle(ino, Cause::Idle);
+        }
+    }
+
     /// Gives back the lock memory of `ino` if no one has it open and its
     /// table holds no record (see [`crate::lock_areas`] for why no client
     /// can still use the addresses).
     fn maybe_idle(&mut self, ino: Ino, cause: Cause) {
+        if self.attr_pins.contains_key(&ino) {
+            // A request uses its attribute ALock: `unpin_attr_lock` frees it.
+            return;
+        }
         let Ok(f) = self.file(ino) else { return };
         let Some(mem) = f.locks.as_ref().filter(|_| f.opens.is_empty()) else { return };
         if self.locks.holds_records(mem) {
