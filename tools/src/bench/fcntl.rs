@@ -719,7 +719,7 @@ fn validate(args: &FcntlArgs) -> Result<()> {
 /// The sections of `distance.rs`: a far mount at each `--far-ms`, and
 /// `--refusals`.
 fn far_sections(exe: &Path, args: &FcntlArgs) -> Result<()> {
-    println!("bench fcntl, issue 12: a far mount at +{:?} ms, {} refusals", args.far_ms, args.refusals);
+    println!("bench fcntl, distance: a far mount at +{:?} ms, {} refusals", args.far_ms, args.refusals);
     let mut rows = Vec::new();
     for &ms in &args.far_ms {
         rows.push(distance::measure(exe, args, ms)?);
