@@ -131,13 +131,27 @@ fn old_mount_fails_loudly(old: &TestMount) {
     });
 }
 
+/// A cluster on state directory `state` with the tree of [`make_tree`]
+/// written through a mount.
+struct Written {
+    addr: String,
+    meta: Server,
+    data: Server,
+    mount: TestMount,
+}
+
+fn written(state: &Path) -> Written {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let meta = meta(&addr, state);
+    let data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
+    let mount = TestMount::new(addr.parse().unwrap());
+    make_tree(&mount);
+    Written { addr, meta, data, mount }
+}
+
 fn restart_keeps_the_file_system(sig: i32) {
     let state = state_dir();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let server = meta(&addr, state.path());
-    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
-    let old = TestMount::new(addr.parse().unwrap());
-    make_tree(&old);
+    let Written { addr, meta: server, data: _data, mount: old } = written(state.path());
     server.stop(sig);
     let _server = meta(&addr, state.path());
 
@@ -174,12 +188,8 @@ fn last_segment(state: &Path) -> std::path::PathBuf {
 #[test]
 fn a_torn_tail_is_replayed_up_to_its_last_whole_record() {
     let state = state_dir();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let server = meta(&addr, state.path());
-    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
-    let m = TestMount::new(addr.parse().unwrap());
-    make_tree(&m);
-    drop(m);
+    let Written { addr, meta: server, data: _data, mount } = written(state.path());
+    drop(mount);
     server.stop(libc::SIGKILL);
     // A crash in the middle of an append: a header and half a payload.
     let mut f = std::fs::OpenOptions::new().append(true).open(last_segment(state.path())).unwrap();
@@ -192,12 +202,8 @@ fn a_torn_tail_is_replayed_up_to_its_last_whole_record() {
 #[test]
 fn damage_in_the_middle_of_the_journal_stops_the_start() {
     let state = state_dir();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let server = meta(&addr, state.path());
-    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
-    let m = TestMount::new(addr.parse().unwrap());
-    make_tree(&m);
-    drop(m);
+    let Written { addr, meta: server, data: _data, mount } = written(state.path());
+    drop(mount);
     server.stop(libc::SIGKILL);
     let segment = last_segment(state.path());
     let mut bytes = std::fs::read(&segment).unwrap();
@@ -219,12 +225,8 @@ fn damage_in_the_middle_of_the_journal_stops_the_start() {
 
 #[test]
 fn a_mount_that_finds_another_file_system_answers_eio() {
-    let addr = format!("127.0.0.1:{}", free_port());
     let state = state_dir();
-    let server = meta(&addr, state.path());
-    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
-    let old = TestMount::new(addr.parse().unwrap());
-    make_tree(&old);
+    let Written { addr, meta: server, data: _data, mount: old } = written(state.path());
     server.stop(libc::SIGKILL);
     // Another, empty file system at the same address.
     let other = state_dir();
