@@ -181,6 +181,28 @@ pub struct Attr {
     pub crtime: Timestamp,
 }
 
+impl Attr {
+    /// A new inode's attributes: empty, every time `now`, one link (two
+    /// for a directory: its own "." and its entry).
+    pub fn fresh(ino: Ino, kind: FileKind, perm: u16, owner: Caller, now: Timestamp) -> Self {
+        Self {
+            ino,
+            kind,
+            perm,
+            uid: owner.uid,
+            gid: owner.gid,
+            size: 0,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            rdev: 0,
+            allocated: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+        }
+    }
+}
+
 /// Which attributes a `setattr` changes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetAttr {

@@ -219,21 +219,7 @@ impl Namespace {
         };
         let now = Timestamp::now();
         let root = Inode {
-            attr: Attr {
-                ino: Ino::ROOT,
-                kind: FileKind::Dir,
-                perm: 0o755,
-                uid: root_owner.uid,
-                gid: root_owner.gid,
-                size: 0,
-                nlink: 2,
-                rdev: 0,
-                allocated: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
-                crtime: now,
-            },
+            attr: Attr::fresh(Ino::ROOT, FileKind::Dir, 0o755, root_owner, now),
             content: Content::Dir(Dir {
                 parent: Ino::ROOT,
                 by_name: HashMap::new(),

@@ -172,26 +172,11 @@ impl NamespaceImage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use citronfs_core::types::FileKind;
+    use citronfs_core::types::{Caller, FileKind};
 
     fn dir_image(ino: Ino, parent: Ino) -> InodeImage {
-        let now = Timestamp::now();
         InodeImage {
-            attr: Attr {
-                ino,
-                kind: FileKind::Dir,
-                perm: 0o755,
-                uid: 0,
-                gid: 0,
-                size: 0,
-                nlink: 2,
-                rdev: 0,
-                allocated: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
-                crtime: now,
-            },
+            attr: Attr::fresh(ino, FileKind::Dir, 0o755, Caller::ROOT, Timestamp::now()),
             xattrs: BTreeMap::new(),
             content: ContentImage::Dir { parent },
         }

@@ -474,25 +474,16 @@ pub fn compact(dir: &Path, upto: u64) -> Result<(), JournalError> {
 mod tests {
     use super::image::{Change, ContentImage, InodeImage};
     use super::*;
-    use citronfs_core::types::{Attr, FileKind, Ino, Timestamp};
+    use citronfs_core::types::{Attr, Caller, FileKind, Ino, Timestamp};
 
     fn file(ino: u64) -> Change {
-        let now = Timestamp::now();
-        let attr = Attr {
-            ino: Ino(ino),
-            kind: FileKind::Symlink,
-            perm: 0o777,
-            uid: 1,
-            gid: 1,
-            size: 0,
-            nlink: 1,
-            rdev: 0,
-            allocated: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            crtime: now,
-        };
+        let attr = Attr::fresh(
+            Ino(ino),
+            FileKind::Symlink,
+            0o777,
+            Caller { uid: 1, gid: 1, pid: 0 },
+            Timestamp::now(),
+        );
         let content = ContentImage::Symlink(format!("target-{ino}").into_bytes());
         Change::Inode(Ino(ino), Some(InodeImage { attr, xattrs: Default::default(), content }))
     }

@@ -21,7 +21,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use citron_lock::rdma::RemoteAddr;
 use citronfs_core::proto::AttrSlot;
-use citronfs_core::types::{Attr, FileKind, Ino, Timestamp};
+use citronfs_core::types::{Attr, Caller, FileKind, Ino, Timestamp};
 use citronfs_meta_server::journal::image::{Batch, Change, ContentImage, InodeImage};
 use citronfs_meta_server::journal::{self, Journal, JournalConfig};
 use citronfs_meta_server::service::SLOT_REGION;
@@ -47,22 +47,8 @@ pub struct RestartArgs {
 }
 
 fn attr(ino: Ino, kind: FileKind) -> Attr {
-    let now = Timestamp::now();
-    Attr {
-        ino,
-        kind,
-        perm: if kind == FileKind::Dir { 0o755 } else { 0o644 },
-        uid: 0,
-        gid: 0,
-        size: 0,
-        nlink: if kind == FileKind::Dir { 2 } else { 1 },
-        rdev: 0,
-        allocated: 0,
-        atime: now,
-        mtime: now,
-        ctime: now,
-        crtime: now,
-    }
+    let perm = if kind == FileKind::Dir { 0o755 } else { 0o644 };
+    Attr::fresh(ino, kind, perm, Caller::ROOT, Timestamp::now())
 }
 
 fn dir(ino: Ino, parent: Ino) -> Change {
