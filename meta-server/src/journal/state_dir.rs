@@ -21,6 +21,9 @@ fn scratch_root() -> std::path::PathBuf {
     std::env::var_os(SCRATCH_ROOT_ENV).map_or_else(|| SCRATCH_ROOT.into(), Into::into)
 }
 const SCRATCH_PREFIX: &str = "citronfs-scratch-";
+/// How long a new scratch directory is left alone by sweeps: ample for a
+/// start to take its lock.
+const SETTLING: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A scratch state directory, removed on drop.
 #[derive(Debug)]
@@ -67,16 +70,20 @@ fn remove_orphaned_scratch(root: &Path) {
             continue;
         }
         let dir = entry.path();
-        let orphaned = match std::fs::OpenOptions::new().write(true).open(dir.join(files::LOCK)) {
-            // Held: the lock is released by the kernel when its holder dies.
-            Ok(f) => f.try_lock().is_ok(),
-            // A directory made but not yet locked is young; one without a
-            // lock file for a minute was left by a process that died.
-            Err(_) => entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() > 60)),
-        };
+        // A directory being made is not yet locked: one younger than
+        // `SETTLING` is left alone, whatever its lock says (a meta-server
+        // starting in this or another process, between the two steps).
+        let settled = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > SETTLING));
+        let orphaned = settled
+            && match std::fs::OpenOptions::new().write(true).open(dir.join(files::LOCK)) {
+                // Held: the lock is released by the kernel when its holder dies.
+                Ok(f) => f.try_lock().is_ok(),
+                // Never locked: left by a process that died while starting.
+                Err(_) => true,
+            };
         if orphaned {
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {
@@ -102,11 +109,18 @@ mod tests {
             std::fs::create_dir(d).unwrap();
             std::fs::write(d.join(files::LOCK), b"").unwrap();
         }
+        let young = root.path().join(format!("{SCRATCH_PREFIX}young"));
+        std::fs::create_dir(&young).unwrap();
         let lock = std::fs::OpenOptions::new().write(true).open(held.join(files::LOCK)).unwrap();
         lock.try_lock().unwrap();
+        let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        for d in [&held, &dead, &other] {
+            std::fs::File::open(d).unwrap().set_modified(an_hour_ago).unwrap();
+        }
         remove_orphaned_scratch(root.path());
         assert!(held.exists(), "a directory whose lock is held stays");
         assert!(!dead.exists(), "one whose lock nobody holds goes");
+        assert!(young.exists(), "one being made is left alone");
         assert!(other.exists(), "only scratch directories are swept");
     }
 }
