@@ -6,7 +6,9 @@
 //! span with a space in it, which is a command or a value):
 //! - a relative path with a `/` (`meta-server/src/grants.rs`,
 //!   `dist/systemd/`): it must exist under the workspace root (absolute
-//!   paths such as `/dev/shm` are the host's and are not checked);
+//!   paths such as `/dev/shm` are the host's, and paths that leave the
+//!   repository such as `../shared/DESIGN.md` are beside its checkout:
+//!   neither is checked, a clone has no say in them);
 //! - a Rust path of a workspace crate (`fs::locks`, `citron_lock::rdma`,
 //!   `meta_server::service::status`): each lower-case segment must be a
 //!   module file of the crate (`NAME.rs` or `NAME/mod.rs`), except that the
@@ -198,7 +200,11 @@ fn missing(markdown: &str, root: &Path) -> Vec<String> {
             if let Err(e) = check_rust_path(&crates, root, span) {
                 problems.push(e);
             }
-        } else if span.contains('/') && !span.starts_with('/') && !span.contains("://") && !span.contains(':')
+        } else if span.contains('/')
+            && !span.starts_with('/')
+            && !span.starts_with("../")
+            && !span.contains("://")
+            && !span.contains(':')
         {
             if !root.join(span).exists() {
                 problems.push(format!("`{span}`: no such file or directory"));
@@ -228,7 +234,8 @@ fn the_checker_refuses_what_does_not_exist() {
     let root = root();
     let good = "The `fs::locks` module, `fs::locks::protocol`, `meta-server/src/grants.rs`, `dist/systemd/`,\n\
                 the crate `citronfs-core`, `citron_lock::rdma::tcp`, the item `fs::locks::area::LockArea`,\n\
-                the function `mount::errno`, the method `FsClient::read`, the variant `FsError::Fenced`, a command `citronfs status` and a host path `/dev/log`.";
+                the function `mount::errno`, the method `FsClient::read`, the variant `FsError::Fenced`, a command `citronfs status`,\n\
+                a host path `/dev/log` and a path beside the checkout `../shared/papers/`.";
     assert_eq!(missing(good, &root), Vec::<String>::new());
     for bad in [
         "`meta-server/src/no_such_file.rs`",
