@@ -108,26 +108,31 @@ impl Endpoints {
 }
 
 impl FsClient {
+    /// Joins data server `info` at the addresses it gives (its NIC and ib
+    /// channel as this client reaches them, its shm fabric).
+    fn join_data_server(&self, info: &DataServerInfo) -> Result<Node, FsError> {
+        let meta = self.shared.rpc.server();
+        let addrs = ServerAddrs {
+            nic: reachable(info.nic, meta),
+            shm: info.shm.as_deref(),
+            ib: info.ib.map(|a| reachable(a, meta)),
+        };
+        join_server(
+            addrs,
+            self.transport,
+            self.ib_device.as_ref(),
+            self.tcp_options,
+            self.shared.identity.node_credentials(),
+        )
+    }
+
     pub(super) fn add_data_servers(&self, servers: Vec<DataServerInfo>) -> Result<(), FsError> {
-        let options = self.tcp_options;
         let mut nodes = self.data_nodes.write();
         for info in servers {
             if nodes.contains_key(&info.id) {
                 continue;
             }
-            let meta = self.shared.rpc.server();
-            let addrs = ServerAddrs {
-                nic: reachable(info.nic, meta),
-                shm: info.shm.as_deref(),
-                ib: info.ib.map(|a| reachable(a, meta)),
-            };
-            let node = join_server(
-                addrs,
-                self.transport,
-                self.ib_device.as_ref(),
-                options,
-                self.shared.identity.node_credentials(),
-            )?;
+            let node = self.join_data_server(&info)?;
             nodes.insert(info.id, (info, node));
         }
         Ok(())
@@ -393,19 +398,7 @@ impl FsClient {
             .into_iter()
             .find(|i| i.id == server)
             .ok_or_else(|| FsError::Io(format!("the meta-server knows no data server {}", server.0)))?;
-        let meta = self.shared.rpc.server();
-        let addrs = ServerAddrs {
-            nic: reachable(info.nic, meta),
-            shm: info.shm.as_deref(),
-            ib: info.ib.map(|a| reachable(a, meta)),
-        };
-        let node = join_server(
-            addrs,
-            self.transport,
-            self.ib_device.as_ref(),
-            self.tcp_options,
-            self.shared.identity.node_credentials(),
-        )?;
+        let node = self.join_data_server(&info)?;
         node.endpoint()?;
         self.data_nodes.write().insert(server, (info, node));
         Ok(())
