@@ -69,11 +69,22 @@ pub enum FsError {
     /// another cluster's): nothing of the old one may be shown from it.
     #[error("the meta-server now serves file system {now}, not {was} which this client mounted")]
     OtherFileSystem { was: crate::types::FsId, now: crate::types::FsId },
-    /// The meta-server restarted under this client: the file system is
-    /// whole, but this client's opens, locks and lock memory belong to the
-    /// old process; it must be mounted again.
+    /// The meta-server restarted under this client and could not take it
+    /// back (it came back after the grace period, or the restarted
+    /// meta-server kept no lock memory): the file system is whole, but
+    /// this client's opens and locks are gone; it must be mounted again.
     #[error("the meta-server restarted; the file system is whole, but this mount must be mounted again")]
     MetaRestarted,
+    /// The meta-server restarted a moment ago and waits for the clients of
+    /// its previous process to reclaim their opens and locks: a request
+    /// that needs what they may hold (new lock memory, or a client that has
+    /// not reclaimed yet) is asked again a moment later.
+    #[error("the meta-server is in its grace period after a restart; ask again")]
+    Grace,
+    /// The meta-server does not answer (it crashed, or restarts): clients
+    /// wait for it up to their timeout, and answer EIO only then.
+    #[error("the meta-server does not answer")]
+    MetaServerDown,
 }
 
 impl FsError {
@@ -85,7 +96,7 @@ impl FsError {
     /// endpoints are as good as before, and reusing them costs no new
     /// connection and no new id.
     pub fn may_break_endpoints(&self) -> bool {
-        matches!(self, FsError::Io(_) | FsError::Fenced | FsError::DataServerDown(_))
+        matches!(self, FsError::Io(_) | FsError::Fenced | FsError::DataServerDown(_) | FsError::MetaServerDown)
     }
 }
 

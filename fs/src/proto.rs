@@ -170,12 +170,36 @@ pub struct ClientInfo {
     pub pid: u32,
 }
 
+/// Opens of one file that a client had before the meta-server restarted,
+/// with the lock memory it was lent then: taken back as they were, every
+/// lock record in them kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReclaimedOpen {
+    pub ino: Ino,
+    pub opens: u32,
+    /// Some open was for writing.
+    pub write: bool,
+    pub area: crate::locks::LockArea,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum MetaRequest {
     /// A mount joins the cluster.
     RegisterClient {
         hostname: String,
         pid: u32,
+    },
+    /// A client of the meta-server's previous process comes back after a
+    /// restart, under the id it had, with every open it had then: answered
+    /// [`MetaResponse::Reclaimed`] within the grace period;
+    /// [`FsError::Grace`] during its quiet start (ask again);
+    /// [`FsError::MetaRestarted`] after it, or for a client the file system
+    /// does not remember.
+    ReclaimClient {
+        client: ClientId,
+        hostname: String,
+        pid: u32,
+        opens: Vec<ReclaimedOpen>,
     },
     /// The data servers registered so far (they may join after a client).
     DataServers,
@@ -682,6 +706,10 @@ pub enum XattrMode {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum MetaResponse {
     Registered(ClusterInfo),
+    /// A client's reclaim after a restart: its registration, and each
+    /// reclaimed open's layout (whose area may name a new range lock) or
+    /// why it could not be taken back.
+    Reclaimed(ClusterInfo, Vec<(Ino, Result<FileLayout, FsError>)>),
     /// The data server's id, and the file system its memory now belongs to.
     DataServerRegistered(DataServerId, crate::types::FsId),
     DataServers(Vec<DataServerInfo>),

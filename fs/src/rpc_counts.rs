@@ -31,6 +31,7 @@ macro_rules! meta_kinds {
 
 meta_kinds!(
     RegisterClient,
+    ReclaimClient,
     DataServers,
     Heartbeat,
     ClientLeaves,

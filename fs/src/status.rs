@@ -44,6 +44,9 @@ pub struct StateStatus {
     pub journal_bytes: u64,
     /// The newest snapshot: its number, bytes and when it was written.
     pub snapshot: Option<(u64, u64, u64)>,
+    /// The grace period after a restart, while it lasts: milliseconds left
+    /// at most, and clients of the previous process not back yet.
+    pub grace: Option<(u64, u64)>,
 }
 
 /// One data server's memory for file data.
@@ -272,6 +275,7 @@ mod tests {
                 journal_segments: 1,
                 journal_bytes: 0,
                 snapshot: None,
+                grace: None,
             },
         }
     }

@@ -53,7 +53,7 @@ pub fn vet(
         // (which only such a server accepts) is trusted as anyone is.
         Principal::Anonymous | Principal::Claimed(_) => Asker::Trusted,
         Principal::Key { name, options } => {
-            if let MetaRequest::RegisterClient { .. } = request {
+            if let MetaRequest::RegisterClient { .. } | MetaRequest::ReclaimClient { .. } = request {
                 return key_of(name).map(Asker::Registering).ok_or(FsError::Perm);
             }
             if options.role != Role::Server {
@@ -72,6 +72,7 @@ pub fn vet(
     let Asker::Client(me, options) = &asker else { return Ok(asker) };
     match request {
         MetaRequest::RegisterClient { .. }
+        | MetaRequest::ReclaimClient { .. }
         | MetaRequest::RegisterDataServer { .. }
         | MetaRequest::DataServerLeaves { .. } => return Err(FsError::Perm),
         MetaRequest::Heartbeat { client }
@@ -127,6 +128,7 @@ fn caller_mut(request: &mut MetaRequest) -> Option<&mut Caller> {
         | R::ListXattr { caller, .. }
         | R::RemoveXattr { caller, .. } => Some(caller),
         R::RegisterClient { .. }
+        | R::ReclaimClient { .. }
         | R::DataServers
         | R::Heartbeat { .. }
         | R::RegisterDataServer { .. }

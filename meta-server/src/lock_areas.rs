@@ -59,7 +59,7 @@ use citron_lock::dslr::DSLR_BYTES;
 use citron_lock::range_lock::{RangeAlgorithm, RangeLockSite};
 use citron_lock::rdma::RemoteAddr;
 use citronfs_core::locks::area::LockChoice;
-use citronfs_core::locks::record::{block_header, header_state, pack_addr, BLOCK_BYTES, SLOTS_PER_BLOCK};
+use citronfs_core::locks::record::{block_header, header_state, pack_addr, unpack_addr, BLOCK_BYTES, SLOTS_PER_BLOCK};
 use citronfs_core::locks::record::{BLOCK_HEADER_BYTES, FREE, SLOT_BYTES};
 use citronfs_core::locks::LockArea;
 use citronfs_core::types::Ino;
@@ -108,6 +108,8 @@ pub struct LockAreas {
     /// Bytes of lock memory the meta-server was configured with
     /// (`--lock-memory`), for messages and status.
     configured: u64,
+    /// Allocations wait ([`LockAreas::set_frozen`]).
+    frozen: bool,
 }
 
 impl LockAreas {
@@ -129,12 +131,14 @@ impl LockAreas {
             refused: 0,
             last_warning: None,
             configured,
+            frozen: false,
         }
     }
 
     /// Lock memory for a file of `size` bytes that is being opened;
     /// [`FsError::TooManyOpenFiles`] when lock memory is full.
     pub fn create(&mut self, ino: Ino, size: u64) -> Result<FileLockMemory, FsError> {
+        self.unfrozen()?;
         let made = match self.trees.clone() {
             Some(trees) => self.hosted_area(&trees, size),
             None => {
@@ -173,11 +177,28 @@ impl LockAreas {
         }
     }
 
-    /// A lock area whose range lock is a new instance of the tree host: the
-    /// tree as [`LockArea::plan`] would size it, its spillover word (an
-    /// allocation of the instance, freed with it), scaled by the host up to
-    /// `trees.max_depth`; the area itself holds the other locks.
+    /// A lock area whose range lock is a new instance of the tree host
+    /// ([`LockAreas::hosted_site`]); the area itself holds the other locks.
     fn hosted_area(&mut self, trees: &TreeHosting, size: u64) -> Result<LockArea, FsError> {
+        let site = self.hosted_site(trees, size)?;
+        let made = (|| {
+            let base = self.memory.allocate(LockArea::bytes_for_hosted())?;
+            LockArea::with_range(base, self.choice, site).map_err(|e| {
+                self.memory.free(base, LockArea::bytes_for_hosted());
+                FsError::Io(format!("lock area: {e}"))
+            })
+        })();
+        if made.is_err() {
+            Self::destroy_site(trees, site);
+        }
+        made
+    }
+
+    /// A new instance of the tree host for a file of `size` bytes: the tree
+    /// as [`LockArea::plan`] would size it, its spillover word (an
+    /// allocation of the instance, freed with it), scaled by the host up to
+    /// `trees.max_depth`.
+    fn hosted_site(&mut self, trees: &TreeHosting, size: u64) -> Result<RangeLockSite, FsError> {
         let tree_err = |e: TreeHostError| match e {
             TreeHostError::OutOfMemory { .. } => FsError::NoLocks,
             other => FsError::Io(format!("Citron tree host: {other}")),
@@ -187,24 +208,89 @@ impl LockAreas {
         let made = (|| {
             let spillover = trees.host.instance(instance).allocate(DSLR_BYTES).map_err(tree_err)?;
             trees.host.enable_scaling(instance, spillover, trees.max_depth).map_err(tree_err)?;
-            let site = RangeLockSite::CitronHosted {
+            Ok(RangeLockSite::CitronHosted {
                 tree: geometry.maximizer,
                 depth: shape.depth(),
                 spillover,
                 host: trees.addr,
                 instance,
                 max_depth: trees.max_depth,
-            };
-            let base = self.memory.allocate(LockArea::bytes_for_hosted())?;
-            LockArea::with_range(base, self.choice, site).map_err(|e| {
-                self.memory.free(base, LockArea::bytes_for_hosted());
-                FsError::Io(format!("lock area: {e}"))
             })
         })();
         if made.is_err() {
             let _ = trees.host.destroy(instance);
         }
         made
+    }
+
+    fn destroy_site(trees: &TreeHosting, site: RangeLockSite) {
+        if let RangeLockSite::CitronHosted { instance, .. } = site {
+            let _ = trees.host.destroy(instance);
+        }
+    }
+
+    /// While `true`, nothing is allocated: a restarted meta-server's free
+    /// lock memory may still hold lock areas its clients have not reclaimed
+    /// yet (the grace period). Allocations answer [`FsError::Grace`].
+    pub fn set_frozen(&mut self, frozen: bool) {
+        self.frozen = frozen;
+    }
+
+    pub fn frozen(&self) -> bool {
+        self.frozen
+    }
+
+    fn unfrozen(&self) -> Result<(), FsError> {
+        match self.frozen {
+            true => Err(FsError::Grace),
+            false => Ok(()),
+        }
+    }
+
+    /// The lock memory a client had for file `ino` (of `size` bytes)
+    /// before the meta-server restarted: its area and record table are
+    /// taken back where they are, with every lock word and record in them
+    /// (the region is a file that outlived the process). A range lock the
+    /// old process kept state for (a hosted Citron tree, the RPC range lock
+    /// server) is made anew: a range is held only for one I/O, and every
+    /// client reclaims before it does I/O again.
+    pub fn reclaim(&mut self, ino: Ino, size: u64, old: LockArea) -> Result<FileLockMemory, FsError> {
+        let refused = |why: &str| FsError::Invalid(format!("inode {}: cannot reclaim lock area {}: {why}", ino.0, old.base));
+        let range = match old.range {
+            RangeLockSite::CitronHosted { .. } => {
+                let trees = self.trees.clone().ok_or_else(|| refused("this meta-server hosts no Citron trees"))?;
+                self.hosted_site(&trees, size)?
+            }
+            RangeLockSite::Rpc { instance, .. } => RangeLockSite::Rpc {
+                server: self.range_server.ok_or_else(|| refused("this meta-server runs no range lock server"))?,
+                instance,
+            },
+            kept => kept,
+        };
+        let area = LockArea { range, ..old };
+        if !self.memory.claim(old.base, old.bytes) {
+            if let Some(trees) = &self.trees {
+                Self::destroy_site(trees, range);
+            }
+            return Err(refused("its memory is not free"));
+        }
+        // The record table: the chain of blocks from the area's head.
+        let mut blocks = Vec::new();
+        let mut link = area.table_head();
+        while let Some(block) = self.word(link).and_then(unpack_addr) {
+            if blocks.len() as u64 > self.memory.capacity() / BLOCK_BYTES || !self.memory.claim(block, BLOCK_BYTES) {
+                log::error!("inode {}: the lock table's block {block} is not free; the table ends before it", ino.0);
+                if let Err(e) = self.store(link, 0) {
+                    log::error!("cutting the lock table of inode {}: {e}", ino.0);
+                }
+                break;
+            }
+            blocks.push(block);
+            link = block + 8;
+        }
+        self.files += 1;
+        self.peak_files = self.peak_files.max(self.files);
+        Ok(FileLockMemory { area, blocks })
     }
 
     /// Creates the lock-record table of `mem` (`last: None`), or appends a
@@ -224,6 +310,7 @@ impl LockAreas {
         if !wanted {
             return first.ok_or_else(|| FsError::Io("lock table vanished".into()));
         }
+        self.unfrozen()?;
         let block = self.memory.allocate(BLOCK_BYTES)?;
         let packed = match pack_addr(block) {
             Some(p) => p,
@@ -297,6 +384,7 @@ impl LockAreas {
     /// Allocates lock memory outside any file (the waits-for table, the lock
     /// services' areas).
     pub fn allocate_shared(&mut self, bytes: u64) -> Result<RemoteAddr, FsError> {
+        self.unfrozen()?;
         self.memory.allocate(bytes)
     }
 

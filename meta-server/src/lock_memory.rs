@@ -10,6 +10,13 @@
 //! Freed memory is zeroed before it goes back, so an allocation is always
 //! zero (an idle lock, an empty table). Every free of a file's lock memory
 //! goes through the reclamation point ([`crate::reclaim`]).
+//!
+//! The region is a file of the state directory, so a restarted meta-server
+//! finds every lock word as its clients left it. It then knows only the
+//! cluster's fixed structures: every other block is free but *dirty* (it
+//! may hold a file's lock area that a client will reclaim, or old bytes),
+//! the blocks clients reclaim are taken out with [`LockMemory::claim`], and
+//! a dirty block is zeroed when it is handed out.
 
 use std::sync::Arc;
 
@@ -47,7 +54,28 @@ impl LockMemory {
     pub fn allocate(&mut self, bytes: u64) -> Result<RemoteAddr, FsError> {
         let order = self.blocks.order_for(bytes).ok_or(FsError::NoLocks)?;
         let block = self.blocks.allocate(order).ok_or(FsError::NoLocks)?;
-        Ok(RemoteAddr::new(self.memory.id(), block.offset))
+        let addr = RemoteAddr::new(self.memory.id(), block.offset);
+        if block.dirty {
+            if let Err(e) = self.memory.write_from(addr, &vec![0u8; 1 << order]) {
+                self.blocks.free(block.offset, order, true);
+                return Err(FsError::Io(format!("cannot zero lock memory at {addr}: {e}")));
+            }
+        }
+        Ok(addr)
+    }
+
+    /// Takes `bytes` at `addr` out of the free memory as they are (a lock
+    /// area or table block a client reclaims after a restart); `false` if
+    /// they are not one whole free block.
+    pub fn claim(&mut self, addr: RemoteAddr, bytes: u64) -> bool {
+        addr.region == self.memory.id()
+            && self.blocks.order_for(bytes).is_some_and(|order| self.blocks.claim(addr.offset, order))
+    }
+
+    /// Marks all free memory as holding old bytes (a restart that keeps
+    /// the region): each block is zeroed when it is handed out.
+    pub fn mark_free_dirty(&mut self) {
+        self.blocks.mark_all_dirty();
     }
 
     /// Gives back what [`LockMemory::allocate`] returned for `bytes`.
@@ -103,6 +131,22 @@ mod tests {
         m.free(c, 64);
         assert_eq!(m.in_use(), 0);
         assert!(m.allocate(4096).is_ok(), "freed blocks merge back into the whole region");
+        // A restart: what clients reclaim keeps its bytes, the rest is
+        // zeroed as it is handed out.
+        mem.write_from(RemoteAddr::new(RegionId(2), 256), &[5u8; 64]).unwrap();
+        mem.write_from(RemoteAddr::new(RegionId(2), 512), &[6u8; 64]).unwrap();
+        let mut again = LockMemory::new(mem.clone());
+        again.mark_free_dirty();
+        assert!(again.claim(RemoteAddr::new(RegionId(2), 256), 64));
+        assert!(!again.claim(RemoteAddr::new(RegionId(2), 256), 64), "claimed twice");
+        assert!(!again.claim(RemoteAddr::new(RegionId(3), 512), 64), "another region");
+        let mut kept = [0u8; 64];
+        mem.read_into(RemoteAddr::new(RegionId(2), 256), &mut kept).unwrap();
+        assert_eq!(kept, [5u8; 64]);
+        while let Ok(a) = again.allocate(64) {
+            mem.read_into(a, &mut buf).unwrap();
+            assert_eq!(buf, [0u8; 64], "dirty memory at {a} is zero when handed out");
+        }
         let mut low = LockMemory::below(mem, 1024);
         assert!(low.allocate(1024).is_ok());
         assert!(low.allocate(64).is_err(), "nothing above the limit");

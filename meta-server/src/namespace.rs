@@ -107,6 +107,9 @@ pub struct Namespace {
     server_changes: Vec<Change>,
     /// The next client id ([`Namespace::new_client_id`]).
     next_client: u64,
+    /// Clients registered and not gone: journaled, so that a restarted
+    /// meta-server knows whom to wait for ([`Namespace::client_joined`]).
+    clients: std::collections::BTreeSet<ClientId>,
     /// The counters (inodes, cookies, clients) as the journal last
     /// recorded them.
     journaled_counters: (u64, u64, u64),
@@ -199,6 +202,7 @@ impl Namespace {
             inodes: table::InodeTable::default(),
             server_changes: Vec::new(),
             next_client: 1,
+            clients: std::collections::BTreeSet::new(),
             journaled_counters: (0, 0, 0),
             orphans: std::collections::VecDeque::new(),
             orphan_grace,

@@ -94,8 +94,10 @@ use crate::waits_for_chain::WaitsForChain;
 
 mod data_servers;
 mod dispatch;
+mod grace;
 mod leases;
 mod server;
+mod stable_ports;
 mod status;
 
 use leases::{ClientLease, NicRevocation};
@@ -178,6 +180,10 @@ pub struct MetaServerConfig {
     pub state_dir: Option<std::path::PathBuf>,
     /// A journal segment's length before a snapshot replaces it.
     pub journal_segment_bytes: u64,
+    /// After a restart, how long the clients of the previous process have
+    /// to reclaim their opens and locks (`service::grace`); `None`: twice
+    /// the lease.
+    pub grace: Option<Duration>,
 }
 
 impl MetaServerConfig {
@@ -203,6 +209,7 @@ impl MetaServerConfig {
             contended_for: crate::grants::CONTENDED_FOR,
             state_dir: None,
             journal_segment_bytes: crate::journal::DEFAULT_SEGMENT_BYTES,
+            grace: None,
         }
     }
 }
@@ -258,6 +265,8 @@ pub struct MetaService {
     grants: Grants,
     /// The file system served, and this process's start.
     identity: FsIdentity,
+    /// After a restart: the clients of the previous process reclaim.
+    grace: grace::Grace,
 }
 
 /// Which file system this is and since when, as registration and
@@ -329,6 +338,14 @@ impl MetaService {
 /// A request that takes longer is logged (at info) with what it was.
 const SLOW_REQUEST: Duration = Duration::from_secs(1);
 
+impl MetaService {
+    /// Whether `request` is made for a client of the previous process
+    /// that has not reclaimed yet (`service::grace`).
+    fn awaits_reclaim(&self, request: &MetaRequest, caching: Option<ClientId>) -> bool {
+        caching.or_else(|| grace::client_of(request)).is_some_and(|c| self.grace.awaits(c))
+    }
+}
+
 impl RpcService for MetaService {
     type Request = MetaRequest;
     type Response = MetaResponse;
@@ -352,6 +369,13 @@ impl RpcService for MetaService {
                 log::warn!("client {} sent a request as client {}; refused", me.0, caching.unwrap().0 .0);
                 MetaResponse::Failed(FsError::Perm)
             }
+            Ok(_) if self.awaits_reclaim(&request, caching.map(|(c, _)| c)) => match request {
+                // How a client of the previous process notices the restart.
+                MetaRequest::Heartbeat { .. } => MetaResponse::Failed(FsError::Io(
+                    "lease unknown: the meta-server restarted; reclaim it".into(),
+                )),
+                _ => MetaResponse::Failed(FsError::Grace),
+            },
             Ok(asker) => {
                 let (kind, started) = (request.kind(), std::time::Instant::now());
                 let answer = self.dispatch(&asker, caching, request).unwrap_or_else(MetaResponse::Failed);

@@ -18,7 +18,7 @@
 
 use citron_lock::rdma::tcp::Extent;
 use citron_lock::rdma::RemoteAddr;
-use citronfs_core::locks::record::pack_addr;
+use citronfs_core::locks::record::{pack_addr, unpack_addr};
 use citronfs_core::locks::WaitsFor;
 use citronfs_core::FsError;
 use parking_lot::Mutex;
@@ -37,6 +37,32 @@ impl WaitsForChain {
     /// The table as the cluster made it: one block.
     pub fn new(table: WaitsFor) -> Self {
         Self { table, blocks: Mutex::new(vec![table.base]) }
+    }
+
+    /// After a restart that kept the lock region: takes the blocks the
+    /// chain grew by back from `memory` (following the links from the
+    /// first), and answers them. Their entries are as the waiting owners
+    /// left them.
+    pub fn readopt(&self, memory: &mut crate::lock_memory::LockMemory) -> Vec<RemoteAddr> {
+        let bytes = WaitsFor::bytes(self.table.capacity);
+        let mut chain = self.blocks.lock();
+        let mut grown = Vec::new();
+        loop {
+            let last = *chain.last().expect("the chain has its first block");
+            let link = self.table.link(last);
+            let word = memory.memory().word(link).map(|w| w.load(std::sync::atomic::Ordering::SeqCst));
+            let Some(next) = word.ok().and_then(unpack_addr) else { break };
+            if chain.contains(&next) || !memory.claim(next, bytes) {
+                log::error!("the waits-for table's link at {link} names {next}, which is not a free block; cut");
+                if let Ok(w) = memory.memory().word(link) {
+                    w.store(0, std::sync::atomic::Ordering::SeqCst);
+                }
+                break;
+            }
+            chain.push(next);
+            grown.push(next);
+        }
+        grown
     }
 
     /// Blocks now.

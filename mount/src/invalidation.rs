@@ -218,13 +218,13 @@ impl InvalidationControl {
         // The registration the mount serves under from now on: the
         // delegations its requests take before the thread's first turn (a
         // busy machine may run that late) are this one's, not an old one's.
-        let registration = client.upgrade().map(|c| c.client_id());
+        let registration = client.upgrade().map(|c| (c.client_id(), c.reclaims()));
         std::thread::Builder::new()
             .name("citronfs-inval".into())
             .spawn(move || control.run(client, notify, registration))
     }
 
-    fn run(&self, client: Weak<FsClient>, mut notifier: Notify, mut registration: Option<ClientId>) {
+    fn run(&self, client: Weak<FsClient>, mut notifier: Notify, mut registration: Option<(ClientId, u64)>) {
         let mut acked = 0;
         loop {
             self.wait_while_stalled();
@@ -235,14 +235,20 @@ impl InvalidationControl {
             if c.is_shut_down() {
                 return;
             }
-            // A new registration numbers its invalidations afresh.
-            let me = c.client_id();
+            // A new registration, or one reclaimed from a restarted
+            // meta-server, numbers its invalidations afresh.
+            let me = (c.client_id(), c.reclaims());
             if registration != Some(me) {
+                let reclaimed = registration.is_some_and(|(id, _)| id == me.0);
                 registration = Some(me);
                 acked = 0;
                 // The delegations were the old registration's: the new
                 // one's polls renew none of them.
                 self.0.delegations.clear();
+                if reclaimed {
+                    // Nor does a restarted meta-server know what it granted.
+                    self.0.attrs.invalidate_all();
+                }
             }
             let (sent, ttl) = (Instant::now(), c.caching());
             let polled = c.await_invalidations(acked);
@@ -254,7 +260,7 @@ impl InvalidationControl {
                     acked = polled.through;
                     // After the revocations it carries (see `delegation`),
                     // and only if it renewed this registration's.
-                    if polled.renewed && polled.client == me {
+                    if polled.renewed && polled.client == me.0 {
                         self.0.delegations.renew(sent, ttl);
                     }
                 }

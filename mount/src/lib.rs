@@ -109,6 +109,8 @@ pub fn errno(e: &FsError) -> Errno {
         | FsError::Fenced
         | FsError::OtherFileSystem { .. }
         | FsError::MetaRestarted
+        | FsError::Grace
+        | FsError::MetaServerDown
         | FsError::DataServerDown(_) => Errno::EIO,
     };
     if errno == Errno::EIO {

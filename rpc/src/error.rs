@@ -6,6 +6,10 @@
 pub enum RpcError {
     #[error("connection to the server failed: {0}")]
     Io(#[from] std::io::Error),
+    /// No connection could be made: the request was not sent (the server
+    /// is down, or restarts), so asking again cannot apply it twice.
+    #[error("cannot connect to the server: {0}")]
+    Unreachable(std::io::Error),
     #[error("the server closed the connection")]
     Disconnected,
     #[error("no reply from the server within {0:?}")]

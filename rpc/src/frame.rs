@@ -57,6 +57,19 @@ pub fn read_frame(r: &mut impl Read, body: &mut Vec<u8>) -> Result<u64, FrameErr
 /// machine), which is most of a loopback round trip. Polling for a short
 /// while first keeps the thread running, as an RDMA client polls its
 /// completion queue; past the budget the caller blocks as usual.
+/// Whether an idle connection (no answer due) is still open: the peer has
+/// neither closed it nor sent anything unasked.
+pub fn idle_and_open(stream: &std::net::TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: `byte` is a valid 1-byte buffer; MSG_PEEK leaves any data in
+    // the socket and MSG_DONTWAIT makes the call return at once.
+    let n = unsafe {
+        libc::recv(stream.as_raw_fd(), (&mut byte as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+    };
+    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+}
+
 pub fn poll_readable(stream: &std::net::TcpStream, budget: std::time::Duration) -> bool {
     use std::os::fd::AsRawFd;
     if budget.is_zero() {

@@ -80,6 +80,12 @@ pub struct MountArgs {
     /// minute: it is busy or waits for another mount, not gone).
     #[arg(long, default_value_t = 5.0)]
     timeout: f64,
+    /// Seconds calls wait for a meta-server that stopped answering (it
+    /// crashed, or restarts) before they answer EIO: a restart within it
+    /// costs applications a pause, and this mount reclaims its opens and
+    /// locks from the restarted meta-server.
+    #[arg(long, default_value_t = citronfs_core::client::DEFAULT_META_WAIT.as_secs_f64())]
+    meta_wait: f64,
     /// Test only: microseconds added to every round trip of this mount to
     /// the servers, as if it were that much farther away (implies tcp).
     #[arg(long, default_value_t = 0, hide = true)]
@@ -233,6 +239,7 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
     };
     let mut config = ClientConfig::new(meta);
     config.timeout = timeout;
+    config.meta_wait = seconds(args.meta_wait, "meta-wait")?;
     config.transport = transport;
     config.ib_device = ib_device;
     config.key = key;

@@ -164,6 +164,13 @@ fn state(s: &ClusterStatus) {
         bytes(st.journal_bytes),
         st.journal_segments
     );
+    match st.grace {
+        Some((left_ms, awaited)) => println!(
+            "  grace period after the restart: at most {left_ms} ms left, {awaited} clients of the previous \
+             process not back yet (opens of files nobody reclaimed wait)"
+        ),
+        None => println!("  no grace period: clients of the previous process, if any, have reclaimed"),
+    }
 }
 
 fn data_servers(s: &ClusterStatus) {

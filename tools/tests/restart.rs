@@ -1,9 +1,12 @@
 //! A meta-server that restarts keeps its file system: SIGTERM and SIGKILL
 //! of `citronfs meta-server` with a state directory, then the same command
 //! again, with a data server that keeps running. What every call that
-//! returned before the kill made is there afterwards, seen by a new mount;
-//! a mount of the old process never shows an empty tree in its place (it
-//! answers EIO), nor does a mount that reconnects to another file system.
+//! returned before the kill made is there afterwards, seen through the
+//! mounts that were up (without remounting) and by a new one. Their open
+//! files and their locks ride through the restart: a lock held before it
+//! is held after it, a waiter blocked across it is granted when the lock
+//! goes, on tcp and on shm. A mount that reconnects to another file system
+//! never shows an empty tree in place of the old one (it answers EIO).
 //! A torn journal tail is replayed up to its last whole record; damage in
 //! the middle stops the start with an error naming the file and offset.
 
@@ -13,6 +16,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use citronfs_core::locks::record::RecordState;
+use citronfs_core::types::Ino;
 use citronfs_tests::TestMount;
 
 const EXE: &str = env!("CARGO_BIN_EXE_citronfs");
@@ -56,15 +61,13 @@ fn free_port() -> u16 {
 }
 
 fn meta(addr: &str, state: &Path) -> Server {
-    Server::start(&[
-        "meta-server",
-        "--listen",
-        addr,
-        "--lease-ms",
-        "1000",
-        "--state-dir",
-        state.to_str().unwrap(),
-    ])
+    meta_with(addr, state, &[])
+}
+
+fn meta_with(addr: &str, state: &Path, more: &[&str]) -> Server {
+    let mut args = vec!["meta-server", "--listen", addr, "--lease-ms", "1000", "--state-dir", state.to_str().unwrap()];
+    args.extend_from_slice(more);
+    Server::start(&args)
 }
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
@@ -115,8 +118,8 @@ fn check_tree(m: &TestMount) {
     assert_eq!(names, ["dir", "linked", "sym"]);
 }
 
-/// A mount of the old process answers EIO from when it notices, and until
-/// then shows the old tree, never an empty one.
+/// A mount that finds another file system answers EIO from when it
+/// notices, and until then shows the old tree, never an empty one.
 fn old_mount_fails_loudly(old: &TestMount) {
     wait_until("the old mount answers EIO", || match std::fs::read_dir(old.path("")) {
         Err(e) => {
@@ -155,12 +158,107 @@ fn restart_keeps_the_file_system(sig: i32) {
     server.stop(sig);
     let _server = meta(&addr, state.path());
 
+    // The mount that was up goes on, without remounting (its calls waited
+    // while the meta-server was away).
+    check_tree(&old);
     let new = TestMount::new(addr.parse().unwrap());
     check_tree(&new);
     // The data server was linked again: new files get space.
     std::fs::write(new.path("after"), vec![9u8; 100_000]).unwrap();
-    assert_eq!(std::fs::read(new.path("after")).unwrap(), vec![9u8; 100_000]);
-    old_mount_fails_loudly(&old);
+    assert_eq!(std::fs::read(old.path("after")).unwrap(), vec![9u8; 100_000]);
+    std::fs::write(old.path("after-old"), b"from the old mount").unwrap();
+    assert_eq!(std::fs::read(new.path("after-old")).unwrap(), b"from the old mount");
+}
+
+/// `fcntl(fd, cmd, ...)` with a flock of `typ` over `[start, start+len)`;
+/// the flock as the call left it, or the errno.
+fn ofd_lock(fd: &std::fs::File, cmd: i32, typ: i32, start: i64, len: i64) -> Result<libc::flock, i32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero flock is valid; the struct outlives the call.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = start;
+    fl.l_len = len;
+    // SAFETY: fcntl on an open descriptor with a valid flock.
+    match unsafe { libc::fcntl(fd.as_raw_fd(), cmd, &mut fl as *mut libc::flock) } {
+        0 => Ok(fl),
+        _ => Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)),
+    }
+}
+
+/// Two mounts of one cluster, a file open on each, a lock held on one and
+/// a waiter blocked on the other; the meta-server is killed with `sig` and
+/// started again. The lock is still held (a conflicting request is refused,
+/// F_OFD_GETLK names it), the open files go on (write, fsync, read across
+/// the mounts), and the waiter is granted when the lock goes.
+fn opens_and_locks_ride_through(sig: i32, shm: bool) {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let state = state_dir();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let shm_name = format!("restart{}", addr.rsplit(':').next().unwrap());
+    let shm_args: Vec<&str> = if shm { vec!["--shm", &shm_name] } else { Vec::new() };
+    let server = meta_with(&addr, state.path(), &shm_args);
+    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
+    // The restarted meta-server: declared before the mounts, so it stops
+    // after them.
+    let mut restarted = None;
+    let (a, b) = (TestMount::new(addr.parse().unwrap()), TestMount::new(addr.parse().unwrap()));
+    std::fs::write(a.path("f"), vec![1u8; 4096]).unwrap();
+    let open = |m: &TestMount| std::fs::OpenOptions::new().read(true).write(true).open(m.path("f")).unwrap();
+    let (held, refused, waiting) = (open(&a), open(&b), open(&b));
+    ofd_lock(&held, libc::F_OFD_SETLK, libc::F_WRLCK, 0, 100).expect("the lock is free");
+    assert_eq!(ofd_lock(&refused, libc::F_OFD_SETLK, libc::F_WRLCK, 50, 1).unwrap_err(), libc::EAGAIN);
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| ofd_lock(&waiting, libc::F_OFD_SETLKW, libc::F_WRLCK, 60, 1));
+        let ino = Ino(std::fs::metadata(a.path("f")).unwrap().ino());
+        let blocked = || b.client.lock_records(ino).unwrap().iter().any(|r| r.state == RecordState::Waiting);
+        wait_until("the waiter is blocked", blocked);
+
+        server.stop(sig);
+        restarted = Some(meta_with(&addr, state.path(), &shm_args));
+        // A failed check must not leave the waiter blocked (the scope would
+        // wait for it forever): the lock goes whatever happens.
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // Held across the restart: refused to the other mount, and named.
+            assert_eq!(ofd_lock(&refused, libc::F_OFD_SETLK, libc::F_WRLCK, 50, 1).unwrap_err(), libc::EAGAIN);
+            let seen = ofd_lock(&refused, libc::F_OFD_GETLK, libc::F_WRLCK, 50, 1).unwrap();
+            assert_eq!((seen.l_type, seen.l_start, seen.l_len), (libc::F_WRLCK as i16, 0, 100));
+            assert!(!waiter.is_finished(), "the waiter must not get a lock that is held");
+            // The open files go on.
+            use std::os::unix::fs::FileExt;
+            held.write_all_at(b"after the restart", 10).unwrap();
+            held.sync_all().unwrap();
+            let mut back = [0u8; 17];
+            refused.read_exact_at(&mut back, 10).unwrap();
+            assert_eq!(&back, b"after the restart");
+        }));
+        // The lock goes; the waiter blocked across the restart gets it.
+        let unlocked = ofd_lock(&held, libc::F_OFD_SETLK, libc::F_UNLCK, 0, 0);
+        let granted = waiter.join().unwrap();
+        if let Err(panic) = checked {
+            std::panic::resume_unwind(panic);
+        }
+        unlocked.expect("unlock");
+        assert!(granted.is_ok(), "the waiter is granted: {granted:?}");
+        let seen = ofd_lock(&held, libc::F_OFD_GETLK, libc::F_WRLCK, 0, 0).unwrap();
+        assert_eq!((seen.l_type, seen.l_start, seen.l_len), (libc::F_WRLCK as i16, 60, 1));
+    });
+}
+
+#[test]
+fn opens_and_locks_ride_through_a_sigkill_on_tcp() {
+    opens_and_locks_ride_through(libc::SIGKILL, false);
+}
+
+#[test]
+fn opens_and_locks_ride_through_a_sigkill_on_shm() {
+    opens_and_locks_ride_through(libc::SIGKILL, true);
+}
+
+#[test]
+fn opens_and_locks_ride_through_a_sigterm() {
+    opens_and_locks_ride_through(libc::SIGTERM, false);
 }
 
 #[test]

@@ -168,6 +168,9 @@ impl FsClient {
         &self,
         f: impl FnOnce(&mut Endpoints) -> Result<R, FsError>,
     ) -> Result<R, FsError> {
+        // Lock memory is the meta-server's: while it is away (restarting),
+        // verbs on it wait as calls do.
+        self.shared.wait_while_away(Instant::now())?;
         if self.shared.fenced() {
             return Err(FsError::Io(
                 "this client's lease expired; it is fenced until it re-registers".into(),

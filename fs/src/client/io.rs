@@ -225,8 +225,10 @@ impl FsClient {
     /// Reads up to `len` bytes at `offset`; short at end of file; holes read
     /// as zeros.
     pub fn read(&self, ino: Ino, offset: u64, len: u32) -> Result<Vec<u8>, FsError> {
-        let pin = self.pin(ino)?;
-        self.riding_through(|| self.read_once(&pin, ino, offset, len))
+        self.riding_out_restarts(|| {
+            let pin = self.pin(ino)?;
+            self.riding_through(|| self.read_once(&pin, ino, offset, len))
+        })
     }
 
     /// One [`FsClient::read`], stopped by a data server that does not
@@ -274,6 +276,10 @@ impl FsClient {
     /// every write makes, so this costs an RPC only when there is a bit
     /// to clear.
     pub fn write_as(&self, ino: Ino, offset: u64, data: &[u8], how: WriteMode) -> Result<u64, FsError> {
+        self.riding_out_restarts(|| self.write_once(ino, offset, data, how))
+    }
+
+    fn write_once(&self, ino: Ino, offset: u64, data: &[u8], how: WriteMode) -> Result<u64, FsError> {
         let pin = self.pin_for_write(ino, offset, data.len() as u64, how.append)?;
         // A write the cached layout already shows must grow an extent goes
         // straight to the exclusive mutex it will need, without a shared

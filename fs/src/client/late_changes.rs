@@ -268,6 +268,7 @@ impl FsClient {
             e.registration = registration;
             e.count = 1;
             e.late = true;
+            e.write = true;
         });
     }
 

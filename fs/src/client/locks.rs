@@ -87,6 +87,14 @@ impl WaiterContext for Context {
     fn growth(&self, ino: Ino) -> Box<dyn TableGrowth + '_> {
         Box::new(RpcGrowth { shared: &self.shared, ino })
     }
+
+    fn meta_server_away(&self) -> bool {
+        self.shared.away_now()
+    }
+
+    fn area(&self, ino: Ino) -> Option<LockArea> {
+        self.shared.opens.get(ino).and_then(|e| e.lock().area)
+    }
 }
 
 impl FsClient {
@@ -176,6 +184,10 @@ impl FsClient {
     /// `F_GETLK`: the first lock that would block `call` (its mode must be
     /// set), or `None`.
     pub fn getlk(&self, call: &LockCall) -> Result<Option<LockRecord>, FsError> {
+        self.riding_out_restarts(|| self.getlk_once(call))
+    }
+
+    fn getlk_once(&self, call: &LockCall) -> Result<Option<LockRecord>, FsError> {
         let mode = call.mode.ok_or_else(|| FsError::Invalid("F_GETLK of F_UNLCK".into()))?;
         let pin = self.pin(call.ino)?;
         self.with_endpoints(|eps| {
@@ -191,6 +203,10 @@ impl FsClient {
     /// `F_SETLK`, `LOCK_NB`, unlock: never waits; a conflict is
     /// [`FsError::WouldBlock`].
     pub fn setlk(&self, call: &LockCall) -> Result<(), FsError> {
+        self.riding_out_restarts(|| self.setlk_once(call))
+    }
+
+    fn setlk_once(&self, call: &LockCall) -> Result<(), FsError> {
         let pin = self.pin(call.ino)?;
         // Until the lock is written (or refused), closes keep the owner.
         let _acquiring = call.mode.map(|_| self.may_hold.acquiring(Self::hold_key(call)));
@@ -218,12 +234,6 @@ impl FsClient {
         let Some(waiters) = self.waiters.as_ref() else {
             return done(Err(FsError::Io("no lock waiter".into())));
         };
-        // Held until the wait is handed to the waiter thread, so the file's
-        // last release (which cancels its waits first) waits for it.
-        let pin = match self.pin(call.ino) {
-            Ok(p) => p,
-            Err(e) => return done(Err(e)),
-        };
         // Until the lock is written (or the wait ends otherwise), closes
         // keep the owner: the answer drops this.
         let acquiring = call.mode.map(|_| self.may_hold.acquiring(Self::hold_key(call)));
@@ -232,24 +242,32 @@ impl FsClient {
             done(r)
         });
         let req = self.request(call);
-        let attempt = self.with_endpoints(|eps| {
-            let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, true)? else {
-                return Err(FsError::Io("no lock table after creating it".into()));
-            };
-            let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
-            let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
-            let spec = WaitSpec { mailbox: waiters.mailbox(call.ino)?, registered: None };
-            Ok((locks.set(&req, Some(spec))?, area, table))
+        let attempt = self.riding_out_restarts(|| {
+            // Held until the wait is handed to the waiter thread, so the
+            // file's last release (which cancels its waits first) waits
+            // for it.
+            let pin = self.pin(call.ino)?;
+            let made = self.with_endpoints(|eps| {
+                let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, true)? else {
+                    return Err(FsError::Io("no lock table after creating it".into()));
+                };
+                let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
+                let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
+                let spec = WaitSpec { mailbox: waiters.mailbox(call.ino)?, registered: None };
+                Ok((locks.set(&req, Some(spec))?, area, table))
+            })?;
+            Ok((made, pin))
         });
         match attempt {
-            Ok((Outcome::Granted, _, _)) => done(Ok(())),
-            Ok((Outcome::Waiting { registration, .. }, area, table)) => {
-                waiters.wait(Pending { ino: call.ino, area, table, req, registration, interrupted, done })
+            Ok(((Outcome::Granted, _, _), _)) => done(Ok(())),
+            Ok(((Outcome::Waiting { registration, .. }, area, table), pin)) => {
+                let ino = call.ino;
+                waiters.wait(Pending { ino, area, table, req, registration, interrupted, done, failing_since: None });
+                drop(pin);
             }
-            Ok((Outcome::Refused(_), _, _)) => done(Err(FsError::WouldBlock)),
+            Ok(((Outcome::Refused(_), _, _), _)) => done(Err(FsError::WouldBlock)),
             Err(e) => done(Err(e)),
         }
-        drop(pin);
     }
 
     /// Releases every POSIX lock `owner` holds on `ino` (any close of the
@@ -275,6 +293,10 @@ impl FsClient {
     }
 
     fn release_matching(&self, ino: Ino, matches: impl Fn(&LockRecord) -> bool) -> Result<(), FsError> {
+        self.riding_out_restarts(|| self.release_matching_once(ino, &matches))
+    }
+
+    fn release_matching_once(&self, ino: Ino, matches: &impl Fn(&LockRecord) -> bool) -> Result<(), FsError> {
         let pin = self.pin(ino)?;
         self.with_endpoints(|eps| {
             let Some((area, table)) = self.lock_table(&eps.meta, &pin, ino, false)? else { return Ok(()) };

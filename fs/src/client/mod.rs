@@ -53,6 +53,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use citron_lock::rdma::tcp::{RpcClient, RpcError};
+use citron_rpc::auth::{HandshakeError, Status};
 use citron_lock::rdma::{IbDevice, Node, TcpOptions, VerbCounts};
 use parking_lot::{Mutex, RwLock};
 
@@ -140,7 +141,16 @@ pub struct ClientConfig {
     /// others when no call sends it (`client::late_changes`); tests hold
     /// them longer.
     pub late_linger: Duration,
+    /// How long calls wait for a meta-server that stopped answering — it
+    /// crashed or restarts — before they answer EIO ([`DEFAULT_META_WAIT`]).
+    /// A restart within it costs applications a pause, not an error.
+    pub meta_wait: Duration,
 }
+
+/// [`ClientConfig::meta_wait`] by default: a restart replays the journal
+/// (seconds for millions of files) and waits half a lease before it takes
+/// its clients back.
+pub const DEFAULT_META_WAIT: Duration = Duration::from_secs(60);
 
 impl ClientConfig {
     pub fn new(meta: SocketAddr) -> Self {
@@ -153,6 +163,7 @@ impl ClientConfig {
             added_rtt: Duration::ZERO,
             release_linger: releases::LINGER,
             late_linger: late_changes::LINGER,
+            meta_wait: DEFAULT_META_WAIT,
         }
     }
 
@@ -194,9 +205,22 @@ struct Shared {
     /// meta-server squashes its callers), if it has one.
     key_options: Option<citron_rpc::auth::KeyOptions>,
     /// The file system this client mounted, and the meta-server process
-    /// (incarnation) it registered with first.
+    /// (incarnation) it is registered with.
     fs: FsId,
-    incarnation: u64,
+    incarnation: AtomicU64,
+    /// The meta-server's NIC this client joined (its lock memory is reached
+    /// there, across restarts of the meta-server too).
+    meta_nic: SocketAddr,
+    /// The meta-server does not answer, or restarted and this client has
+    /// not reclaimed yet ([`lease`]): calls wait.
+    meta_away: AtomicBool,
+    /// How long calls wait for an away meta-server ([`ClientConfig::meta_wait`]).
+    meta_wait: Duration,
+    /// The client is shutting down: nothing waits for an away meta-server.
+    leaving: AtomicBool,
+    /// Times this client reclaimed its registration from a restarted
+    /// meta-server (which knows nothing of the caches it granted before).
+    reclaims: AtomicU64,
     /// Why every call fails from now on, if one does: another file system,
     /// or another process of the meta-server, found after a reconnection.
     detached: Mutex<Option<FsError>>,
@@ -219,22 +243,60 @@ impl Shared {
         self.call_plain(&MetaRequest::Caching { client: self.client_id(), ttl_ms, request: inner })
     }
 
-    /// One call as it is, refused once the client is fenced.
+    /// One call as it is, refused once the client is fenced. While the
+    /// meta-server is away (not answering, or restarted and not reclaimed
+    /// from yet) or in its grace period, the call waits and is asked again,
+    /// up to [`Shared::meta_wait`]: a request that found no server was not
+    /// sent, and one refused for the grace period changed nothing.
     fn call_plain(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
-        if let Some(why) = &*self.detached.lock() {
-            return Err(why.clone());
+        let began = Instant::now();
+        loop {
+            self.wait_while_away(began)?;
+            if self.fenced() {
+                return Err(FsError::Io("this client's lease expired; it is fenced until it re-registers".into()));
+            }
+            // A call that failed says which it was: "no reply within 5s"
+            // alone does not tell a slow allocation from a slow create.
+            match answer(self.call(request)) {
+                Err(FsError::MetaServerDown) => {
+                    // Before the heartbeat notices: the others wait too.
+                    self.meta_away.store(true, Ordering::SeqCst);
+                }
+                Err(FsError::Grace) if began.elapsed() < self.meta_wait => std::thread::sleep(AWAY_NAP),
+                r => {
+                    return r.map_err(|e| match e {
+                        FsError::Io(why) => FsError::Io(format!("{:?}: {why}", request.inner().kind())),
+                        e => e,
+                    })
+                }
+            }
         }
-        if self.fenced() {
-            return Err(FsError::Io(
-                "this client's lease expired; it is fenced until it re-registers".into(),
-            ));
+    }
+
+    /// Returns once the meta-server is back (or was never away); an error
+    /// once the client is detached, stops, or has waited since `began` for
+    /// [`Shared::meta_wait`].
+    fn wait_while_away(&self, began: Instant) -> Result<(), FsError> {
+        loop {
+            if let Some(why) = &*self.detached.lock() {
+                return Err(why.clone());
+            }
+            if !self.meta_away.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            if began.elapsed() >= self.meta_wait || self.leaving.load(Ordering::Relaxed) {
+                return Err(FsError::MetaServerDown);
+            }
+            std::thread::sleep(AWAY_NAP);
         }
-        // A call that failed says which it was: "no reply within 5s" alone
-        // does not tell a slow allocation from a slow create.
-        answer(self.call(request)).map_err(|e| match e {
-            FsError::Io(why) => FsError::Io(format!("{:?}: {why}", request.inner().kind())),
-            e => e,
-        })
+    }
+
+    /// The meta-server answered this client's renewal (or took it back):
+    /// calls go on.
+    fn back(&self, client: ClientId) {
+        if self.meta_away.swap(false, Ordering::SeqCst) {
+            log::info!("the meta-server answers client {} again", client.0);
+        }
     }
 
     /// One call to the meta-server, counted by kind. An answer later than
@@ -327,11 +389,21 @@ fn opens_or_allocates(request: &MetaRequest) -> bool {
 }
 
 fn answer(r: Result<MetaResponse, citron_lock::rdma::tcp::RpcError>) -> Result<MetaResponse, FsError> {
-    match r? {
-        MetaResponse::Failed(e) => Err(e),
-        ok => Ok(ok),
+    match r {
+        // Not sent: no server listens (it stopped, or restarts), or it does
+        // not know this client (it restarted, or fenced it): the client is
+        // away until its heartbeat reclaims or registers again.
+        Err(RpcError::Unreachable(_) | RpcError::Handshake(HandshakeError::Refused(Status::NotAdmitted))) => {
+            Err(FsError::MetaServerDown)
+        }
+        Err(e) => Err(e.into()),
+        Ok(MetaResponse::Failed(e)) => Err(e),
+        Ok(ok) => Ok(ok),
     }
 }
+
+/// How often a call waiting for an away meta-server looks again.
+const AWAY_NAP: Duration = Duration::from_millis(20);
 
 fn granted(r: MetaResponse) -> Result<(Attr, Grant), FsError> {
     match r {
@@ -404,8 +476,9 @@ impl FsClient {
         } = info;
         let geometry = ChunkGeometry::new(chunk_size).map_err(FsError::Invalid)?;
         let options = config.tcp_options();
+        let meta_nic_joined = reachable(meta_nic, config.meta);
         let meta_addrs = ServerAddrs {
-            nic: reachable(meta_nic, config.meta),
+            nic: meta_nic_joined,
             shm: meta_shm.as_deref(),
             ib: meta_ib.map(|a| reachable(a, config.meta)),
         };
@@ -434,7 +507,12 @@ impl FsClient {
             late_changes: late_changes::LateChanges::new(config.late_linger),
             key_options: config.key.as_ref().map(|k| k.options),
             fs,
-            incarnation,
+            incarnation: AtomicU64::new(incarnation),
+            meta_nic: meta_nic_joined,
+            meta_away: AtomicBool::new(false),
+            meta_wait: config.meta_wait,
+            reclaims: AtomicU64::new(0),
+            leaving: AtomicBool::new(false),
             detached: Mutex::new(None),
         });
         let heartbeat = Heartbeat::start(&shared)?;

@@ -22,7 +22,8 @@ impl FsClient {
             let registration = self.registration();
             match self.call(&MetaRequest::Open { caller, client: self.client_id(), ino, flags })? {
                 MetaResponse::Layout(l) => {
-                    self.count_open(e, registration, &l);
+                    let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+                    self.count_open(e, registration, &l, write);
                     self.install_layout(l);
                     Ok(())
                 }
@@ -74,19 +75,20 @@ impl FsClient {
             MetaResponse::OpenedExisting(attr, layout) => (attr, layout, false),
             other => return Err(unexpected(other)),
         };
-        self.shared.opens.with_entry(attr.ino, |e| self.count_open(e, registration, &layout));
+        self.shared.opens.with_entry(attr.ino, |e| self.count_open(e, registration, &layout, true));
         self.install_layout(layout);
         Ok(Opened { attr, created, granted })
     }
 
     /// Records an open the meta-server counted, and the lock memory it lent.
-    pub(super) fn count_open(&self, e: &mut opens::OpenFile, registration: u64, l: &FileLayout) {
+    pub(super) fn count_open(&self, e: &mut opens::OpenFile, registration: u64, l: &FileLayout, write: bool) {
         if e.registration != registration {
             // Opens of an older registration died with it.
             e.reset(false);
         }
         e.registration = registration;
         e.count += 1;
+        e.write |= write;
         // An open's answer lends the lock memory a late create's would.
         e.late = false;
         let area = l.locks.map(|a| self.shared.reachable_area(a));

@@ -24,7 +24,12 @@
 //!   open here from the first open to the last close, as it is;
 //! * after a lost lease the meta-server forgot this client's opens: entries
 //!   of an older registration answer EIO and are dropped when the client
-//!   registers again.
+//!   registers again;
+//! * after a restart of the meta-server the client reclaims every entry,
+//!   naming the lock memory it was lent ([`OpenFiles::reclaimable`]); the
+//!   meta-server takes the memory back where it is, and the entry keeps its
+//!   registration with the area the answer names (a new range lock, the
+//!   same table) ([`OpenFiles::reclaimed`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +40,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::error::FsError;
 use crate::locks::LockArea;
+use crate::proto::ReclaimedOpen;
 use crate::types::Ino;
 
 /// This client's opens of one file.
@@ -61,6 +67,12 @@ pub(super) struct OpenFile {
     /// ([`late_changes`](super::late_changes)): the create's answer brings
     /// its lock memory and layout.
     pub late: bool,
+    /// Some open of it was for writing (told to a restarted meta-server
+    /// when this client reclaims it).
+    pub write: bool,
+    /// A restarted meta-server could not take the open back: calls on it
+    /// answer EIO until it is closed.
+    pub lost: bool,
 }
 
 impl OpenFile {
@@ -198,6 +210,39 @@ impl OpenFiles {
         }
     }
 
+    /// What to reclaim from a restarted meta-server: each open file with
+    /// the lock memory it was lent (a late create's file, whose create is
+    /// still queued, has none yet: its create counts its open).
+    pub fn reclaimable(&self) -> Vec<ReclaimedOpen> {
+        let entries: Vec<(Ino, OpenEntry)> = self.map.lock().iter().map(|(i, e)| (*i, e.clone())).collect();
+        entries
+            .into_iter()
+            .filter_map(|(ino, entry)| {
+                let e = entry.lock();
+                let area = e.area.filter(|_| !e.closed && !e.lost && e.count > 0)?;
+                Some(ReclaimedOpen { ino, opens: e.count + e.deferred, write: e.write, area })
+            })
+            .collect()
+    }
+
+    /// A restarted meta-server took the open of `ino` back, lending `area`
+    /// (the same memory; its range lock may be new).
+    pub fn reclaimed(&self, ino: Ino, area: Option<LockArea>) {
+        if let Some(entry) = self.get(ino) {
+            let mut e = entry.lock();
+            if !e.closed {
+                e.area = area;
+            }
+        }
+    }
+
+    /// A restarted meta-server could not take the open of `ino` back.
+    pub fn lost(&self, ino: Ino) {
+        if let Some(entry) = self.get(ino) {
+            entry.lock().lost = true;
+        }
+    }
+
     /// Runs `f` unless `ino` is open here or being opened, holding the
     /// map: an open that starts after it sees what `f` did.
     pub fn unless_open(&self, ino: Ino, f: impl FnOnce()) {
@@ -218,6 +263,12 @@ impl OpenFiles {
 fn area_of(e: &OpenFile, ino: Ino, registration: u64) -> Result<Option<LockArea>, FsError> {
     if e.closed || e.count == 0 {
         return Err(not_open(ino));
+    }
+    if e.lost {
+        return Err(FsError::Io(format!(
+            "inode {} was open when the meta-server restarted, and it could not be taken back; open it again",
+            ino.0
+        )));
     }
     if e.registration != registration {
         return Err(FsError::Io(format!(

@@ -100,6 +100,10 @@ use crate::types::{ClientId, Ino};
 pub const WATCH_EVERY: Duration = Duration::from_millis(10);
 /// How often every pending request is retried without a wake-up.
 pub const RETRY_EVERY: Duration = Duration::from_millis(500);
+/// How long a request whose retries fail for want of the meta-server's
+/// lock memory keeps waiting once the meta-server answers again (its
+/// connections to a restarted meta-server are made anew meanwhile).
+const AWAY_PATIENCE: Duration = Duration::from_secs(5);
 /// How often an idle waiter thread looks at its stop flag.
 const IDLE_TICK: Duration = Duration::from_millis(100);
 /// Waiter threads (shards) per client.
@@ -119,6 +123,8 @@ pub struct Pending {
     pub registration: Registration,
     pub interrupted: Interrupted,
     pub done: LockDone,
+    /// Since when its retries fail though the meta-server answers.
+    pub failing_since: Option<Instant>,
 }
 
 /// What the waiter thread needs from its client.
@@ -130,6 +136,14 @@ pub trait WaiterContext: Send + Sync + 'static {
     fn waits_for(&self) -> WaitsFor;
     /// Grows `ino`'s table (an RPC to the meta-server).
     fn growth(&self, ino: Ino) -> Box<dyn TableGrowth + '_>;
+    /// Whether the meta-server is away now (it stopped answering, or
+    /// restarted and the client has not reclaimed yet), asking it if need
+    /// be: then the lock memory is out of reach for a while, and waits wait
+    /// on instead of failing.
+    fn meta_server_away(&self) -> bool;
+    /// The lock area `ino` is open with now (a restarted meta-server may
+    /// have lent it with a new range lock), if it is open here.
+    fn area(&self, ino: Ino) -> Option<LockArea>;
 }
 
 /// What the client hands its waiter thread.
@@ -415,7 +429,8 @@ impl WaiterThread {
                     None
                 } else if self.context.fenced() {
                     // Touch nothing until the client is registered again
-                    // (answered EIO above then) or renews in time.
+                    // (answered EIO above then), renews in time, or has
+                    // reclaimed its locks from a restarted meta-server.
                     Some(p)
                 } else if sweep || dirty.contains(&p.ino) {
                     self.retry(p)
@@ -458,6 +473,11 @@ impl WaiterThread {
 
     /// Tries a request again; `Some` if it still waits.
     fn retry(&self, mut p: Pending) -> Option<Pending> {
+        if let Some(area) = self.context.area(p.ino) {
+            // Reclaimed from a restarted meta-server: the same table, maybe
+            // another range lock.
+            p.area = area;
+        }
         let hook = RETRY_HOOK.read().clone();
         if let Some(hook) = &hook {
             hook(p.ino, RetryPoint::Before);
@@ -492,6 +512,14 @@ impl WaiterThread {
                 (p.done)(Err(FsError::WouldBlock));
                 None
             }
+            // The meta-server went away under the retry (a restart): the
+            // request's record is in lock memory that outlives it, and a
+            // retry once the client reclaimed finds it (the first verbs on
+            // a connection to the old process fail, and it reconnects).
+            Err(e) if e.may_break_endpoints() && self.still_patient(&mut p) => {
+                log::info!("a lock wait on inode {} goes on after a failed retry: {e}", p.ino.0);
+                Some(p)
+            }
             Err(e) => {
                 if e != FsError::Deadlock {
                     if let Err(c) = locks.cancel(&p.req, p.registration) {
@@ -502,6 +530,17 @@ impl WaiterThread {
                 None
             }
         }
+    }
+
+    /// After a retry failed for want of the meta-server: whether to keep
+    /// the request waiting (the meta-server is away, or has been back for
+    /// less than [`AWAY_PATIENCE`]).
+    fn still_patient(&self, p: &mut Pending) -> bool {
+        if self.context.meta_server_away() {
+            p.failing_since = None;
+            return true;
+        }
+        p.failing_since.get_or_insert_with(Instant::now).elapsed() < AWAY_PATIENCE
     }
 
     fn interrupt(&self, p: Pending) {

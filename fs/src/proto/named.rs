@@ -61,6 +61,7 @@ impl MetaRequest {
             | R::RemoveXattr { ino, .. } => (vec![*ino], Vec::new()),
             R::Caching { request, .. } => return request.named(),
             R::RegisterClient { .. }
+            | R::ReclaimClient { .. }
             | R::DataServers
             | R::Heartbeat { .. }
             | R::ClientLeaves { .. }

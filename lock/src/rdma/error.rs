@@ -62,7 +62,7 @@ impl From<citron_rpc::RpcError> for TransportError {
     fn from(e: citron_rpc::RpcError) -> Self {
         use citron_rpc::RpcError;
         match e {
-            RpcError::Io(e) => TransportError::Io(e),
+            RpcError::Io(e) | RpcError::Unreachable(e) => TransportError::Io(e),
             RpcError::Disconnected => TransportError::Disconnected,
             RpcError::Timeout(t) => TransportError::Timeout(t),
             RpcError::Protocol(p) => TransportError::Protocol(p),

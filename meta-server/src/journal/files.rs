@@ -6,6 +6,9 @@
 //! | `snapshot-N` | the namespace as of the start of segment N: one record |
 //! | `journal-N` | segment N: batches, appended in the namespace lock's order |
 //! | `slots` | the attribute slot region (sizes, mtimes), mapped shared |
+//! | `locks` | the lock region (lock areas, record tables, waits-for table, Citron trees), mapped shared |
+//! | `locks.layout` | where the cluster's fixed lock structures were placed in `locks` |
+//! | `ports` | the tcp ports clients reach (NIC, lock host), bound again at a restart |
 //!
 //! `N` is written with 20 digits, so names sort as numbers do. A snapshot
 //! is written as `snapshot-N.tmp`, synced, renamed into place and the
@@ -21,6 +24,9 @@ use super::JournalError;
 
 pub const LOCK: &str = "lock";
 pub const SLOTS: &str = "slots";
+pub const LOCKS: &str = "locks";
+pub const LOCK_LAYOUT: &str = "locks.layout";
+pub const PORTS: &str = "ports";
 const SNAPSHOT: &str = "snapshot-";
 const SEGMENT: &str = "journal-";
 

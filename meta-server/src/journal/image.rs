@@ -8,7 +8,11 @@
 //! newer file), and the data servers that hold extents. What clients hold
 //! and the meta-server rebuilds or takes back at a restart is left out:
 //! opens, lock memory, cache grants, inode loans. The extent and slot
-//! allocators are derived from the files' extents and slots at start.
+//! allocators are derived from the files' extents and slots at start. The
+//! registered clients are kept (ids only), with the inodes lent to them:
+//! a restarted meta-server waits a grace period for them to reclaim their
+//! opens before it fences those that do not come back ([`crate::service`]'s
+//! grace), and their creates answered before they were sent still land.
 //!
 //! Sizes and mtimes of regular files are not here: clients change them
 //! one-sidedly in the attribute slots, so the slot region itself is a file
@@ -18,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use citronfs_core::proto::AttrSlot;
-use citronfs_core::types::{Attr, ChunkIndex, ChunkLoc, DataServerId, FsId, Ino, Timestamp};
+use citronfs_core::types::{Attr, ChunkIndex, ChunkLoc, ClientId, DataServerId, FsId, Ino, Timestamp};
 use serde::{Deserialize, Serialize};
 
 /// A directory's entries: name to (listing cookie, inode).
@@ -76,6 +80,11 @@ pub enum Change {
     LostServer(DataServerId),
     /// A lost data server came back with its memory.
     FoundServer(DataServerId),
+    /// A client registered (`true`), or was fenced or left (`false`, its
+    /// loan ends with it).
+    Client(ClientId, bool),
+    /// Inodes were lent to a client; each leaves its loan when it is made.
+    Lent(ClientId, citronfs_core::proto::LentInodes),
 }
 
 /// The changes one hold of the namespace lock made: one journal record.
@@ -104,6 +113,10 @@ pub struct NamespaceImage {
     pub entries: HashMap<Ino, Entries>,
     pub data_servers: BTreeMap<DataServerId, DataServerImage>,
     pub lost: BTreeSet<DataServerId>,
+    /// Clients registered and not fenced nor gone.
+    pub clients: BTreeSet<ClientId>,
+    /// Inodes lent to clients and not made yet, each with its cookie.
+    pub loans: BTreeMap<ClientId, BTreeMap<Ino, u64>>,
 }
 
 impl NamespaceImage {
@@ -120,6 +133,8 @@ impl NamespaceImage {
             entries: HashMap::new(),
             data_servers: BTreeMap::new(),
             lost: BTreeSet::new(),
+            clients: BTreeSet::new(),
+            loans: BTreeMap::new(),
         }
     }
 
@@ -133,7 +148,12 @@ impl NamespaceImage {
         for change in batch.changes {
             match change {
                 Change::Inode(ino, Some(image)) => {
-                    self.inodes.insert(ino, image);
+                    if self.inodes.insert(ino, image).is_none() {
+                        // Made: out of the loan it came from, if any.
+                        self.loans.values_mut().for_each(|loan| {
+                            loan.remove(&ino);
+                        });
+                    }
                 }
                 Change::Inode(ino, None) => {
                     self.inodes.remove(&ino);
@@ -158,6 +178,16 @@ impl NamespaceImage {
                 }
                 Change::FoundServer(id) => {
                     self.lost.remove(&id);
+                }
+                Change::Client(id, true) => {
+                    self.clients.insert(id);
+                }
+                Change::Client(id, false) => {
+                    self.clients.remove(&id);
+                    self.loans.remove(&id);
+                }
+                Change::Lent(id, lent) => {
+                    self.loans.entry(id).or_default().extend((0..lent.count).filter_map(|i| lent.nth(i)));
                 }
             }
         }

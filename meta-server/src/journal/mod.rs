@@ -238,6 +238,26 @@ impl Journal {
         Ok(file)
     }
 
+    /// The lock region's file, `len` bytes. With `keep`, a file of exactly
+    /// that length from an earlier start is kept as it is (`true`: a
+    /// restart re-adopts the locks in it); any other is made zero (an
+    /// idle lock, an empty table everywhere) and `false` is answered.
+    pub fn lock_file(&self, path: &Path, len: u64, keep: bool) -> Result<(File, bool), JournalError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| JournalError::io(path, e))?;
+        let had = file.metadata().map_err(|e| JournalError::io(path, e))?.len();
+        if keep && had == len {
+            return Ok((file, true));
+        }
+        file.set_len(0).and_then(|()| file.set_len(len)).map_err(|e| JournalError::io(path, e))?;
+        Ok((file, false))
+    }
+
     /// Appends one batch (under the namespace lock); its number.
     pub fn append(&self, batch: &Batch) -> u64 {
         let payload = bincode::serialize(batch).expect("a batch always encodes");

@@ -15,7 +15,8 @@
 //!   create takes it out of the client's loan. The same create sent again
 //!   (its batch's answer was lost) finds the file it made and answers it
 //!   again; any other use of a number not lent to the asker is refused;
-//! * **a loan lasts as long as the client's registration**: when the client
+//! * **a loan lasts as long as the client's registration**, across restarts
+//!   of the meta-server too (loans are journaled): when the client
 //!   leaves or is fenced the rest of its loan goes and the kept slots are
 //!   free again ([`Namespace::forget_loan`]). A create it answered and did
 //!   not send before it lost its lease is then refused (logged by the
@@ -56,6 +57,11 @@ impl Namespace {
         self.next_cookie += count as u64;
         let loan = self.lent.entry(client).or_default();
         loan.extend((0..count).filter_map(|i| lent.nth(i)));
+        if count > 0 {
+            // Journaled: a create the client answered before it sent it
+            // still lands after a restart of the meta-server.
+            self.server_changes.push(crate::journal::image::Change::Lent(client, lent));
+        }
         lent
     }
 

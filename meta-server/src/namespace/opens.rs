@@ -49,6 +49,46 @@ impl Namespace {
         self.layout_for(ino, true)
     }
 
+    /// Takes back `opens` of `client`'s opens of `ino` from before the
+    /// meta-server restarted, with the lock memory it had then (`area`):
+    /// the first client to reclaim the file brings its area and table back
+    /// ([`crate::lock_areas::LockAreas::reclaim`]), later ones find them.
+    pub fn reclaim_open(
+        &mut self,
+        client: ClientId,
+        ino: Ino,
+        opens: u32,
+        area: LockArea,
+    ) -> Result<FileLayout, FsError> {
+        match &self.file(ino)?.locks {
+            Some(mem) if mem.area.base == area.base => {}
+            Some(mem) => {
+                return Err(FsError::Invalid(format!(
+                    "inode {} was reclaimed with lock area {}, not {}",
+                    ino.0, mem.area.base, area.base
+                )))
+            }
+            None => {
+                let size = self.slots.word(self.file(ino)?.slot.size()).load(SeqCst);
+                let mem = self.locks.reclaim(ino, size, area)?;
+                self.file_mut(ino)?.locks = Some(mem);
+            }
+        }
+        *self.file_mut(ino)?.opens.entry(client).or_insert(0) += opens.max(1);
+        self.layout_for(ino, true)
+    }
+
+    /// While `true`, no lock memory is handed out (the grace period after a
+    /// restart, see [`crate::lock_areas::LockAreas::set_frozen`]).
+    pub fn freeze_lock_memory(&mut self, frozen: bool) {
+        self.locks.set_frozen(frozen);
+    }
+
+    /// Whether lock memory is frozen now.
+    pub fn lock_memory_frozen(&self) -> bool {
+        self.locks.frozen()
+    }
+
     /// Gives back `opens` of `client`'s opens of `ino` (a client releases
     /// all it counted at its last close); the last one cluster-wide gives
     /// the file's lock memory back if its table is empty.

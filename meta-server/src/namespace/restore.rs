@@ -47,6 +47,34 @@ impl Namespace {
         citronfs_core::types::ClientId(self.next_client - 1)
     }
 
+    /// A client registered: journaled, so that a restart waits for it.
+    pub fn client_joined(&mut self, client: citronfs_core::types::ClientId) {
+        if self.clients.insert(client) {
+            self.server_changes.push(Change::Client(client, true));
+        }
+    }
+
+    /// A client was fenced or left.
+    pub fn client_gone(&mut self, client: citronfs_core::types::ClientId) {
+        if self.clients.remove(&client) {
+            self.server_changes.push(Change::Client(client, false));
+        }
+    }
+
+    /// The clients registered when the image was taken (at a restart: the
+    /// clients of the old process, who may come back to reclaim).
+    pub fn registered_clients(&self) -> Vec<citronfs_core::types::ClientId> {
+        self.clients.iter().copied().collect()
+    }
+
+    /// Keeps unlinked files that were open before a restart until `at`
+    /// at least: their openers reclaim their opens within the grace period.
+    pub fn keep_orphans_until(&mut self, at: std::time::Instant) {
+        for (_, since) in self.orphans.iter_mut() {
+            *since = (*since).max(at);
+        }
+    }
+
     /// The namespace of `image`, with no data server joined yet: each
     /// takes back its extents as it joins ([`Namespace::add_data_server`]).
     /// Unlinked files that were kept for their opens are freed after the
@@ -69,6 +97,8 @@ impl Namespace {
             mut entries,
             data_servers,
             lost,
+            clients,
+            loans,
             ..
         } = image;
         let mut slots = Vec::new();
@@ -116,6 +146,12 @@ impl Namespace {
         ns.journaled_counters = (next_ino, next_cookie, next_client);
         ns.data_servers = data_servers;
         ns.lost_servers = lost.into_iter().collect();
+        ns.clients = clients;
+        let on_loan: u64 = loans.values().map(|loan| loan.len() as u64).sum();
+        if ns.slots.keep(on_loan) < on_loan {
+            log::error!("the attribute slots cannot keep the {on_loan} inodes on loan; some late creates may fail");
+        }
+        ns.lent = loans.into_iter().map(|(client, loan)| (client, loan.into_iter().collect())).collect();
         ns
     }
 

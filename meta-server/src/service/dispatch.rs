@@ -157,6 +157,47 @@ impl MetaService {
         changed.keys.push(key);
     }
 
+    /// Registers `client` (a new one, or one of the previous process that
+    /// reclaims): its lease, its session keys in a keyed cluster, its
+    /// access at the NICs, and the journal's record of it.
+    fn admit_client(&self, asker: &Asker, client: ClientId, hostname: String, pid: u32) -> ClusterInfo {
+        let (session, options) = match asker {
+            Asker::Registering(key) => {
+                let secrets = self.access.session_credential(client).zip(self.access.member_secret());
+                let session = secrets.and_then(|(s, member)| match s {
+                    Credential::Session { secret, .. } => {
+                        Some(SessionKeys::wrap(key, self.access.incarnation(), client, &secret, &member))
+                    }
+                    _ => None,
+                });
+                (session, key.options)
+            }
+            _ => (None, KeyOptions::default()),
+        };
+        self.clients.lock().insert(
+            client,
+            ClientLease { renewed: Instant::now(), leaving: false, hostname: hostname.clone(), pid, options },
+        );
+        self.access.admit(client);
+        self.ns.lock().client_joined(client);
+        log::info!("client {} registered: {hostname} pid {pid}", client.0);
+        ClusterInfo {
+            client,
+            chunk_size: self.chunk_size,
+            meta_nic: self.nic,
+            meta_shm: self.shm.clone(),
+            meta_ib: self.ib,
+            data_servers: self.data_servers.lock().iter().map(|l| l.info.clone()).collect(),
+            lease_ms: self.lease.as_millis() as u64,
+            waits_for: self.waits_for,
+            lock_params: self.lock_params,
+            lock_host: self.lock_host.clone(),
+            session,
+            incarnation: self.access.incarnation(),
+            fs: self.identity.fs,
+        }
+    }
+
     /// A create of regular file `name` in `parent` by `caller` for
     /// `client`, opened for it (`CreateOpen`; a late create's, made as
     /// the inode lent for it at its time).
@@ -413,50 +454,32 @@ impl MetaService {
                     // Claimed lock slots carry 24 bits of the claimer.
                     return Err(FsError::Invalid("client ids are exhausted; restart the meta-server".into()));
                 }
-                let (session, options) = match asker {
-                    Asker::Registering(key) => {
-                        let secrets = self.access.session_credential(client).zip(self.access.member_secret());
-                        let session = secrets.and_then(|(s, member)| match s {
-                            Credential::Session { secret, .. } => Some(SessionKeys::wrap(
-                                key,
-                                self.access.incarnation(),
-                                client,
-                                &secret,
-                                &member,
-                            )),
-                            _ => None,
-                        });
-                        (session, key.options)
-                    }
-                    _ => (None, KeyOptions::default()),
-                };
-                self.clients.lock().insert(
-                    client,
-                    ClientLease {
-                        renewed: Instant::now(),
-                        leaving: false,
-                        hostname: hostname.clone(),
-                        pid,
-                        options,
-                    },
-                );
-                self.access.admit(client);
-                log::info!("client {} registered: {hostname} pid {pid}", client.0);
-                A::Registered(ClusterInfo {
-                    client,
-                    chunk_size: self.chunk_size,
-                    meta_nic: self.nic,
-                    meta_shm: self.shm.clone(),
-                    meta_ib: self.ib,
-                    data_servers: self.data_servers.lock().iter().map(|l| l.info.clone()).collect(),
-                    lease_ms: self.lease.as_millis() as u64,
-                    waits_for: self.waits_for,
-                    lock_params: self.lock_params,
-                    lock_host: self.lock_host.clone(),
-                    session,
-                    incarnation: self.access.incarnation(),
-                    fs: self.identity.fs,
-                })
+                A::Registered(self.admit_client(asker, client, hostname, pid))
+            }
+            R::ReclaimClient { client, hostname, pid, opens } => {
+                self.grace.reclaim(client)?;
+                let info = self.admit_client(asker, client, hostname, pid);
+                let mut ns = self.ns.lock();
+                let (mut taken, asked) = (0, opens.len());
+                let opens = opens
+                    .into_iter()
+                    .map(|o| {
+                        let layout = ns.reclaim_open(client, o.ino, o.opens, o.area);
+                        match &layout {
+                            Ok(_) => {
+                                taken += 1;
+                                self.access.opened(client, o.ino, ns.file_memory(o.ino), o.write);
+                                if o.write {
+                                    self.grants.writing(client, o.ino);
+                                }
+                            }
+                            Err(e) => log::warn!("client {}: reclaim of inode {}: {e}", client.0, o.ino.0),
+                        }
+                        (o.ino, layout)
+                    })
+                    .collect();
+                log::info!("client {} reclaimed {taken} of its {asked} open files", client.0);
+                A::Reclaimed(info, opens)
             }
             R::DataServers => {
                 A::DataServers(self.data_servers.lock().iter().map(|l| l.info.clone()).collect())
@@ -610,6 +633,9 @@ impl MetaService {
                 Making::Now { exclusive },
             )?,
             R::LendInodes { client, count } => A::Lent(self.ns.lock().lend(client, count)),
+            // Its creates need lock memory: none is handed out in the
+            // grace period, and none of the batch is applied until then.
+            R::LateChanges { .. } if self.ns.lock().lock_memory_frozen() => return Err(FsError::Grace),
             R::LateChanges { client, changes } => A::LateApplied(
                 changes
                     .into_iter()

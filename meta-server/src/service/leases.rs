@@ -57,6 +57,36 @@ pub(super) struct ClientLease {
 }
 
 impl MetaService {
+    /// Ends the grace period after a restart when its time has come
+    /// ([`super::grace`]): lock memory is handed out again, and the clients
+    /// of the previous process that did not come back are fenced at the
+    /// reaper's next turn (their records and waits go).
+    pub(super) fn end_grace_if_due(&self) {
+        let Some(ended) = self.grace.tick() else { return };
+        self.ns.lock().freeze_lock_memory(false);
+        if ended.missing.is_empty() {
+            log::info!("grace period over: every client of the previous process reclaimed");
+            return;
+        }
+        log::warn!(
+            "grace period over: {} clients of the previous process did not come back; releasing their locks",
+            ended.missing.len()
+        );
+        let mut clients = self.clients.lock();
+        for c in ended.missing {
+            clients.insert(
+                c,
+                ClientLease {
+                    renewed: Instant::now(),
+                    leaving: true,
+                    hostname: "(a client of the previous process)".into(),
+                    pid: 0,
+                    options: KeyOptions::default(),
+                },
+            );
+        }
+    }
+
     /// Fences clients whose lease ran out: the reclamation point first (it
     /// revokes their access where it can), then their lock records and waits
     /// go (their waiters are woken), then their opens. `ep` is the
@@ -96,6 +126,7 @@ impl MetaService {
                 ns.unpin(t.ino, Cause::Fenced(c));
             }
             ns.drop_client(c);
+            ns.client_gone(c);
             self.grants.drop_client(c);
         }
         self.ns.lock().sweep_orphans();

@@ -41,9 +41,30 @@ use crate::namespace::{FileLocking, Namespace, TreeHosting};
 use crate::reclaim::Reclamation;
 use crate::waits_for_chain::WaitsForChain;
 
+use super::grace::Grace;
+use super::stable_ports::{self, StablePorts};
 use super::{
     server_credentials, FsIdentity, MetaServerConfig, MetaService, NicRevocation, LOCK_REGION, SLOT_REGION,
 };
+
+/// Slots of the meta-server's cohort of the files' attribute ALocks.
+const ATTR_POOL_SLOTS: u32 = 64;
+
+/// Writes zeros over a whole region (lock memory whose old contents are
+/// not kept: an idle lock and an empty table everywhere).
+fn zero_region(memory: &RegionMemory) -> std::io::Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let zeros = vec![0u8; CHUNK as usize];
+    let mut at = 0;
+    while at < memory.len() {
+        let n = CHUNK.min(memory.len() - at);
+        memory
+            .write_from(RemoteAddr::new(memory.id(), at), &zeros[..n as usize])
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        at += n;
+    }
+    Ok(())
+}
 
 /// A file's hosted Citron tree as it is now ([`MetaServer::citron_tree`]).
 #[derive(Clone, Debug)]
@@ -110,11 +131,17 @@ impl MetaServer {
         // that clients wrote one-sidedly survive with it.
         let slot_path = journal.dir().join(crate::journal::files::SLOTS);
         drop(journal.slot_file(slot_bytes).map_err(|e| FsError::Io(e.to_string()))?);
+        // So is the lock region: every lock word, record and waiting owner
+        // is found again by a restart, for the clients to reclaim
+        // (`grace`).
+        let lock_path = journal.dir().join(crate::journal::files::LOCKS);
+        let (lock_file, mut locks_kept) =
+            journal.lock_file(&lock_path, lock_bytes, !recovered.fresh).map_err(|e| FsError::Io(e.to_string()))?;
         let (shm, regions, slots, locks) = match &config.shm {
             Some(name) => {
                 let host = ShmHost::create(name)?;
                 let slots = host.add_region_file(SLOT_REGION, &slot_path)?;
-                let locks = host.add_region(LOCK_REGION, lock_bytes)?;
+                let locks = host.add_region_file(LOCK_REGION, &lock_path)?;
                 let regions = host.regions().clone();
                 (Some(host), regions, slots, locks)
             }
@@ -126,11 +153,12 @@ impl MetaServer {
                     .insert(RegionMemory::from_file(SLOT_REGION, &slot_file).map_err(io)?)
                     .map_err(io)?;
                 let locks = regions
-                    .insert(RegionMemory::anonymous(LOCK_REGION, lock_bytes).map_err(io)?)
+                    .insert(RegionMemory::from_file(LOCK_REGION, &lock_file).map_err(io)?)
                     .map_err(io)?;
                 (None, regions, slots, locks)
             }
         };
+        drop(lock_file);
         // The tree host's arena is the top of the lock region.
         let grow = config.grow_trees && config.lock_choice.range == RangeAlgorithm::Citron;
         let tree_bytes = match (grow, config.tree_bytes) {
@@ -140,6 +168,26 @@ impl MetaServer {
         } / 4096
             * 4096;
         let tree_start = lock_bytes - tree_bytes;
+        // The cluster's fixed lock structures land where they did before
+        // the restart only with the same lock configuration; with another,
+        // the old locks cannot be read, and none is kept.
+        let layout = format!(
+            "{lock_bytes} {tree_start} {} {} {} {}\n",
+            WaitsFor::bytes(config.max_waiting_owners),
+            citron_lock::citron::tuning::TWAIT_WORD_BYTES,
+            LockHostConfig::default().area_bytes(),
+            AlockLayout::pool_bytes(ATTR_POOL_SLOTS),
+        );
+        let layout_path = journal.dir().join(crate::journal::files::LOCK_LAYOUT);
+        if locks_kept && std::fs::read_to_string(&layout_path).ok().as_deref() != Some(layout.as_str()) {
+            log::warn!(
+                "the lock configuration changed since the last start (--lock-memory, tree memory or waiting \
+                 owners): the locks of the previous process are not kept, and its mounts must be mounted again"
+            );
+            locks_kept = false;
+            zero_region(&locks).map_err(io)?;
+        }
+        std::fs::write(&layout_path, &layout).map_err(io)?;
         if config.keyring.as_ref().is_some_and(|r| r.cluster_key().is_none()) {
             return Err(FsError::Invalid(
                 "the meta-server's key file has no cluster key (role=server)".into(),
@@ -148,8 +196,20 @@ impl MetaServer {
         let authority = Authority::from_keyring(config.keyring.clone());
         let nic_access = Arc::new(AccessTable::default());
         let access = Arc::new(Access::new(config.keyring.clone(), nic_access.clone(), config.grant_hold));
-        let nic = TcpHost::spawn_with(config.nic_listen, regions.clone(), authority.clone(), nic_access)
+        // The NIC binds the port it had before a restart: clients'
+        // connections name it.
+        let mut ports = StablePorts::load(journal.dir());
+        let nic = ports
+            .bind(
+                stable_ports::NIC,
+                config.nic_listen,
+                |at| TcpHost::spawn_with(at, regions.clone(), authority.clone(), nic_access.clone()),
+                |nic| nic.local_addr().port(),
+            )
             .map_err(io)?;
+        if let Err(e) = ports.save() {
+            log::warn!("cannot remember the NIC's port in {}: {e}", journal.dir().display());
+        }
         let ib = match &config.ib {
             Some(device) => Some(IbHost::spawn(
                 device,
@@ -284,17 +344,25 @@ impl MetaServer {
             max_depth,
         });
         // The meta-server's cohort of every file's attribute ALock.
-        let pool_slots = 64;
-        let pool = fixed(AlockLayout::pool_bytes(pool_slots))?;
+        let pool = fixed(AlockLayout::pool_bytes(ATTR_POOL_SLOTS))?;
         // Clients hold it for one batch of verbs, within the cluster's lock
         // lease; one that dies holding or queued is recovered by our threads
         // through an endpoint of our own (ALock's "Recovery").
         let alock_config = AlockConfig::from_rtt(Duration::from_micros(1))
             .with_lease(Duration::from_millis(lock_params.lease_ms))
             .with_fence_delay(lock_params.fence_delay());
-        let attr_host = AlockHost::new(locks, pool, pool_slots, alock_config)
+        let attr_host = AlockHost::new(locks, pool, ATTR_POOL_SLOTS, alock_config)
             .map_err(lock_err)?
             .with_recovery(node.endpoint()?);
+        let waits_for_chain = WaitsForChain::new(waits_for);
+        if locks_kept {
+            // Every other block may hold an area a client reclaims.
+            lock_memory.mark_free_dirty();
+            let grown = waits_for_chain.readopt(&mut lock_memory);
+            access.extend_membership(
+                grown.into_iter().map(|b| lock_extent(b, WaitsFor::bytes(config.max_waiting_owners))).collect(),
+            );
+        }
         let areas = LockAreas::new(
             lock_memory,
             config.lock_choice,
@@ -323,10 +391,34 @@ impl MetaServer {
         let orphan_grace = config.lease.min(Duration::from_secs(1));
         let locking = FileLocking { areas, attr_host: attr_host.clone() };
         let extents = ExtentAllocator::new(config.chunk_size);
-        let namespace = if fresh {
+        let mut namespace = if fresh {
             Namespace::new(slots, extents, locking, reclaim.clone(), config.root_owner, orphan_grace)
         } else {
             Namespace::restore(recovered.image, slots, extents, locking, reclaim.clone(), orphan_grace)
+        };
+        // The clients of the previous process come back to reclaim their
+        // opens and locks (`grace`): lock memory waits for them.
+        let grace_length = config.grace.unwrap_or(config.lease * 2);
+        let remembered = namespace.registered_clients();
+        let grace = if locks_kept && !remembered.is_empty() {
+            log::info!(
+                "grace period of {grace_length:?}: waiting for {} clients of the previous process to reclaim \
+                 their opens and locks",
+                remembered.len()
+            );
+            namespace.freeze_lock_memory(true);
+            namespace.keep_orphans_until(Instant::now() + grace_length);
+            Grace::start(remembered, config.lease / 2, grace_length)
+        } else {
+            if !remembered.is_empty() {
+                log::warn!(
+                    "{} clients of the previous process cannot reclaim (its locks were not kept); they \
+                     must be mounted again",
+                    remembered.len()
+                );
+            }
+            remembered.into_iter().for_each(|c| namespace.client_gone(c));
+            Grace::none()
         };
         if fresh {
             log::info!("new file system {} in {}", identity.fs, journal.dir().display());
@@ -363,7 +455,7 @@ impl MetaServer {
             reaper_wake: Mutex::new(reaper_wake.clone()),
             clients: Mutex::new(HashMap::new()),
             waits_for,
-            waits_for_chain: WaitsForChain::new(waits_for),
+            waits_for_chain,
             lock_params,
             lock_host: lock_host.info().clone(),
             access,
@@ -372,6 +464,7 @@ impl MetaServer {
             attr_host,
             grants: Grants::with_contention(config.contended_for),
             identity,
+            grace,
         });
         if !fresh {
             service.relink_known_data_servers();
@@ -405,6 +498,7 @@ impl MetaServer {
                         if stop.load(Ordering::Relaxed) {
                             break;
                         }
+                        service.end_grace_if_due();
                         service.expire_clients(&ep, &timing);
                     }
                 })

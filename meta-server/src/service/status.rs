@@ -117,6 +117,10 @@ impl MetaService {
             journal_segments: journal.segments as u64,
             journal_bytes: journal.segment_bytes,
             snapshot: journal.snapshot.map(|(n, bytes, at)| (n, bytes, unix(at))),
+            grace: self.grace.ends().map(|end| {
+                let left = end.saturating_duration_since(std::time::Instant::now());
+                (left.as_millis() as u64, self.grace.awaited() as u64)
+            }),
         }
     }
 
