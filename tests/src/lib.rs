@@ -16,6 +16,7 @@ pub mod posix_stress;
 pub mod probe;
 pub mod probe_ops;
 pub mod range_stress;
+pub mod sqlite;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -6,7 +6,6 @@
 
 use std::io::Write;
 use std::os::unix::fs::FileExt;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -14,6 +13,7 @@ use citron_lock::range_lock::RangeAlgorithm;
 use citron_lock::rwlock::Algorithm;
 use citronfs_core::locks::area::LockChoice;
 use citronfs_tests::probe::Probe;
+use citronfs_tests::sqlite::SqliteWriters;
 use citronfs_tests::{TestCluster, TestMount};
 
 const PROBE: &str = env!("CARGO_BIN_EXE_lock-probe");
@@ -174,19 +174,6 @@ fn every_lock_choice_keeps_data_and_locks_exact() {
     }
 }
 
-/// Runs one `sqlite3` process with `script` on stdin; returns its stdout.
-fn sqlite(db: &std::path::Path, script: &str) -> std::process::Child {
-    let mut child = Command::new("sqlite3")
-        .arg(db)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sqlite3 (Debian's sqlite3 package; .ci/run installs it)");
-    child.stdin.take().unwrap().write_all(script.as_bytes()).unwrap();
-    child
-}
-
 /// SQLite used concurrently by four processes on two mounts (its locks are
 /// POSIX byte-range locks at 1 GiB in the database file): every row is
 /// inserted and the database is intact.
@@ -200,40 +187,8 @@ fn sqlite_from_four_processes_on_two_mounts_keeps_every_row() {
 /// transaction; then every row is there and the database passes its
 /// integrity check.
 fn sqlite_writers_keep_every_row(a: &TestMount, b: &TestMount, per_writer: usize) {
-    let create = sqlite(&a.path("test.db"), "CREATE TABLE t(writer INTEGER, n INTEGER, pad TEXT);\n");
-    let out = create.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let t = Instant::now();
-    let writers: Vec<_> = (0..4)
-        .map(|w| {
-            let mount = if w % 2 == 0 { a } else { b };
-            let mut script = String::from(".timeout 120000\n");
-            for n in 0..per_writer {
-                script += &format!(
-                    "BEGIN IMMEDIATE; INSERT INTO t VALUES({w}, {n}, hex(randomblob(100))); COMMIT;\n"
-                );
-            }
-            sqlite(&mount.path("test.db"), &script)
-        })
-        .collect();
-    for w in writers {
-        let out = w.wait_with_output().unwrap();
-        assert!(
-            out.status.success() && out.stderr.is_empty(),
-            "a writer failed: {} {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let elapsed = t.elapsed();
-    let check = sqlite(
-        &b.path("test.db"),
-        "SELECT count(*), count(DISTINCT writer * 1000 + n) FROM t;\nPRAGMA integrity_check;\n",
-    );
-    let out = check.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let elapsed = SqliteWriters::start(a, b, per_writer).finish(b);
     let want = 4 * per_writer;
-    assert_eq!(text.trim(), format!("{want}|{want}\nok"), "stderr: {}", String::from_utf8_lossy(&out.stderr));
     eprintln!("sqlite: {want} transactions in {elapsed:?} ({:.0} tx/s)", want as f64 / elapsed.as_secs_f64());
 }
 

@@ -199,6 +199,7 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
                 ib: ib_device.clone(),
                 max_files: args.max_files,
                 state_dir: args.state_dir.clone(),
+                grace_ms: None,
                 locks: args.locks.clone(),
                 key: KeyArgs::default(),
                 log: LogArgs::default(),

@@ -66,6 +66,12 @@ pub struct MetaServerArgs {
     /// with --listen port 0, a scratch directory removed at exit].
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// After a restart, how long (milliseconds) the mounts of the previous
+    /// process have to reclaim their opens and locks; files nobody had
+    /// open wait to be opened until then [default: twice --lease-ms; the
+    /// period ends early once every old mount is back].
+    #[arg(long, value_name = "MS")]
+    pub grace_ms: Option<u64>,
     #[command(flatten)]
     pub locks: LockArgs,
     #[command(flatten)]
@@ -143,6 +149,7 @@ impl MetaServerArgs {
         cfg.ib = self.ib.clone();
         cfg.slot_bytes = self.max_files.max(1).saturating_mul(citronfs_core::proto::AttrSlot::BYTES);
         cfg.state_dir = self.state_dir.clone().or_else(|| default_state_dir(self.listen));
+        cfg.grace = self.grace_ms.map(Duration::from_millis);
         self.locks.apply(&mut cfg);
         cfg
     }
