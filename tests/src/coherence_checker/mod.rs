@@ -611,17 +611,25 @@ fn walks(states: &[Version], path: &str, follow: bool) -> BTreeSet<(Resolved, us
                 None => {
                     out.insert((Err(libc::ENOENT), i));
                 }
-                Some(found) => match &v.tree.objects[found].body {
-                    Body::Symlink { target } if follow => match followed {
-                        MAX_SYMLINKS => {
-                            out.insert((Err(libc::ELOOP), i));
-                        }
-                        _ => todo.push((dir, target.clone(), i, followed + 1)),
-                    },
-                    _ => {
-                        out.insert((Ok(*found), i));
+                Some(found) => {
+                    // A request about the inode it found (a getattr, a
+                    // readlink, an open) reads a later state, which may
+                    // no longer have it.
+                    if let Some(gone) = states[i..].iter().position(|v| !v.tree.objects.contains_key(found)) {
+                        out.insert((Err(libc::ENOENT), i + gone));
                     }
-                },
+                    match &v.tree.objects[found].body {
+                        Body::Symlink { target } if follow => match followed {
+                            MAX_SYMLINKS => {
+                                out.insert((Err(libc::ELOOP), i));
+                            }
+                            _ => todo.push((dir, target.clone(), i, followed + 1)),
+                        },
+                        _ => {
+                            out.insert((Ok(*found), i));
+                        }
+                    }
+                }
             }
         }
     }
