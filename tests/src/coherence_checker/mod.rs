@@ -40,6 +40,9 @@ use rand::{Rng, SeedableRng};
 use crate::TestMount;
 use model::{split, Body, Change, Ino, Obj, Resolved, Tree, DIR_NAMES, DIR_PERM, FILE_NAMES, UTIME_BASE};
 
+/// The buffer of a read look: more than any file of the checker holds.
+const READ_BUFFER: usize = 4096;
+
 /// Zones of the tree: changes in different zones run at once.
 const ZONES: usize = 2;
 /// Looking threads per mount.
@@ -467,10 +470,19 @@ fn observe(m: &TestMount, zone: &str, look: Look, path: &str) -> Seen {
         Look::Exists => access(libc::F_OK),
         Look::Exec => access(libc::X_OK),
         Look::Read => {
-            let mut bytes = Vec::new();
-            match fs::File::open(&p).and_then(|mut f| f.read_to_end(&mut bytes)) {
-                Ok(_) => Seen::Bytes(bytes),
+            // One read(2) of more than the checker ever writes: one FUSE
+            // read, made under the file's locks, sees one state. (Reading
+            // on until EOF would be several, each free to see a later one.)
+            let mut bytes = vec![0; READ_BUFFER];
+            match fs::File::open(&p) {
                 Err(e) => Seen::Err(errno(&e)),
+                Ok(mut f) => match f.read(&mut bytes) {
+                    Ok(n) => {
+                        bytes.truncate(n);
+                        Seen::Bytes(bytes)
+                    }
+                    Err(e) => Seen::Err(errno(&e)),
+                },
             }
         }
         Look::Readlink => match fs::read_link(&p) {
