@@ -184,7 +184,11 @@ fn a_write_across_the_end_of_the_file_is_read_whole_or_not_at_all() {
             let whole = len == 1
                 || (seen[len - 1] == seen[len - 2]
                     && seen[..len - 1].iter().enumerate().all(|(i, &x)| x == ((i + 1) % 251) as u8));
-            assert!(whole, "read {reads} saw a write in part: the file's last bytes are {:?}", &seen[len.saturating_sub(4)..]);
+            assert!(
+                whole,
+                "read {reads} saw a write in part: the file's last bytes are {:?}",
+                &seen[len.saturating_sub(4)..]
+            );
         }
         reads
     });

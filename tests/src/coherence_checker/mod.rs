@@ -31,6 +31,7 @@ use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -55,9 +56,41 @@ pub struct Run<'a> {
     /// The mounts (indices into `mounts`) that change the tree: one
     /// changing thread per zone on each. Both look.
     pub changing: Vec<usize>,
-    /// How long the threads run.
+    /// Whether directories are renamed too (a file rename takes their
+    /// turn otherwise).
+    pub dir_renames: bool,
+    /// How long the threads run at least.
     pub duration: Duration,
+    /// After `duration`, the threads run on until the run has made this
+    /// many changes and each mount this many looks (or the model lost
+    /// every zone), so that a slow machine still checks enough.
+    pub min_changes: u64,
+    /// See `min_changes`.
+    pub min_looks_per_mount: u64,
     pub seed: u64,
+}
+
+/// What the threads of a run share besides the logs: how far it got, and
+/// each zone's newest tree (which the lookers peek at to choose names,
+/// without waiting for a change in flight).
+struct Progress {
+    until: Instant,
+    min_changes: u64,
+    min_looks_per_mount: u64,
+    changes: AtomicU64,
+    looks: [AtomicU64; 2],
+    zones_lost: AtomicU64,
+    newest: Vec<Mutex<Arc<Tree>>>,
+}
+
+impl Progress {
+    /// Whether the threads go on.
+    fn going(&self) -> bool {
+        let enough = self.changes.load(Ordering::Relaxed) >= self.min_changes
+            && self.looks.iter().all(|l| l.load(Ordering::Relaxed) >= self.min_looks_per_mount);
+        let hopeless = self.zones_lost.load(Ordering::Relaxed) == ZONES as u64;
+        Instant::now() < self.until || !(enough || hopeless)
+    }
 }
 
 /// What the run did and found.
@@ -142,7 +175,8 @@ enum Look {
     Readdir,
 }
 
-const LOOKS: [Look; 7] = [Look::Stat, Look::Lstat, Look::Exists, Look::Exec, Look::Read, Look::Readlink, Look::Readdir];
+const LOOKS: [Look; 7] =
+    [Look::Stat, Look::Lstat, Look::Exists, Look::Exec, Look::Read, Look::Readlink, Look::Readdir];
 
 /// The attributes a stat shows that the model knows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,11 +234,21 @@ pub fn run(setup: &Run) -> Report {
             fs::DirBuilder::new().mode(DIR_PERM).create(&dir).expect("make a zone");
             let root = fs::metadata(&dir).expect("stat a zone").ino();
             let now = Instant::now();
-            let first = Version { start: now, end: now, tree: Arc::new(Tree::empty(root)), by: "the start".into() };
+            let first =
+                Version { start: now, end: now, tree: Arc::new(Tree::empty(root)), by: "the start".into() };
             Mutex::new(ZoneLog { versions: vec![first], lost_at: None })
         })
         .collect();
-    let deadline = Instant::now() + setup.duration;
+    let progress = Progress {
+        until: Instant::now() + setup.duration,
+        min_changes: setup.min_changes,
+        min_looks_per_mount: setup.min_looks_per_mount,
+        changes: AtomicU64::new(0),
+        looks: [AtomicU64::new(0), AtomicU64::new(0)],
+        zones_lost: AtomicU64::new(0),
+        newest: logs.iter().map(|l| Mutex::new(l.lock().unwrap().versions[0].tree.clone())).collect(),
+    };
+    let progress = &progress;
     let violations = Mutex::new(Vec::new());
     let mut observations = Vec::new();
     let mut refusals = 0;
@@ -213,16 +257,17 @@ pub fn run(setup: &Run) -> Report {
         for &mount in &setup.changing {
             for zone in 0..ZONES {
                 let seed = setup.seed ^ ((mount * ZONES + zone) as u64) << 32;
-                let (m, log, violations) = (setup.mounts[mount], &logs[zone], &violations);
-                changers.push(s.spawn(move || change_until(m, mount, zone, log, deadline, seed, violations)));
+                let (log, violations) = (&logs[zone], &violations);
+                changers
+                    .push(s.spawn(move || change_until(setup, mount, zone, log, progress, seed, violations)));
             }
         }
         let mut lookers = Vec::new();
         for mount in 0..2 {
             for i in 0..LOOKERS_PER_MOUNT {
                 let seed = setup.seed ^ (0x1000 + (mount * LOOKERS_PER_MOUNT + i) as u64) << 32;
-                let (m, logs) = (setup.mounts[mount], &logs);
-                lookers.push(s.spawn(move || look_until(m, mount, logs, deadline, seed)));
+                let m = setup.mounts[mount];
+                lookers.push(s.spawn(move || look_until(m, mount, progress, seed)));
             }
         }
         for c in changers {
@@ -287,7 +332,7 @@ fn some_bytes(rng: &mut StdRng, max: usize) -> Vec<u8> {
 }
 
 /// A random change of `tree`'s zone (most on names that are there).
-fn pick_change(tree: &Tree, rng: &mut StdRng, utimes: &mut i64) -> Change {
+fn pick_change(tree: &Tree, rng: &mut StdRng, utimes: &mut i64, dir_renames: bool) -> Change {
     // A file the tree has, if one is found quickly.
     let existing_file = |rng: &mut StdRng| {
         (0..8).map(|_| file_path(rng)).find(|p| tree.file(p).is_some()).unwrap_or_else(|| file_path(rng))
@@ -304,8 +349,8 @@ fn pick_change(tree: &Tree, rng: &mut StdRng, utimes: &mut i64) -> Change {
         }
         24..=29 => Change::Append { path: existing_file(rng), bytes: some_bytes(rng, 16) },
         30..=37 => Change::Truncate { path: existing_file(rng), len: rng.gen_range(0..=48) },
-        38..=47 => Change::Rename { from: existing_file(rng), to: file_path(rng) },
-        48..=52 => Change::Rename { from: movable_dir(rng), to: movable_dir(rng) },
+        48..=52 if dir_renames => Change::Rename { from: movable_dir(rng), to: movable_dir(rng) },
+        38..=52 => Change::Rename { from: existing_file(rng), to: file_path(rng) },
         53..=57 => {
             // A hard link of a symlink is one too, which the model does
             // not follow: only files.
@@ -325,7 +370,10 @@ fn pick_change(tree: &Tree, rng: &mut StdRng, utimes: &mut i64) -> Change {
         }
         69..=74 => {
             *utimes += 1;
-            Change::Utime { path: existing_file(rng), mtime: (UTIME_BASE + *utimes, rng.gen_range(0..1000) * 1000) }
+            Change::Utime {
+                path: existing_file(rng),
+                mtime: (UTIME_BASE + *utimes, rng.gen_range(0..1000) * 1000),
+            }
         }
         75..=83 => Change::Mkdir(movable_dir(rng)),
         84..=89 => Change::Rmdir(movable_dir(rng)),
@@ -370,28 +418,30 @@ fn make(m: &TestMount, zone: &str, change: &Change) -> Result<(), i32> {
     }
 }
 
-/// A changing thread: changes of `zone` on mount `m` until `deadline`.
+/// A changing thread: changes of `zone` on mount `mount` while the run
+/// goes on.
 /// Answers the refusals the model predicted.
 fn change_until(
-    m: &TestMount,
+    setup: &Run,
     mount: usize,
     zone: usize,
     log: &Mutex<ZoneLog>,
-    deadline: Instant,
+    progress: &Progress,
     seed: u64,
     violations: &Mutex<Vec<Violation>>,
 ) -> u64 {
+    let (m, dir_renames) = (setup.mounts[mount], setup.dir_renames);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut utimes = (seed % 1000) as i64 * 100_000;
     let mut refusals = 0;
     let dir = zone_dir(zone);
-    while Instant::now() < deadline {
+    while progress.going() {
         let mut log = log.lock().unwrap();
         if log.lost_at.is_some() {
             return refusals;
         }
         let tree = log.versions.last().expect("a first state").tree.clone();
-        let change = pick_change(&tree, &mut rng, &mut utimes);
+        let change = pick_change(&tree, &mut rng, &mut utimes, dir_renames);
         let predicted = tree.apply(&change, Ino::MAX);
         let start = Instant::now();
         let made = make(m, &dir, &change);
@@ -412,17 +462,21 @@ fn change_until(
         };
         match after {
             Some(tree) => {
-                let by = format!("{change:?} on mount {mount}");
-                log.versions.push(Version { start, end, tree: Arc::new(tree), by });
+                let (by, tree) = (format!("{change:?} on mount {mount}"), Arc::new(tree));
+                *progress.newest[zone].lock().unwrap() = tree.clone();
+                log.versions.push(Version { start, end, tree, by });
+                progress.changes.fetch_add(1, Ordering::Relaxed);
             }
             None => {
+                let recent: Vec<&str> = log.versions.iter().rev().take(8).map(|v| v.by.as_str()).collect();
                 let detail = format!(
-                    "zone {zone}: {change:?} answered {made:?}, the model predicted {}; last change before it: {}",
+                    "zone {zone}: {change:?} answered {made:?}, the model predicted {}; the changes before it, \
+                     newest first: {recent:?}",
                     if predicted.is_some() { "success" } else { "a refusal" },
-                    log.versions.last().expect("a first state").by
                 );
                 violations.lock().unwrap().push(Violation { mount, detail });
                 log.lost_at = Some(start);
+                progress.zones_lost.fetch_add(1, Ordering::Relaxed);
                 return refusals;
             }
         }
@@ -504,23 +558,17 @@ fn observe(m: &TestMount, zone: &str, look: Look, path: &str) -> Seen {
     }
 }
 
-/// A looking thread on mount `m` until `deadline`: its observations.
-fn look_until(
-    m: &TestMount,
-    mount: usize,
-    logs: &[Mutex<ZoneLog>],
-    deadline: Instant,
-    seed: u64,
-) -> Vec<Observation> {
+/// A looking thread on mount `m` while the run goes on: its observations.
+fn look_until(m: &TestMount, mount: usize, progress: &Progress, seed: u64) -> Vec<Observation> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out = Vec::new();
-    while Instant::now() < deadline {
+    while progress.going() {
         let zone = rng.gen_range(0..ZONES);
         let look = LOOKS[rng.gen_range(0..LOOKS.len())];
         // Mostly names that are there now (a peek only chooses; the check
         // is against the log).
         let path = if rng.gen_bool(0.6) {
-            let tree = logs[zone].lock().unwrap().versions.last().expect("a first state").tree.clone();
+            let tree = progress.newest[zone].lock().unwrap().clone();
             let paths = tree.paths();
             paths[rng.gen_range(0..paths.len())].clone()
         } else if look == Look::Readdir {
@@ -532,6 +580,7 @@ fn look_until(
         let seen = observe(m, &zone_dir(zone), look, &path);
         let end = Instant::now();
         out.push(Observation { zone, mount, look, path, start, end, seen });
+        progress.looks[mount].fetch_add(1, Ordering::Relaxed);
     }
     out
 }
@@ -550,7 +599,9 @@ fn shows(look: Look, obj: &Obj, nlink_now: Option<u32>) -> Seen {
         (_, Look::Readdir) => Seen::Err(libc::ENOTDIR),
         (body, Look::Stat | Look::Lstat) => {
             let (kind, perm, size, nlink) = match body {
-                Body::File { content, perm, .. } => ('f', *perm, content.len() as u64, nlink_now.unwrap_or(0)),
+                Body::File { content, perm, .. } => {
+                    ('f', *perm, content.len() as u64, nlink_now.unwrap_or(0))
+                }
                 Body::Dir { .. } => ('d', DIR_PERM, 0, 0),
                 Body::Symlink { target } => ('l', 0o777, target.len() as u64, 1),
             };
@@ -569,7 +620,10 @@ fn agrees(look: Look, obj: &Obj, nlink_now: Option<u32>, seen: &Seen) -> bool {
             let same = e.kind == s.kind && e.ino == s.ino;
             match &obj.body {
                 Body::File { mtime, .. } => {
-                    same && e.perm == s.perm && e.size == s.size && e.nlink == s.nlink && mtime.matches(s.mtime)
+                    same && e.perm == s.perm
+                        && e.size == s.size
+                        && e.nlink == s.nlink
+                        && mtime.matches(s.mtime)
                 }
                 Body::Dir { .. } => same && e.perm == s.perm,
                 Body::Symlink { .. } => same && e.size == s.size,
@@ -665,9 +719,9 @@ fn listing_agrees(states: &[Version], dir: Ino, names: &[String]) -> bool {
         *counts.entry(n).or_default() += 1;
     }
     first.keys().all(|n| !kept(n) || counts.get(n.as_str()) == Some(&1))
-        && counts.iter().all(|(n, count)| {
-            entries.iter().any(|e| e.contains_key(*n)) && (*count == 1 || !kept(n))
-        })
+        && counts
+            .iter()
+            .all(|(n, count)| entries.iter().any(|e| e.contains_key(*n)) && (*count == 1 || !kept(n)))
 }
 
 /// Checks observation `o` against its zone's log: `None` if it shows an
@@ -725,9 +779,11 @@ fn check(versions: &[Version], o: &Observation) -> Option<String> {
             }
         })
         .collect();
+    let recent: Vec<&str> = versions[..=last].iter().rev().take(8).map(|v| v.by.as_str()).collect();
     Some(format!(
         "{:?} of zone{}/{} began {:?} after the last change before it had returned ({}) and took {:?}; saw {:?}, \
-         expected one of {:?} ({} states could overlap it)",
+         expected one of {:?} ({} states could overlap it); the changes up to the last that could, newest \
+         first: {recent:?}",
         o.look,
         o.zone,
         o.path,

@@ -363,7 +363,10 @@ mod tests {
         let t = t.apply(&Change::Symlink { target: "f1".into(), path: "f3".into() }, 6).unwrap();
         assert_eq!(t.resolve("f3", true), Err(libc::ELOOP));
         let t = t.apply(&Change::Mkdir("c".into()), 7).unwrap();
-        assert!(t.apply(&Change::Rename { from: "c".into(), to: "b".into() }, 0).is_none(), "onto a full dir");
+        assert!(
+            t.apply(&Change::Rename { from: "c".into(), to: "b".into() }, 0).is_none(),
+            "onto a full dir"
+        );
         let t = t.apply(&Change::Rename { from: "b".into(), to: "c".into() }, 0).unwrap();
         assert!(!t.objects.contains_key(&7), "the empty directory it replaced is gone");
         assert_eq!(t.file("c/f0").map(|o| o.ino), Some(3));
