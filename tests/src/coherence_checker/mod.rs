@@ -255,9 +255,9 @@ pub fn run(setup: &Run) -> Report {
     std::thread::scope(|s| {
         let mut changers = Vec::new();
         for &mount in &setup.changing {
-            for zone in 0..ZONES {
+            for (zone, log) in logs.iter().enumerate() {
                 let seed = setup.seed ^ ((mount * ZONES + zone) as u64) << 32;
-                let (log, violations) = (&logs[zone], &violations);
+                let violations = &violations;
                 changers
                     .push(s.spawn(move || change_until(setup, mount, zone, log, progress, seed, violations)));
             }

@@ -160,8 +160,7 @@ impl Tree {
         let (parent, found) = self.entry(path)?;
         let mut ino = found.ok_or(libc::ENOENT)?;
         let mut seen = BTreeSet::new();
-        while follow {
-            let Body::Symlink { target } = &self.objects[&ino].body else { break };
+        while let (Body::Symlink { target }, true) = (&self.objects[&ino].body, follow) {
             if !seen.insert(ino) {
                 return Err(libc::ELOOP);
             }
