@@ -136,13 +136,13 @@ fn strict_mounts_over_tcp_show_no_stale_state_with_directory_renames() {
 }
 
 #[test]
-#[ignore = "ESTALE from a directory another mount moved, in use here (see above)"]
+#[ignore = "ESTALE, and what the caching runs without directory renames show (see above)"]
 fn caching_mounts_over_shm_show_no_stale_state_with_directory_renames() {
     no_violations(LONG_TTL, Transport::Auto, true, 13);
 }
 
 #[test]
-#[ignore = "ESTALE from a directory another mount moved, in use here (see above)"]
+#[ignore = "ESTALE, and what the caching runs without directory renames show (see above)"]
 fn caching_mounts_over_tcp_show_no_stale_state_with_directory_renames() {
     no_violations(LONG_TTL, Transport::Tcp, true, 14);
 }
