@@ -82,46 +82,53 @@ fn strict_mounts_over_tcp_show_no_stale_state() {
     no_violations(Duration::ZERO, Transport::Tcp, false, 2);
 }
 
-// Caching mounts break the promise now and then (in about one run in
-// three, more under load), each time on a caching mount only:
-// - a file another mount created, in a directory that other mount had just
-//   made, is missing for milliseconds after the create returned: `Create("c/f1")`
-//   on mount 1 after its `Mkdir("c")`, then mount 0's readdir of `c` shows
-//   `[]` 1.7 ms later and its lstat, access and open of `c/f1` answer
-//   ENOENT up to 2.6 ms later (a create answered before it was sent, in a
-//   delegated directory, not yet there for the other mount?);
-// - a `link(2)` on the mount that makes every change answers ENOENT where
-//   its source is a file, e.g. `Link { from: "f1", to: "c/f1" }` right
-//   after `Link f1 → b/f0`, `Rename b/f0 → b/f1`, `Unlink b/f1`;
-// - an lstat shows a link count of 2 where the file has one link left
-//   (`zone0/a/a/f0`, 23 ms after the last change), a stat on the changing
-//   mount an old size (22 where its own write had made it 44).
+// Caching mounts still break the promise now and then (about one run in
+// two of a mount that makes every change, fewer in these runs), each time
+// on a caching mount:
+// - a `link(2)` on the mount that makes the changes answers ENOENT where
+//   its source is a file with one more name, right after that mount
+//   unlinked the other name: `Link { from: "f0", to: "c/f3" }` after
+//   `Unlink("c/f3")`, `Link { from: "a/a/f3", to: "c/f3" }` after
+//   `Unlink("b/f1")`. The kernel refuses a link of an inode whose link count
+//   it believes is zero, and an unlink lowers its count itself: it seems
+//   to have been told a count one too low (not reproduced alone yet);
+// - once: a file another mount created, in a directory that other mount
+//   had just made, was missing for milliseconds after the create returned
+//   (`Create("c/f1")` on mount 1 after its `Mkdir("c")`: mount 0's readdir
+//   of `c` showed `[]` 1.7 ms later, its lstat of `c/f1` answered ENOENT
+//   up to 2.6 ms later);
+// - once, before held attributes followed renames over other names
+//   (`Delegations::forget_files`): an old size (22 where the mount's own
+//   write had made it 44) on the changing mount.
 // Run with `--ignored`.
 
 #[test]
-#[ignore = "caching mounts show stale entries, link counts and sizes now and then (see above)"]
+#[ignore = "caching mounts: link(2) refused with ENOENT, a create seen late (see above)"]
 fn caching_mounts_over_shm_show_no_stale_state() {
     no_violations(LONG_TTL, Transport::Auto, false, 3);
 }
 
 #[test]
-#[ignore = "caching mounts show stale entries, link counts and sizes now and then (see above)"]
+#[ignore = "caching mounts: link(2) refused with ENOENT, a create seen late (see above)"]
 fn caching_mounts_over_tcp_show_no_stale_state() {
     no_violations(LONG_TTL, Transport::Tcp, false, 4);
 }
 
-// With directory renames. What still fails (about once a minute): a
-// directory that one mount moved is still in the other mount's kernel
-// under its old name (an entry that a zero TTL or an epoch bump makes
-// revalidate only where a walk passes it). A lookup that finds it under
-// its new name while a rename holds the superblock's rename mutex makes
-// the kernel answer ESTALE, on the retry too (`d_splice_alias` only tries
-// that mutex). The mount has the kernel drop such entries before a lookup
-// answers a directory (`mount/src/moved_dirs.rs`), but not one in use —
-// here, pinned by entries the kernel keeps below it. Seen as
-// `Rename { from: "c", to: "a/a" } answered Err(116)` (ESTALE) where the
+// With directory renames. What still fails (rarely since the fix below;
+// none in the last 16 runs): a directory that one mount moved is still in
+// the other mount's kernel under its old name (an entry that a zero TTL
+// or an epoch bump makes revalidate only where a walk passes it). A
+// lookup that finds it under its new name while a rename holds the
+// superblock's rename mutex makes the kernel answer ESTALE, on the retry
+// too (`d_splice_alias` only tries that mutex). The mount has the kernel
+// drop such entries before a lookup answers a directory
+// (`mount/src/moved_dirs.rs`), but not one in use — here, pinned by
+// entries the kernel keeps below it. Seen as
+// `Rename { from: "b/c", to: "a" } answered Err(116)` (ESTALE) where the
 // model predicts success, and `readlink` of a moved directory answering
-// ESTALE instead of EINVAL. Run with `--ignored`.
+// ESTALE instead of EINVAL. Seen once too, in a run beside eight others:
+// every call on one mount answering ENOTCONN from some moment on (its
+// FUSE connection gone; why is not known). Run with `--ignored`.
 
 #[test]
 #[ignore = "ESTALE from a directory another mount moved, in use here (see above)"]
