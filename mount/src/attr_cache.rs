@@ -508,10 +508,12 @@ impl CitronFuse {
     }
 
     /// An own unlink answered without naming the removed inode: what is
-    /// kept of every new and written file goes (it may be one).
+    /// kept of every new and written file goes (it may be one), and every
+    /// file's attributes held with a delegation.
     pub(crate) fn forget_files(&self) {
         if self.caching() {
             self.invalidations.attrs().forget_files();
+            self.invalidations.delegations().forget_files();
         }
     }
 }

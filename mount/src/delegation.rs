@@ -53,9 +53,11 @@
 //!   applied here before the kernel hears the answer: names added and
 //!   removed, the changed directory's new attributes, and every change of
 //!   a child's attributes the answer does not carry (a write, an open, a
-//!   setattr, a link) drops them ([`Delegations::forget`]). An own change
-//!   that fails may have been applied in part: the directory's listing
-//!   goes.
+//!   setattr, a link) drops them ([`Delegations::forget`]); an own change
+//!   that removes a link of a file it cannot name (a rename over a name in
+//!   a directory not kept here) drops every held file's
+//!   ([`Delegations::forget_files`]). An own change that fails may have
+//!   been applied in part: the directory's listing goes.
 //! * **the TTL**: a listing is good until the TTL after the request that
 //!   brought it, or after the last poll of the invalidation thread that
 //!   renewed it, counted from when that request was *sent*
@@ -371,6 +373,11 @@ impl Delegations {
         for ino in moved.iter().chain(replaced.iter()) {
             s.held.remove(ino);
         }
+        // Whatever it replaced lost a link; if that is not known here, it
+        // may be any held file.
+        if !exchange && !s.listings.contains_key(&to.0) {
+            s.held.retain(|_, (_, attr)| attr.kind == FileKind::Dir);
+        }
         // A moved directory's `..` is now the other one.
         s.reparent(moved, from.0, to.0);
         if exchange {
@@ -424,6 +431,14 @@ impl Delegations {
     /// them.
     pub fn forget(&self, ino: Ino) {
         self.state.lock().held.remove(&ino);
+    }
+
+    /// An own change removed a name of some file not known here (a
+    /// rename over a name in a directory not kept here, an unlink whose
+    /// answer did not say): any held file may have lost a link, and
+    /// their attributes go.
+    pub fn forget_files(&self) {
+        self.state.lock().held.retain(|_, (_, attr)| attr.kind == FileKind::Dir);
     }
 
     /// An own change of `dir`'s entries failed, perhaps in part: its

@@ -70,7 +70,11 @@ impl Filesystem for CitronFuse {
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
         self.requests.count(FuseOp::Lookup);
         if self.options.cache_ttl.is_zero() {
-            return self.entry(reply, self.client.lookup(caller(req), Ino(parent.0), name(n)));
+            let looked = self.client.lookup(caller(req), Ino(parent.0), name(n));
+            if let Ok(a) = &looked {
+                self.before_answering(a);
+            }
+            return self.entry(reply, looked);
         }
         // In a directory delegated to this mount: answered from its listing.
         let Some(reply) = self.lookup_delegated(Ino(parent.0), name(n), reply) else { return };
@@ -79,6 +83,7 @@ impl Filesystem for CitronFuse {
         let ttl = self.granted_ttl(sent, before, self.invalidations.epochs().all());
         match looked {
             Ok(Looked::Found(a, grant)) => {
+                self.before_answering(&a);
                 self.lookup_answered(Ino(parent.0), name(n), &a, &grant);
                 let entry_ttl = if grant.entry { ttl } else { self.options.attr_ttl };
                 let attr_ttl = if grant.attr { ttl } else { self.options.attr_ttl };

@@ -147,6 +147,9 @@ struct Shared {
     /// Test hook: the thread polls and notifies nothing while set, as if
     /// the mount's process were stopped.
     stalled: AtomicBool,
+    /// Test hook: the thread acknowledges every invalidation and acts on
+    /// none, a deliberately stale mount.
+    ignoring: AtomicBool,
     /// Invalidations told to the kernel.
     delivered: AtomicU64,
     stop: AtomicBool,
@@ -162,6 +165,17 @@ impl InvalidationControl {
     /// meta-server meanwhile, and changes wait out this mount's grants.
     pub fn stall(&self, stalled: bool) {
         self.0.stalled.store(stalled, Ordering::SeqCst);
+    }
+
+    /// **Test only** (hidden from the docs; nothing else may call it):
+    /// while set, the thread keeps polling and acknowledges every
+    /// invalidation but drops nothing, neither in the kernel nor in the
+    /// mount's own caches: changes elsewhere answer at once and this mount
+    /// keeps answering from what it cached, for up to its TTL. A
+    /// deliberately stale mount, which a coherence checker must catch.
+    #[doc(hidden)]
+    pub fn test_only_ignore_invalidations(&self, ignoring: bool) {
+        self.0.ignoring.store(ignoring, Ordering::SeqCst);
     }
 
     /// Invalidations told to the kernel so far.
@@ -275,6 +289,9 @@ impl InvalidationControl {
     /// Tells the kernel to drop what `item` names. The kernel answers
     /// ENOENT for what it does not cache, which is no failure.
     fn deliver(&self, notify: &mut Notify, items: &[Invalidation]) {
+        if self.0.ignoring.load(Ordering::SeqCst) {
+            return;
+        }
         let mut entries: Vec<(Ino, Cow<[u8]>)> = Vec::new();
         let mut inodes = Vec::new();
         for item in items {

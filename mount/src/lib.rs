@@ -23,6 +23,7 @@ pub mod io_errors;
 mod late_changes;
 mod listing;
 mod locking;
+mod moved_dirs;
 mod requests;
 mod session;
 mod setid;
@@ -229,6 +230,8 @@ pub struct CitronFuse {
     coherence: coherence::Coherence,
     /// Requests answered, by kind.
     requests: FuseCounters,
+    /// The kernel's old entries of directories other mounts moved.
+    moved_dirs: moved_dirs::MovedDirs,
     /// The invalidation thread of coherent caching, and its counters.
     invalidations: InvalidationControl,
     /// Entries the kernel's last full `READDIRPLUS` buffer took (see
@@ -272,6 +275,7 @@ impl CitronFuse {
             syscalls: caller::SyscallFiles::default(),
             coherence: coherence::Coherence::start().expect("start the coherence threads"),
             requests: FuseCounters::default(),
+            moved_dirs: moved_dirs::MovedDirs::default(),
             invalidations,
             plus_fit: listing::PlusFit::default(),
             fsync_flushes: std::sync::OnceLock::new(),
@@ -311,6 +315,15 @@ impl CitronFuse {
     /// The mount's request counters, readable while it serves.
     pub fn requests(&self) -> FuseCounters {
         self.requests.clone()
+    }
+
+    /// Before a `LOOKUP` answers `a`: if it is a directory, the kernel
+    /// drops the entries it holds of it under a name it may have had
+    /// before ([`moved_dirs`]).
+    fn before_answering(&self, a: &Attr) {
+        if a.kind == FileKind::Dir {
+            self.moved_dirs.prune(a.ino);
+        }
     }
 
     fn entry(&self, reply: ReplyEntry, r: Result<Attr, FsError>) {

@@ -52,12 +52,14 @@ pub fn new_session(
     config: &fuser::Config,
 ) -> std::io::Result<fuser::Session<CitronFuse>> {
     let invalidator = fs.coherence.invalidator().clone();
+    let moved_dirs = fs.moved_dirs.clone();
     let caching = (!fs.options.cache_ttl.is_zero()).then(|| (fs.invalidations(), Arc::downgrade(&fs.client)));
     let session = fuser::Session::new(fs, mountpoint, config)?;
     invalidator.set_notifier(session.notifier());
+    use std::os::fd::AsFd;
+    moved_dirs.set_device(session.as_fd().try_clone_to_owned()?);
     if let Some((control, client)) = caching {
         // Ends with the file system (its drop stops it) or the client.
-        use std::os::fd::AsFd;
         let device = session.as_fd().try_clone_to_owned()?;
         control.spawn(client, session.notifier(), device)?;
     }

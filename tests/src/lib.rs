@@ -9,6 +9,7 @@ pub mod alock_oracle;
 pub mod args;
 pub mod citron_stress;
 pub mod coherence;
+pub mod coherence_checker;
 pub mod deadlock_oracle;
 pub mod lock_calls;
 pub mod lock_stress;

@@ -74,7 +74,35 @@ both_modes!(
     big_directories_are_listed_whole_on_the_other_mount,
     a_directory_changed_on_either_mount_is_seen_at_once_by_the_other,
     a_directory_kept_open_sees_the_other_mounts_changes_at_each_rewind,
+    a_directory_the_other_mount_moved_is_renamed_there,
 );
+
+/// B looked at a directory, A moved it, and B renames it under its new
+/// name — to another directory, and back into the one it came from:
+/// B's kernel still held the directory's entry under its old name, which
+/// it must drop first (a rename there answered ESTALE).
+fn a_directory_the_other_mount_moved_is_renamed_there(mode: Mode) {
+    let (_c, a, b) = cluster(mode);
+    for d in ["d1", "d2", "d3"] {
+        fs::create_dir(a.path(d)).unwrap();
+    }
+    fs::create_dir(a.path("d1/x")).unwrap();
+    let ino = fs::metadata(a.path("d1/x")).unwrap().ino();
+    for (round, (on_a, on_b)) in [
+        (("d1/x", "d2/x"), ("d2/x", "d3/x")),
+        (("d3/x", "d2/y"), ("d2/y", "d3/x")),
+        (("d3/x", "x"), ("x", "d1/x")),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(fs::metadata(b.path(on_a.0)).unwrap().ino(), ino, "round {round}: B looks first");
+        fs::rename(a.path(on_a.0), a.path(on_a.1)).unwrap();
+        fs::rename(b.path(on_b.0), b.path(on_b.1))
+            .unwrap_or_else(|e| panic!("round {round}: B's rename of {} to {}: {e}", on_b.0, on_b.1));
+        assert_eq!(fs::metadata(a.path(on_b.1)).unwrap().ino(), ino, "round {round}: A sees B's rename");
+    }
+}
 
 fn names(m: &TestMount, dir: &str) -> Vec<String> {
     let mut v: Vec<String> =

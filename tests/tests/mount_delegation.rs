@@ -319,3 +319,33 @@ fn a_mount_fenced_and_registered_again_answers_nothing_from_its_old_delegations(
     close(&b, fs::File::create(b.path("d/g")).unwrap());
     assert!(fs::metadata(on_a("d/g")).is_ok(), "A answered from the listing of its old registration");
 }
+
+/// A file made in a delegated directory has its attributes held there;
+/// a name of it elsewhere (in a directory not delegated) goes under this
+/// mount's own rename over it, and its own unlink of the other name: the
+/// link count the holder answers follows each, and the file is linked
+/// again under a name it still has (the kernel refuses a `link(2)` of an
+/// inode it believes has no link left).
+#[test]
+fn own_changes_elsewhere_that_remove_a_link_of_a_held_file_are_seen_in_its_link_count() {
+    let (_c, a, _b) = cluster(LONG_TTL);
+    fs::create_dir(a.path("d")).unwrap();
+    fs::write(a.path("d/f"), b"held").unwrap();
+    fs::hard_link(a.path("d/f"), a.path("g")).unwrap();
+    fs::hard_link(a.path("d/f"), a.path("h")).unwrap();
+    // Each link dropped what the mount held of d/f; it holds it again once
+    // the kernel's entry has expired and a stat looks d/f up again.
+    let lookups = a.requests.snapshot().get(FuseOp::Lookup);
+    eventually("a lookup of d/f again", || {
+        assert_eq!(fs::metadata(a.path("d/f")).unwrap().nlink(), 3);
+        a.requests.snapshot().get(FuseOp::Lookup) > lookups
+    });
+    // A rename over `g`, a name in the root (not delegated): one link less.
+    fs::write(a.path("k"), b"other").unwrap();
+    fs::rename(a.path("k"), a.path("g")).unwrap();
+    assert_eq!(fs::metadata(a.path("d/f")).unwrap().nlink(), 2, "after the rename over g");
+    fs::remove_file(a.path("h")).unwrap();
+    assert_eq!(fs::metadata(a.path("d/f")).unwrap().nlink(), 1, "after the unlink of h");
+    fs::hard_link(a.path("d/f"), a.path("again")).unwrap();
+    assert_eq!(fs::metadata(a.path("again")).unwrap().nlink(), 2);
+}

@@ -1,5 +1,6 @@
 //! Data shared by mounts under the I/O locks: overlapping writes
-//! from two mounts never tear what a reader sees, `O_APPEND` from two
+//! from two mounts never tear what a reader sees, nor does a write that
+//! overwrites a file's last bytes and extends it, `O_APPEND` from two
 //! mounts never loses or interleaves a record, SQLite used by four processes
 //! on two mounts keeps every row and passes its integrity check — and the
 //! same with every selectable range lock and inode mutex.
@@ -144,6 +145,54 @@ fn overlapping_writes_from_two_mounts_never_tear() {
     let (_c, a, b) = two_mounts(LockChoice::default());
     let checked = overlapping_writes_never_tear(&a, &b, Duration::from_secs(2), 51);
     assert!(checked > 50, "too few reads to mean anything: {checked}");
+}
+
+/// Mount A (over tcp, where a write's steps are far apart) makes writes
+/// that each overwrite the file's last byte and extend it by one: write
+/// `n` puts `[n, n]` at offset `n - 1`, so after it the file is
+/// `1, 2, .., n - 1, n, n`. Mount B reads the whole file with one read(2)
+/// at a time: each read must show the file after some write, whole — never
+/// a write's byte below the old end without the new size (`.., n - 1, n`).
+#[test]
+fn a_write_across_the_end_of_the_file_is_read_whole_or_not_at_all() {
+    let c = TestCluster::start(1, 64 << 20, 1 << 20);
+    let tcp = || {
+        let config = c.client_config(None, citronfs_core::client::Transport::Tcp);
+        TestMount::with_config_and_options(config, citronfs_tests::mount_options())
+    };
+    let (a, b) = (tcp(), tcp());
+    let _hang = b.watchdog(HANG);
+    const WRITES: usize = 3000;
+    std::fs::write(a.path("grows"), [0u8]).unwrap();
+    let done = AtomicBool::new(false);
+    let reads = std::thread::scope(|s| {
+        s.spawn(|| {
+            let f = std::fs::OpenOptions::new().write(true).open(a.path("grows")).unwrap();
+            for n in 1..=WRITES {
+                let byte = (n % 251) as u8;
+                f.write_all_at(&[byte, byte], n as u64 - 1).unwrap();
+            }
+            done.store(true, Ordering::SeqCst);
+        });
+        let f = std::fs::File::open(b.path("grows")).unwrap();
+        let mut buf = vec![0u8; WRITES + 2];
+        let mut reads = 0u64;
+        while !done.load(Ordering::SeqCst) {
+            let len = f.read_at(&mut buf, 0).unwrap();
+            reads += 1;
+            let seen = &buf[..len];
+            let whole = len == 1
+                || (seen[len - 1] == seen[len - 2]
+                    && seen[..len - 1].iter().enumerate().all(|(i, &x)| x == ((i + 1) % 251) as u8));
+            assert!(
+                whole,
+                "read {reads} saw a write in part: the file's last bytes are {:?}",
+                &seen[len.saturating_sub(4)..]
+            );
+        }
+        reads
+    });
+    assert!(reads > 0, "B never read while A wrote");
 }
 
 #[test]

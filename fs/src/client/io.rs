@@ -9,7 +9,11 @@
 //!   attribute slot under the file's ALock, which the meta-server's own
 //!   threads take locally when they change those words (truncate,
 //!   fallocate, utimens); it gives its range lock back first, so a wait
-//!   for the ALock never counts against the range's lease.
+//!   for the ALock never counts against the range's lease. Readers clip to
+//!   the published size, so the bytes of a write past the end appear with
+//!   its size; a write that also overwrites bytes below the old end (it
+//!   crosses the end) takes the inode mutex exclusive instead, so no read
+//!   sees those bytes before the new size.
 //!
 //! * a write that reaches past its chunk's extent (DESIGN.md §5) asks the
 //!   meta-server to move the chunk to a bigger extent, which frees the old
@@ -290,14 +294,17 @@ impl FsClient {
             |mode| retrying_late_holds(ino, "write", || self.write_under(&pin, ino, mode, offset, data, how));
         self.riding_through(|| match write_under(mode)? {
             Some(at) => Ok(at),
-            // An extent must grow: again, alone on the file.
+            // An extent must grow, or it crosses the end: again, alone on
+            // the file.
             None => write_under(Mode::Exclusive)?
                 .ok_or_else(|| FsError::Io(format!("inode {}: a write found its extent too small", ino.0))),
         })
     }
 
     /// One attempt of [`FsClient::write`] holding the inode mutex in `mode`;
-    /// `None` if a chunk's extent must grow first, which needs it exclusive;
+    /// `None` if it must be alone on the file (the mutex exclusive): a
+    /// chunk's extent must grow first, or it overwrites the last bytes and
+    /// extends the file;
     /// [`Attempt::HoldExpired`] if its range hold ran past its lease first.
     fn write_under(
         &self,
@@ -329,6 +336,13 @@ impl FsClient {
                     .ok_or(FsError::FileTooBig)?;
                 if data.is_empty() {
                     return Ok(Attempt::Done(Some(offset)));
+                }
+                if !exclusive && offset < size && end > size {
+                    // Across the end: its bytes below the old size would be
+                    // read once its range goes back, before the new size is
+                    // published (a write seen in part). Alone on the file,
+                    // nobody reads until both are done.
+                    return Ok(Attempt::Done(None));
                 }
                 // Under the exclusive inode mutex no other I/O runs: no
                 // range lock needed.
