@@ -234,14 +234,24 @@ fn unlinked_open_file_keeps_its_data_until_release() {
 #[test]
 fn vanished_servers_give_errors_promptly() {
     let mut cluster = Cluster::start(1, 1 << 20);
-    let c = cluster.client();
+    // A meta-server that does not come back is waited for this long (a
+    // restart within it is ridden through: tools/tests/restart.rs).
+    let meta_wait = Duration::from_secs(2);
+    let c = FsClient::connect(ClientConfig {
+        timeout: Duration::from_secs(10),
+        meta_wait,
+        ..ClientConfig::new(cluster.meta.local_addr())
+    })
+    .unwrap();
     let ino = new_file(&c, "f");
     c.write(ino, 0, b"abc", false).unwrap();
     cluster.data[0].shutdown();
     let t = Instant::now();
     assert!(matches!(c.read(ino, 0, 3), Err(FsError::Io(_))));
     cluster.meta.shutdown();
-    assert!(matches!(c.getattr(ino), Err(FsError::Io(_))));
+    let t_meta = Instant::now();
+    assert!(matches!(c.getattr(ino), Err(FsError::MetaServerDown)));
+    assert!(t_meta.elapsed() >= meta_wait, "answered before the wait for a restart: {:?}", t_meta.elapsed());
     assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
     // And a client for a cluster that is not there fails to connect, clearly.
     let err = FsClient::connect(ClientConfig {

@@ -16,9 +16,11 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use citronfs_core::client::ClientConfig;
 use citronfs_core::locks::record::RecordState;
 use citronfs_core::types::Ino;
 use citronfs_tests::sqlite::SqliteWriters;
+use citronfs_mount::MountOptions;
 use citronfs_tests::TestMount;
 
 const EXE: &str = env!("CARGO_BIN_EXE_citronfs");
@@ -271,6 +273,44 @@ fn sqlite_rides_through_kills_of_the_meta_server_and_the_data_server() {
     data_server.stop(libc::SIGKILL);
     restarted.push(Server::start(&data_args));
     writers.finish(&a);
+}
+
+/// A caching mount answers creates in a directory delegated to it before
+/// it sends them, with inodes the meta-server lent it. Those loans are
+/// journaled: creates still queued when the meta-server is killed land in
+/// the restarted one, as the mount showed them.
+#[test]
+fn creates_answered_before_they_were_sent_land_after_a_restart() {
+    let state = state_dir();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let server = meta(&addr, state.path());
+    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
+    let mut restarted = None;
+    let mut config = ClientConfig::new(addr.parse().unwrap());
+    // The creates wait in the mount until a call sends them.
+    (config.late_linger, config.release_linger) = (HANG, HANG);
+    let options = MountOptions { cache_ttl: HANG, ..MountOptions::default() };
+    let a = TestMount::with_config_and_options(config, options);
+    std::fs::create_dir(a.path("d")).unwrap();
+    let made: Vec<String> = (0..20).map(|i| format!("f{i}")).collect();
+    for name in &made {
+        drop(std::fs::File::create(a.path(&format!("d/{name}"))).unwrap());
+    }
+    assert!(a.client.queued_changes() > 0, "the creates were sent at once: nothing to carry");
+    server.stop(libc::SIGKILL);
+    restarted = Some(meta(&addr, state.path()));
+    a.client.flush_late_changes();
+    assert_eq!(a.client.late_change_failures(), 0, "a create answered before the restart was refused");
+    let b = TestMount::new(addr.parse().unwrap());
+    let mut names: Vec<String> =
+        std::fs::read_dir(b.path("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    let mut want = made.clone();
+    want.sort();
+    assert_eq!(names, want);
+    let inode = |m: &TestMount| std::fs::metadata(m.path("d/f7")).unwrap().ino();
+    assert_eq!(inode(&a), inode(&b), "made as the mount showed it");
+    drop((a, b, restarted));
 }
 
 #[test]

@@ -583,9 +583,11 @@ mod tests {
         c.lock(Mode::Exclusive).unwrap();
         c.unlock().unwrap();
         assert_eq!(server.stats().expired, 1);
-        assert!(
-            raw.call(&RpcLockRequest::Release { lock, holder: holder_id }).is_err(),
-            "its connection was cut"
+        // Its connection was cut: the call goes on a new one, a session
+        // that holds nothing.
+        assert_eq!(
+            raw.call(&RpcLockRequest::Release { lock, holder: holder_id }).unwrap(),
+            RpcLockResponse::Refused(RpcLockRefusal::NotHeld { lock, holder: holder_id })
         );
     }
 }

@@ -9,6 +9,7 @@ pub mod locks;
 pub mod meta;
 pub mod ranges;
 pub mod restart;
+mod restart_pause;
 pub mod space;
 pub mod verbs;
 pub mod workers;

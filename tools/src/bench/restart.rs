@@ -41,9 +41,13 @@ pub struct RestartArgs {
     /// Changes per journal batch (one hold of the namespace lock makes one).
     #[arg(long, default_value_t = 2)]
     batch: usize,
-    /// Directory for restart.csv and restart.png.
+    /// Directory for restart.csv, restart.png and restart-pause.csv.
     #[arg(long, default_value = "bench-out")]
     out: PathBuf,
+    /// Only the pause a restart costs a working mount (tcp and shm, at
+    /// these leases in ms), not the large namespace's replay.
+    #[arg(long, value_delimiter = ',')]
+    pause_leases_ms: Vec<u64>,
 }
 
 fn attr(ino: Ino, kind: FileKind) -> Attr {
@@ -108,6 +112,9 @@ fn write_namespace(journal: &Journal, args: &RestartArgs) -> u64 {
 
 pub fn run(args: RestartArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out)?;
+    if !args.pause_leases_ms.is_empty() {
+        return pauses(&args);
+    }
     let state = tempfile::Builder::new().prefix("citronfs-bench-state-").tempdir_in("/dev/shm")?;
     // Segments far larger than the namespace: the first replay reads the
     // whole journal, as after a crash before any compaction.
@@ -176,4 +183,34 @@ pub fn run(args: RestartArgs) -> Result<()> {
         &bars,
     )?;
     Ok(())
+}
+
+/// The second table: a working client's pause across restarts.
+fn pauses(args: &RestartArgs) -> Result<()> {
+    use citronfs_core::client::Transport;
+    let mut table = Table::new(&["transport", "lease ms", "longest gap ms", "stop to answer ms", "calls", "failed"]);
+    let mut bars = Vec::new();
+    for &lease_ms in &args.pause_leases_ms {
+        for transport in [Transport::Tcp, Transport::Auto] {
+            let p = super::restart_pause::measure(transport, std::time::Duration::from_millis(lease_ms))?;
+            let ms = |d: std::time::Duration| format!("{:.0}", d.as_secs_f64() * 1e3);
+            table.push(vec![
+                p.transport.into(),
+                p.lease.as_millis().to_string(),
+                ms(p.longest_gap),
+                ms(p.stop_to_answer),
+                p.calls.to_string(),
+                p.failed.to_string(),
+            ]);
+            bars.push((format!("{} lease {lease_ms} ms", p.transport), p.longest_gap.as_secs_f64() * 1e3));
+        }
+    }
+    table.print();
+    table.write_csv(&args.out.join("restart-pause.csv"))?;
+    crate::plot::bars(
+        &args.out.join("restart-pause.png"),
+        "a working client's longest pause across a meta-server restart",
+        "ms",
+        &bars,
+    )
 }
