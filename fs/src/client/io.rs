@@ -35,10 +35,10 @@
 //! by the open ([`super::opens`]).
 
 use citron_lock::lock_host::open_lock;
-use citron_lock::rdma::Verb;
-use citron_lock::rwlock::{Algorithm, Mode, RwLockClient};
+use citron_lock::rdma::{Verb, VerbReply};
+use citron_lock::rwlock::{execute_all, Algorithm, Mode, Riders, RwLockClient};
 
-use super::layouts::WriteUnder;
+use super::layouts::{SlotWords, WriteUnder};
 use super::opens::Pinned;
 use super::{Endpoints, FsClient, Written};
 use crate::error::FsError;
@@ -178,8 +178,16 @@ impl FsClient {
         Ok(self.pin(ino)?.area)
     }
 
-    /// Takes the inode mutex of `area` in `mode`.
-    fn lock_inode(&self, eps: &Endpoints, area: &LockArea, mode: Mode) -> Result<InodeHold, FsError> {
+    /// Takes the inode mutex of `area` in `mode`, with `riders` (reads of
+    /// the meta-server's memory) riding on its acquisition: their replies
+    /// if they ran under it ([`RwLockClient::acquire_with_reads`]).
+    fn lock_inode(
+        &self,
+        eps: &Endpoints,
+        area: &LockArea,
+        mode: Mode,
+        riders: &[Verb],
+    ) -> Result<(InodeHold, Riders), FsError> {
         let mut lock = open_lock(
             area.inode_lock,
             &eps.meta,
@@ -188,17 +196,20 @@ impl FsClient {
             self.timing.mutex,
             &eps.locks,
         )?;
-        lock.acquire(&eps.meta, mode)?;
+        let replies = lock.acquire_with_reads(&eps.meta, mode, riders)?;
         if mode == Mode::Exclusive {
             super::stop_hook::holding(super::stop_hook::Holding::InodeExclusive);
         }
-        Ok(InodeHold { lock })
+        Ok((InodeHold { lock }, replies))
     }
 
-    fn unlock_inode(&self, eps: &Endpoints, hold: Option<InodeHold>) -> Result<(), FsError> {
+    /// Gives the inode mutex back after `tail` (writes to the meta-server's
+    /// memory made under it), in one batch where the lock can
+    /// ([`RwLockClient::release_after`]); without a mutex, `tail` alone.
+    fn unlock_inode(&self, eps: &Endpoints, hold: Option<InodeHold>, tail: &[Verb]) -> Result<(), FsError> {
         match hold {
-            Some(mut h) => Ok(h.lock.release(&eps.meta)?),
-            None => Ok(()),
+            Some(mut h) => Ok(h.lock.release_after(&eps.meta, tail)?),
+            None => Ok(execute_all(&eps.meta, tail)?),
         }
     }
 
@@ -212,11 +223,60 @@ impl FsClient {
         f: impl FnOnce(&mut Endpoints) -> Result<R, FsError>,
     ) -> Result<R, FsError> {
         let hold = match &area {
-            Some(a) => Some(self.lock_inode(eps, a, mode)?),
+            Some(a) => Some(self.lock_inode(eps, a, mode, &[])?.0),
             None => None,
         };
         let result = f(eps);
-        let released = self.unlock_inode(eps, hold);
+        let released = self.unlock_inode(eps, hold, &[]);
+        let r = result?;
+        released?;
+        Ok(r)
+    }
+
+    /// [`FsClient::with_inode_lock`] for a read or write of `ino`, in as
+    /// few round trips as the locks allow:
+    ///
+    /// * the read of the attribute slot every I/O makes rides on the
+    ///   mutex's acquisition when the slot's address is known (the layout
+    ///   is cached): `f` gets the slot as read under the mutex, or `None`
+    ///   to read it itself;
+    /// * `f` answers, beside its result, writes to the meta-server's memory
+    ///   still to be made under the mutex (the mtime of a write), posted in
+    ///   the batch that releases it.
+    ///
+    /// Both keep the order of the verbs on the one endpoint of the
+    /// meta-server (the slot read after the acquiring atomic, the writes
+    /// before the releasing one), so `f` sees and leaves the same memory
+    /// as with a verb of its own on either side.
+    fn with_inode_lock_io<R>(
+        &self,
+        eps: &mut Endpoints,
+        ino: Ino,
+        area: Option<LockArea>,
+        mode: Mode,
+        f: impl FnOnce(&mut Endpoints, Option<(AttrSlot, SlotWords)>) -> Result<(R, Vec<Verb>), FsError>,
+    ) -> Result<R, FsError> {
+        let slot = area.and(self.cached_slot(ino));
+        let riders: Vec<Verb> = slot.map(Self::slot_read_verb).into_iter().collect();
+        let (hold, replies) = match &area {
+            Some(a) => {
+                let (hold, replies) = self.lock_inode(eps, a, mode, &riders)?;
+                (Some(hold), replies)
+            }
+            None => (None, None),
+        };
+        let read = match (slot, replies.as_deref()) {
+            (Some(at), Some([Ok(VerbReply::Data(bytes))])) => match SlotWords::decode(bytes) {
+                Ok(words) => Some((at, words)),
+                Err(_) => None,
+            },
+            _ => None,
+        };
+        let (result, tail) = match f(eps, read) {
+            Ok((r, tail)) => (Ok(r), tail),
+            Err(e) => (Err(e), Vec::new()),
+        };
+        let released = self.unlock_inode(eps, hold, &tail);
         let r = result?;
         released?;
         Ok(r)
@@ -235,11 +295,11 @@ impl FsClient {
         let area = pin.area;
         retrying_late_holds(ino, "read", || {
             self.with_pinned_endpoints(pin, |eps| {
-                self.with_inode_lock(eps, area, Mode::Shared, |eps| {
-                    let (layout, slot) = self.current_layout(eps, ino)?;
+                self.with_inode_lock_io(eps, ino, area, Mode::Shared, |eps, read| {
+                    let (layout, slot) = self.current_layout_read(eps, ino, read)?;
                     let end = offset.saturating_add(len.into()).min(slot.size);
                     if offset >= end {
-                        return Ok(Attempt::Done(Vec::new()));
+                        return Ok((Attempt::Done(Vec::new()), Vec::new()));
                     }
                     let range = match &area {
                         Some(a) => {
@@ -253,10 +313,11 @@ impl FsClient {
                     if let Some(r) = range {
                         release_range(&eps.meta, r, complete)?;
                     }
-                    Ok(match data? {
+                    let attempt = match data? {
                         Some(d) => Attempt::Done(d),
                         None => Attempt::HoldExpired,
-                    })
+                    };
+                    Ok((attempt, Vec::new()))
                 })
             })
         })
@@ -306,8 +367,8 @@ impl FsClient {
         let exclusive = mode == Mode::Exclusive;
         let area = pin.area;
         self.with_pinned_endpoints(pin, |eps| {
-            self.with_inode_lock(eps, area, mode, |eps| {
-                let (layout, slot) = self.current_layout(eps, ino)?;
+            self.with_inode_lock_io(eps, ino, area, mode, |eps, read| {
+                let (layout, slot) = self.current_layout_read(eps, ino, read)?;
                 if let Some(groups_of) = unprivileged.filter(|_| slot.perm & (S_ISUID | S_ISGID) != 0) {
                     let groups = std::cell::OnceCell::new();
                     let in_group = || groups.get_or_init(groups_of).contains(&slot.gid);
@@ -322,7 +383,7 @@ impl FsClient {
                     .filter(|e| *e <= MAX_FILE_SIZE)
                     .ok_or(FsError::FileTooBig)?;
                 if data.is_empty() {
-                    return Ok(Attempt::Done(Some(offset)));
+                    return Ok((Attempt::Done(Some(offset)), Vec::new()));
                 }
                 // Under the exclusive inode mutex no other I/O runs: no
                 // range lock needed.
@@ -355,10 +416,10 @@ impl FsClient {
                     Written::Done(l) => {
                         let slot = l.read().slot;
                         self.publish(eps, area.as_ref(), slot, end, size)
-                            .map(|()| Attempt::Done(Some(offset)))
+                            .map(|tail| (Attempt::Done(Some(offset)), tail))
                     }
-                    Written::NeedsGrowth => Ok(Attempt::Done(None)),
-                    Written::HoldExpired => Ok(Attempt::HoldExpired),
+                    Written::NeedsGrowth => Ok((Attempt::Done(None), Vec::new())),
+                    Written::HoldExpired => Ok((Attempt::HoldExpired, Vec::new())),
                 });
                 released?;
                 published
@@ -367,7 +428,9 @@ impl FsClient {
     }
 
     /// After a write that ended at `end`: the size grows to `end` if it was
-    /// below (under the attribute ALock), and the mtime becomes now.
+    /// below (under the attribute ALock), and the mtime becomes now. What
+    /// is left to write under the inode mutex is answered, for the batch
+    /// that releases it.
     fn publish(
         &self,
         eps: &mut Endpoints,
@@ -375,13 +438,14 @@ impl FsClient {
         slot: AttrSlot,
         end: u64,
         size_seen: u64,
-    ) -> Result<(), FsError> {
+    ) -> Result<Vec<Verb>, FsError> {
         let now = Timestamp::now().as_nanos().to_le_bytes().to_vec();
         if end <= size_seen {
             // The size only ever grows under shared I/O, so it still covers
-            // us: the mtime is one 8-byte store.
-            eps.meta.write(slot.mtime(), &now)?;
-            return Ok(());
+            // us: the mtime is one 8-byte store, which needs no wait of its
+            // own before the mutex goes back (no lock orders it against
+            // other writers' mtimes: the last store wins, as before).
+            return Ok(vec![Verb::Write { addr: slot.mtime(), data: now }]);
         }
         let Some(area) = area else {
             // No lock memory: a CAS loop up to `end` (nothing else to exclude).
@@ -393,8 +457,7 @@ impl FsClient {
                 }
                 seen = old;
             }
-            eps.meta.write(slot.mtime(), &now)?;
-            return Ok(());
+            return Ok(vec![Verb::Write { addr: slot.mtime(), data: now }]);
         };
         let mut alock = open_lock(
             Algorithm::ALock,
@@ -420,7 +483,8 @@ impl FsClient {
         })();
         let released = alock.release(&eps.meta);
         updated?;
-        Ok(released?)
+        released?;
+        Ok(Vec::new())
     }
 
     /// Clears set-user/group-ID bits as a write or truncate by a process

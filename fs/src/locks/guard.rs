@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use citron_lock::lock_host;
 use citron_lock::range_lock::{HeldRangeToken, RangeLockClient, RangeLockContext};
-use citron_lock::rdma::Endpoint;
+use citron_lock::rdma::{Endpoint, Verb};
 
 use super::area::LockArea;
 use super::types::ByteRange;
@@ -235,10 +235,18 @@ impl RangeHold {
         Instant::now() < self.until
     }
 
-    pub fn release(mut self, ep: &Endpoint) -> Result<(), FsError> {
+    pub fn release(self, ep: &Endpoint) -> Result<(), FsError> {
+        self.release_after(ep, &[])
+    }
+
+    /// Posts `verbs` (writes to lock memory made under the hold, on the
+    /// same endpoint) and releases, in the range lock's release batch
+    /// where it has one ([`RangeLockClient::release_after`]): the writes
+    /// execute before the release verbs, so the next holder sees them.
+    pub fn release_after(mut self, ep: &Endpoint, verbs: &[Verb]) -> Result<(), FsError> {
         match self.held.take() {
-            Some(h) => Ok(self.client.release(ep, h)?),
-            None => Ok(()),
+            Some(h) => Ok(self.client.release_after(ep, h, verbs)?),
+            None => Ok(citron_lock::rwlock::execute_all(ep, verbs)?),
         }
     }
 

@@ -71,7 +71,7 @@ use crate::citron::host::{InstanceId, RemoteTreeHost, TreeHost, TreeHostRpc};
 use crate::citron::lock::{CitronClient, CitronConfig, CitronLayout, HeldRange, ScalePolicy};
 use crate::citron::tree::TreeShape;
 use crate::dslr::{DslrConfig, DslrLock, DSLR_BYTES};
-use crate::rdma::{Endpoint, RemoteAddr};
+use crate::rdma::{Endpoint, RemoteAddr, Verb};
 use crate::rwlock::LockError;
 use rpc::{RangeInstanceId, RangeRpc, RpcGrant, RpcRangeClient, RpcRangeConfig};
 use segments::{SegmentClient, SegmentLayout, SegmentsHeld};
@@ -193,6 +193,24 @@ pub trait RangeLockClient: Send {
     /// Releases a range this client acquired.
     fn release(&mut self, ep: &Endpoint, held: HeldRangeToken) -> Result<(), LockError>;
     fn stats(&self) -> RangeLockStats;
+
+    /// Posts `verbs` (writes made under the range, on lock memory of the
+    /// same endpoint) and then releases the range. An algorithm whose
+    /// release is one batch of verbs puts them first in that batch: they
+    /// execute before its release verbs (one endpoint's verbs execute in
+    /// order), so whoever gets the range next sees them, exactly as when
+    /// they were waited for before the release, which the default does. A
+    /// refused verb fails the call; the range is released all the same.
+    fn release_after(
+        &mut self,
+        ep: &Endpoint,
+        held: HeldRangeToken,
+        verbs: &[Verb],
+    ) -> Result<(), LockError> {
+        let posted = crate::rwlock::execute_all(ep, verbs);
+        let released = self.release(ep, held);
+        posted.and(released)
+    }
 }
 
 fn check_range(start: u64, end: u64) -> Result<(), LockError> {
@@ -257,8 +275,18 @@ impl RangeLockClient for CitronRangeClient {
     }
 
     fn release(&mut self, ep: &Endpoint, held: HeldRangeToken) -> Result<(), LockError> {
+        self.release_after(ep, held, &[])
+    }
+
+    /// Algorithm 3's batch, with `verbs` first in it.
+    fn release_after(
+        &mut self,
+        ep: &Endpoint,
+        held: HeldRangeToken,
+        verbs: &[Verb],
+    ) -> Result<(), LockError> {
         let released = match held.held {
-            HeldBy::Citron(h) => self.inner.release(ep, h),
+            HeldBy::Citron(h) => self.inner.release_after(ep, h, verbs.to_vec()),
             _ => Err(LockError::Misuse("a token of another range lock released on a Citron client")),
         };
         self.remember();

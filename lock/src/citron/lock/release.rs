@@ -61,8 +61,22 @@ impl CitronClient {
     /// spillover mutex; then, under [`ScalePolicy::AfterSpillover`], a
     /// scale-up if the range reached past the tree.
     pub fn release(&mut self, ep: &Endpoint, held: HeldRange) -> Result<(), LockError> {
+        self.release_after(ep, held, Vec::new())
+    }
+
+    /// [`CitronClient::release`] with the caller's `verbs` (writes made
+    /// under the range) first in Algorithm 3's batch: they execute before
+    /// the release verbs, so they are visible to the next holder of any
+    /// unit of the range, as if they had been waited for before the
+    /// release. A refused one fails the call after the range is released.
+    pub fn release_after(
+        &mut self,
+        ep: &Endpoint,
+        held: HeldRange,
+        verbs: Vec<Verb>,
+    ) -> Result<(), LockError> {
         let spilled = held.spillover;
-        let result = self.release_range(ep, held);
+        let result = self.release_range(ep, held, verbs);
         if spilled && result.is_ok() && self.policy == ScalePolicy::AfterSpillover && self.host.is_some() {
             if let Err(e) = self.scale_up_if_needed(ep) {
                 log::warn!("scale-up after a spillover acquisition failed: {e}");
@@ -72,11 +86,11 @@ impl CitronClient {
         result
     }
 
-    fn release_range(&mut self, ep: &Endpoint, held: HeldRange) -> Result<(), LockError> {
+    fn release_range(&mut self, ep: &Endpoint, held: HeldRange, verbs: Vec<Verb>) -> Result<(), LockError> {
         // Nodes another held range still uses (it rode on them, see
         // [`super::own`]) stay held.
         let free = self.own.remove(held.start, held.units_end, &held.nodes);
-        let result = self.release_nodes(ep, &free, Vec::new());
+        let result = self.release_nodes(ep, &free, verbs);
         if held.spillover {
             self.spillover.release(ep)?;
         }
