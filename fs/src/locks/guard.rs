@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use citron_lock::lock_host;
 use citron_lock::range_lock::{HeldRangeToken, RangeLockClient, RangeLockContext};
 use citron_lock::rdma::{Endpoint, Verb};
+use citron_lock::rwlock::Riders;
 
 use super::area::LockArea;
 use super::types::ByteRange;
@@ -212,11 +213,25 @@ impl RangeHold {
         timing: &LockTiming,
         bytes: ByteRange,
     ) -> Result<Self, FsError> {
+        Ok(Self::acquire_with_reads(ep, area, timing, bytes, &[])?.0)
+    }
+
+    /// [`RangeHold::acquire`], with `riders` (reads of lock memory behind
+    /// `ep`) in the batch that takes the range where the range lock can
+    /// ([`RangeLockClient::acquire_with_reads`]): their replies, as if read
+    /// under the hold, or `None`: read them again.
+    pub fn acquire_with_reads(
+        ep: &Endpoint,
+        area: &LockArea,
+        timing: &LockTiming,
+        bytes: ByteRange,
+        riders: &[Verb],
+    ) -> Result<(Self, Riders), FsError> {
         let mut client = timing.ranges.client(&area.range)?;
         let (l, r) = area.units(bytes);
-        let held = client.acquire(ep, l, r)?;
+        let (held, replies) = client.acquire_with_reads(ep, l, r, riders)?;
         let until = Instant::now() + timing.hold_lease();
-        Ok(Self { client, held: Some(held), bytes, until })
+        Ok((Self { client, held: Some(held), bytes, until }, replies))
     }
 
     /// The bytes this hold covers (the request; the units may cover more).

@@ -24,7 +24,7 @@
 
 use std::collections::BTreeSet;
 
-use citron_lock::rdma::{ClientAddr, Endpoint, RemoteAddr, Verb};
+use citron_lock::rdma::{ClientAddr, Endpoint, RemoteAddr, Verb, VerbReply};
 use serde::{Deserialize, Serialize};
 
 use super::area::LockArea;
@@ -124,9 +124,9 @@ impl FileLocks<'_> {
         };
         let mut guard = req.range.widened();
         loop {
-            let hold = RangeHold::acquire(self.ep, &self.area, self.timing, guard)?;
+            let (hold, first_block) = self.acquire_reading_table(guard)?;
             let mut tail = Vec::new();
-            let step = self.set_holding(req, wait, guard, &mut tail);
+            let step = self.set_holding(req, wait, guard, first_block, &mut tail);
             let released = hold.release_after(self.ep, &tail);
             match step {
                 Err(e) => return Err(e),
@@ -154,9 +154,10 @@ impl FileLocks<'_> {
         req: &Request,
         wait: Option<WaitSpec>,
         guard: ByteRange,
+        first_block: Option<Vec<u8>>,
         tail: &mut Vec<Verb>,
     ) -> Result<Step, FsError> {
-        let mut snapshot = table::read(self.ep, self.table)?;
+        let mut snapshot = table::read_from(self.ep, self.table, first_block)?;
         let records = snapshot.records();
         let mine = wait.and_then(|w| w.registered).filter(|r| self.still_registered(&records, req, r));
         match plan(req, &records, guard) {
@@ -242,6 +243,20 @@ impl FileLocks<'_> {
                 Ok(Step::Done(Ok(Outcome::Granted), wakes))
             }
         }
+    }
+
+    /// Range-locks `guard`, with the read of the table's first block
+    /// riding on the acquisition where the range lock can carry it: its
+    /// bytes, as read under the lock, or `None` (read it then).
+    fn acquire_reading_table(&self, guard: ByteRange) -> Result<(RangeHold, Option<Vec<u8>>), FsError> {
+        let riders = [table::first_block_read(self.table)];
+        let (hold, replies) =
+            RangeHold::acquire_with_reads(self.ep, &self.area, self.timing, guard, &riders)?;
+        let first_block = match replies.as_deref() {
+            Some([Ok(VerbReply::Data(bytes))]) => Some(bytes.clone()),
+            _ => None,
+        };
+        Ok((hold, first_block))
     }
 
     /// Whether `reg` still names the waiting record of this request.
@@ -337,8 +352,8 @@ impl FileLocks<'_> {
         mode: LockMode,
         range: ByteRange,
     ) -> Result<Option<LockRecord>, FsError> {
-        let hold = RangeHold::acquire(self.ep, &self.area, self.timing, range)?;
-        let found = table::read(self.ep, self.table)
+        let (hold, first_block) = self.acquire_reading_table(range)?;
+        let found = table::read_from(self.ep, self.table, first_block)
             .map(|s| first_conflict(&s.records(), owner, flavor, mode, range));
         hold.release(self.ep)?;
         found
@@ -347,10 +362,10 @@ impl FileLocks<'_> {
     /// Withdraws a waiting request (interrupted, cancelled, or its owner
     /// went away): frees its waiting record if it is still there.
     pub fn cancel(&self, req: &Request, reg: Registration) -> Result<(), FsError> {
-        let hold = RangeHold::acquire(self.ep, &self.area, self.timing, req.range)?;
+        let (hold, first_block) = self.acquire_reading_table(req.range)?;
         // The free goes in the release's batch (see `set_holding`).
         let free = (|| {
-            let snapshot = table::read(self.ep, self.table)?;
+            let snapshot = table::read_from(self.ep, self.table, first_block)?;
             if self.still_registered(&snapshot.records(), req, &reg) {
                 return Ok(vec![table::free_verb(&snapshot, reg.slot, reg.gen)?]);
             }

@@ -72,7 +72,7 @@ use crate::citron::lock::{CitronClient, CitronConfig, CitronLayout, HeldRange, S
 use crate::citron::tree::TreeShape;
 use crate::dslr::{DslrConfig, DslrLock, DSLR_BYTES};
 use crate::rdma::{Endpoint, RemoteAddr, Verb};
-use crate::rwlock::LockError;
+use crate::rwlock::{LockError, Riders};
 use rpc::{RangeInstanceId, RangeRpc, RpcGrant, RpcRangeClient, RpcRangeConfig};
 use segments::{SegmentClient, SegmentLayout, SegmentsHeld};
 
@@ -211,6 +211,23 @@ pub trait RangeLockClient: Send {
         let released = self.release(ep, held);
         posted.and(released)
     }
+
+    /// [`RangeLockClient::acquire`], with `riders` (reads of memory behind
+    /// the same endpoint) posted in the batch that takes the range where
+    /// the algorithm can tell that batch took it: their replies then,
+    /// `None` otherwise (the default), and the caller reads them itself.
+    /// The replies are as reads posted after the acquisition would have
+    /// answered (the argument is the algorithm's).
+    fn acquire_with_reads(
+        &mut self,
+        ep: &Endpoint,
+        start: u64,
+        end: u64,
+        riders: &[Verb],
+    ) -> Result<(HeldRangeToken, Riders), LockError> {
+        let _ = riders;
+        Ok((self.acquire(ep, start, end)?, None))
+    }
 }
 
 fn check_range(start: u64, end: u64) -> Result<(), LockError> {
@@ -276,6 +293,25 @@ impl RangeLockClient for CitronRangeClient {
 
     fn release(&mut self, ep: &Endpoint, held: HeldRangeToken) -> Result<(), LockError> {
         self.release_after(ep, held, &[])
+    }
+
+    /// Riders of a range of one tree node go in its Steps 2(c)+(d) batch
+    /// ([`CitronClient::acquire_with_reads`]).
+    fn acquire_with_reads(
+        &mut self,
+        ep: &Endpoint,
+        start: u64,
+        end: u64,
+        riders: &[Verb],
+    ) -> Result<(HeldRangeToken, Riders), LockError> {
+        check_range(start, end)?;
+        if end == u64::MAX {
+            return Ok((self.acquire(ep, start, end)?, None));
+        }
+        let held = self.inner.acquire_with_reads(ep, start, end, riders);
+        self.remember();
+        let (held, replies) = held?;
+        Ok((HeldRangeToken { start, end, held: HeldBy::Citron(held) }, replies))
     }
 
     /// Algorithm 3's batch, with `verbs` first in it.

@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 
 use super::recovery::Progress;
 use super::waits::Ancestors;
-use super::{read_words, CitronClient, HeldNode, HeldRange, PASS_TICKET};
+use super::{read_words, CitronClient, HeldNode, HeldRange, Riding, PASS_TICKET};
 use crate::citron::geometry::SegmentedTree;
 use crate::citron::scale::Anchor;
 use crate::citron::tree::{Cover, NodeIndex, TreeShape};
 use crate::citron::tuning::{TWaitWord, WaitWindow};
 use crate::citron::word::{Internal, Ticket, BOUNDARIES, NOTIFY, OCCUPY, TAKE_TICKET};
 use crate::rdma::{Endpoint, Verb};
-use crate::rwlock::{LockError, Mode};
+use crate::rwlock::{LockError, Mode, Riders};
 
 /// The nodes a request holds while it locks its next one.
 #[derive(Default)]
@@ -130,6 +130,37 @@ impl CitronClient {
         self.acquire_until(ep, l, RangeEnd::At(r))
     }
 
+    /// [`CitronClient::acquire`], with `riders` (reads of memory behind
+    /// the same endpoint) riding on the batch of Steps 2(c)+(d) that takes
+    /// the request's node, right after its lock and notify verbs: their
+    /// replies if that batch took the node and nothing was waited for
+    /// after it, else `None` (the caller reads them again).
+    ///
+    /// Why the replies are read under the lock: the verbs of one endpoint
+    /// execute in order, so the reads ran after our bits or our Occ and
+    /// our notifications were in place. If Inequation (1) then holds (we
+    /// are not aborting), any holder of an ancestor that occupied it after
+    /// our ancestor read waits for our notification and then for our
+    /// release; one that occupied it before, we saw occupied and waited
+    /// for. Conflicting requests on the node itself are excluded by its
+    /// leaf bits or its bakery. So nobody changes our units between the
+    /// batch and our release, exactly as for reads posted after the
+    /// acquisition returned. Only a request of one node carries them (a
+    /// later node of a request may yet make it start over), and not an
+    /// internal node that still waits for descendants after its batch.
+    pub fn acquire_with_reads(
+        &mut self,
+        ep: &Endpoint,
+        l: u64,
+        r: u64,
+        riders: &[Verb],
+    ) -> Result<(HeldRange, Riders), LockError> {
+        self.riding = Riding { verbs: riders.to_vec(), armed: false, replies: None };
+        let held = self.acquire(ep, l, r);
+        let replies = std::mem::take(&mut self.riding).replies;
+        Ok((held?, replies))
+    }
+
     /// Locks units `[l, ∞)`: the tree's part `[l, N)`, if any, and the
     /// spillover mutex, which guards all of `[N, ∞)`. The border this OR-s
     /// into the maximizer (§3.9.1) is where the range *starts*, `l + 1`, and
@@ -185,6 +216,8 @@ impl CitronClient {
             RangeEnd::Infinite => u64::MAX,
         };
         let mut held = HeldRange { start: l, end: r, nodes: Vec::new(), units_end, spillover: false, shape };
+        self.riding.replies = None;
+        self.riding.armed = false;
         if r > n {
             self.spillover.acquire(ep, Mode::Exclusive)?;
             held.spillover = true;
@@ -243,6 +276,8 @@ impl CitronClient {
                     None => covers.push(c),
                 }
             }
+            self.riding.armed =
+                !self.riding.verbs.is_empty() && !held.spillover && riding.is_empty() && covers.len() == 1;
             if !covers.is_empty() {
                 match self.lock_covers(ep, shape, &covers) {
                     Ok(Some(nodes)) => held.nodes = nodes,
@@ -316,6 +351,7 @@ impl CitronClient {
                         let mut marks = Progress::of_held(&cur.tree, held, self.tick());
                         self.clear_dead_leaf_bits(ep, addr, (leaf, shape.key(leaf)), &mut marks)?;
                         held.acquired_at = Instant::now();
+                        self.riding.replies = None;
                     }
                     return Ok(Some(others.held));
                 }
@@ -395,6 +431,8 @@ impl CitronClient {
                         }
                     };
                     let mut held = held;
+                    // Held through the parent: the riders are read again.
+                    self.riding.replies = None;
                     if !held.children {
                         let cur = self.current.clone();
                         let addr = cur.tree.key(shape.key(leaf));
@@ -416,6 +454,7 @@ impl CitronClient {
         cover: Cover,
         others: &mut Others,
     ) -> Result<Attempt, LockError> {
+        self.riding.replies = None;
         let cur = self.current.clone();
         let tree = &cur.tree;
         let shape = tree.shape();
@@ -501,6 +540,14 @@ impl CitronClient {
             // reading (the argument is in `tuning`).
             let tuning_slot =
                 self.config.published_t_wait.map(|word| batch.push(Verb::Read { addr: word, len: 8 }));
+            // The caller's reads, last (see `acquire_with_reads`).
+            let riders = self.riding.armed.then(|| {
+                let first = batch.len();
+                for v in &self.riding.verbs {
+                    batch.push(v.clone());
+                }
+                first..batch.len()
+            });
             let replies = batch.submit()?;
             let t2 = Instant::now();
             let children_taken: Vec<bool> =
@@ -576,6 +623,8 @@ impl CitronClient {
                 let mut marks = Progress::of_held(tree, &held, self.tick());
                 self.wait_for_descendants(ep, tree, node, others, &mut marks)?;
                 held.acquired_at = Instant::now();
+            } else if let Some(riders) = riders {
+                self.riding.replies = Some(replies.as_slice()[riders].to_vec());
             }
             return Ok(Attempt::Acquired(held));
         }

@@ -164,8 +164,8 @@ use super::scale::Anchor;
 use super::tree::{NodeIndex, NodeKey, TreeShape, MAX_DEPTH};
 use super::word::{Internal, COUNTER_BITS, TCNT_SHIFT};
 use crate::rdma::arith::field_delta;
-use crate::rdma::{RemoteAddr, VerbReply};
-use crate::rwlock::{LockError, RwLockClient};
+use crate::rdma::{RemoteAddr, Verb, VerbReply};
+use crate::rwlock::{LockError, Riders, RwLockClient};
 
 pub use resize::{ScaleDown, ScaleUp};
 pub use waits::notify_levels;
@@ -411,6 +411,23 @@ pub struct CitronClient {
     recoveries: Cell<u64>,
     /// The ranges and nodes this client holds ([`own`]).
     own: own::Own,
+    /// Reads riding on the acquisition under way
+    /// ([`CitronClient::acquire_with_reads`]).
+    riding: Riding,
+}
+
+/// The caller's reads that ride on the batch of Steps 2(c)+(d) of a
+/// request's one node, and their replies once that batch took the node.
+#[derive(Default)]
+struct Riding {
+    verbs: Vec<Verb>,
+    /// This attempt's batch carries them: the request is one node of the
+    /// tree (no spillover mutex, no node it rides on), so taking that node
+    /// is taking the whole range.
+    armed: bool,
+    /// Their replies, from the batch that took the node without a wait
+    /// after it; `None` otherwise.
+    replies: Riders,
 }
 
 impl CitronClient {
@@ -431,6 +448,7 @@ impl CitronClient {
             stats: CitronStats::default(),
             recoveries: Cell::new(0),
             own: own::Own::default(),
+            riding: Riding::default(),
         }
     }
 
@@ -470,6 +488,7 @@ impl CitronClient {
             stats: CitronStats::default(),
             recoveries: Cell::new(0),
             own: own::Own::default(),
+            riding: Riding::default(),
         })
     }
 
