@@ -140,6 +140,16 @@ pub trait RwLockClient: Send {
         let released = self.release(ep);
         posted.and(released)
     }
+
+    /// The verbs that release the lock now, for the caller to post last in
+    /// a batch of its own on the endpoint it acquired with (right away: a
+    /// lease may be running), when the release is a fixed list of verbs
+    /// whose replies the algorithm needs not see; the handle then counts
+    /// as released. `None` (the default, and whenever the release must
+    /// look at what it finds): call [`RwLockClient::release`].
+    fn release_verbs(&mut self) -> Option<Vec<Verb>> {
+        None
+    }
 }
 
 /// Replies of reads that rode on an acquisition

@@ -66,6 +66,17 @@ struct InodeHold {
     lock: Box<dyn RwLockClient>,
 }
 
+/// What an I/O leaves for the batch that gives its inode mutex back
+/// ([`FsClient::with_inode_lock_io`]).
+#[derive(Default)]
+struct Leftovers {
+    /// A range hold whose data verbs all went out, to give back first.
+    range: Option<RangeHold>,
+    /// Writes to the meta-server's memory still to be made under the
+    /// mutex (after the range went back, as the mtime of a write is).
+    writes: Vec<Verb>,
+}
+
 /// One attempt of a read or write under a range hold.
 enum Attempt<T> {
     Done(T),
@@ -107,8 +118,19 @@ fn retrying_late_holds<T>(
 /// when none must count (the operation is done again) any failure is only
 /// logged: the next attempt's acquisition meets what caused it.
 fn release_range(ep: &citron_lock::rdma::Endpoint, hold: RangeHold, verbs_sent: bool) -> Result<(), FsError> {
+    release_range_then(ep, hold, verbs_sent, &[])
+}
+
+/// [`release_range`], with `after` (what the caller posts next on `ep`)
+/// in the release's batch where the range lock allows.
+fn release_range_then(
+    ep: &citron_lock::rdma::Endpoint,
+    hold: RangeHold,
+    verbs_sent: bool,
+    after: &[Verb],
+) -> Result<(), FsError> {
     let bytes = hold.bytes();
-    match hold.release_after_verbs(ep) {
+    match hold.release_after_verbs_then(ep, after) {
         Ok(Released::OnTime) => Ok(()),
         Ok(Released::Late) if verbs_sent => {
             log::warn!(
@@ -213,6 +235,30 @@ impl FsClient {
         }
     }
 
+    /// Gives back what an I/O holds, in the order of its locks' releases
+    /// one after another: its range hold, then its writes, then the inode
+    /// mutex; as one batch on the meta-server's endpoint where the locks
+    /// allow (Citron's release batch ends with the rest, and a ShiftLock
+    /// reader's release is one verb:
+    /// [`RwLockClient::release_verbs`]). Each verb of the batch executes
+    /// after the ones before it, so every lock still goes back only after
+    /// what it guarded is done.
+    fn unlock_io(
+        &self,
+        eps: &Endpoints,
+        mut hold: Option<InodeHold>,
+        left: Leftovers,
+    ) -> Result<(), FsError> {
+        let Some(range) = left.range else { return self.unlock_inode(eps, hold, &left.writes) };
+        let mut after = left.writes;
+        let inode_verbs = hold.as_mut().and_then(|h| h.lock.release_verbs());
+        let detached = inode_verbs.is_some();
+        after.extend(inode_verbs.unwrap_or_default());
+        let released = release_range_then(&eps.meta, range, true, &after);
+        let inode = if detached { Ok(()) } else { self.unlock_inode(eps, hold, &[]) };
+        released.and(inode)
+    }
+
     /// Runs `f` holding the inode mutex of `ino` (if it has lock memory) in
     /// `mode`, and releases it whatever `f` returns.
     fn with_inode_lock<R>(
@@ -240,9 +286,10 @@ impl FsClient {
     ///   mutex's acquisition when the slot's address is known (the layout
     ///   is cached): `f` gets the slot as read under the mutex, or `None`
     ///   to read it itself;
-    /// * `f` answers, beside its result, writes to the meta-server's memory
-    ///   still to be made under the mutex (the mtime of a write), posted in
-    ///   the batch that releases it.
+    /// * `f` answers, beside its result, its [`Leftovers`]: a range hold
+    ///   and writes to the meta-server's memory (the mtime of a write),
+    ///   given back and posted in the batch that releases the mutex
+    ///   ([`FsClient::unlock_io`]).
     ///
     /// Both keep the order of the verbs on the one endpoint of the
     /// meta-server (the slot read after the acquiring atomic, the writes
@@ -254,7 +301,7 @@ impl FsClient {
         ino: Ino,
         area: Option<LockArea>,
         mode: Mode,
-        f: impl FnOnce(&mut Endpoints, Option<(AttrSlot, SlotWords)>) -> Result<(R, Vec<Verb>), FsError>,
+        f: impl FnOnce(&mut Endpoints, Option<(AttrSlot, SlotWords)>) -> Result<(R, Leftovers), FsError>,
     ) -> Result<R, FsError> {
         let slot = area.and(self.cached_slot(ino));
         let riders: Vec<Verb> = slot.map(Self::slot_read_verb).into_iter().collect();
@@ -272,11 +319,11 @@ impl FsClient {
             },
             _ => None,
         };
-        let (result, tail) = match f(eps, read) {
-            Ok((r, tail)) => (Ok(r), tail),
-            Err(e) => (Err(e), Vec::new()),
+        let (result, left) = match f(eps, read) {
+            Ok((r, left)) => (Ok(r), left),
+            Err(e) => (Err(e), Leftovers::default()),
         };
-        let released = self.unlock_inode(eps, hold, &tail);
+        let released = self.unlock_io(eps, hold, left);
         let r = result?;
         released?;
         Ok(r)
@@ -299,7 +346,7 @@ impl FsClient {
                     let (layout, slot) = self.current_layout_read(eps, ino, read)?;
                     let end = offset.saturating_add(len.into()).min(slot.size);
                     if offset >= end {
-                        return Ok((Attempt::Done(Vec::new()), Vec::new()));
+                        return Ok((Attempt::Done(Vec::new()), Leftovers::default()));
                     }
                     let range = match &area {
                         Some(a) => {
@@ -309,15 +356,21 @@ impl FsClient {
                     };
                     let until = range.as_ref().map(RangeHold::until);
                     let data = self.read_data(eps, &layout, offset, end, until);
+                    // A hold whose verbs all went out goes back with the
+                    // inode mutex, in one batch.
                     let complete = matches!(data, Ok(Some(_)));
-                    if let Some(r) = range {
-                        release_range(&eps.meta, r, complete)?;
-                    }
+                    let range = match range {
+                        Some(r) if !complete => {
+                            release_range(&eps.meta, r, complete)?;
+                            None
+                        }
+                        r => r,
+                    };
                     let attempt = match data? {
                         Some(d) => Attempt::Done(d),
                         None => Attempt::HoldExpired,
                     };
-                    Ok((attempt, Vec::new()))
+                    Ok((attempt, Leftovers { range, writes: Vec::new() }))
                 })
             })
         })
@@ -383,7 +436,7 @@ impl FsClient {
                     .filter(|e| *e <= MAX_FILE_SIZE)
                     .ok_or(FsError::FileTooBig)?;
                 if data.is_empty() {
-                    return Ok((Attempt::Done(Some(offset)), Vec::new()));
+                    return Ok((Attempt::Done(Some(offset)), Leftovers::default()));
                 }
                 // Under the exclusive inode mutex no other I/O runs: no
                 // range lock needed.
@@ -407,22 +460,37 @@ impl FsClient {
                 // delay), which must not count against this range's own
                 // lease H (no takeover before a fence). Readers clip to the published size,
                 // so they see the new bytes only after it.
+                // A write within the size publishes with one store, no
+                // wait: its range then goes back with the inode mutex, in
+                // one batch after its data verbs.
                 let complete = matches!(written, Ok(Written::Done(_)));
-                let released = match range {
-                    Some(r) => release_range(&eps.meta, r, complete),
-                    None => Ok(()),
+                let (released, range) = match range {
+                    Some(r) if complete && end <= size => (Ok(()), Some(r)),
+                    Some(r) => (release_range(&eps.meta, r, complete), None),
+                    None => (Ok(()), None),
                 };
                 let published = written.and_then(|w| match w {
                     Written::Done(l) => {
                         let slot = l.read().slot;
                         self.publish(eps, area.as_ref(), slot, end, size)
-                            .map(|tail| (Attempt::Done(Some(offset)), tail))
+                            .map(|writes| (Attempt::Done(Some(offset)), writes))
                     }
                     Written::NeedsGrowth => Ok((Attempt::Done(None), Vec::new())),
                     Written::HoldExpired => Ok((Attempt::HoldExpired, Vec::new())),
                 });
+                let ((attempt, writes), range) = match (published, range) {
+                    (Ok(p), range) => (p, range),
+                    (Err(e), Some(r)) => {
+                        release_range(&eps.meta, r, true)?;
+                        return Err(e);
+                    }
+                    (Err(e), None) => {
+                        released?;
+                        return Err(e);
+                    }
+                };
                 released?;
-                published
+                Ok((attempt, Leftovers { range, writes }))
             })
         })
     }

@@ -271,9 +271,19 @@ impl RangeHold {
     /// then no failure of the operation, since with the fence delay no
     /// takeover can have come before those verbs landed (or were refused,
     /// see [`fence_delay_for`]); it says [`Released::Late`].
-    pub fn release_after_verbs(mut self, ep: &Endpoint) -> Result<Released, FsError> {
-        let Some(h) = self.held.take() else { return Ok(Released::OnTime) };
-        match self.client.release(ep, h) {
+    pub fn release_after_verbs(self, ep: &Endpoint) -> Result<Released, FsError> {
+        self.release_after_verbs_then(ep, &[])
+    }
+
+    /// [`RangeHold::release_after_verbs`], with `after` (what the caller
+    /// posts next on `ep`) at the end of the release's batch where the
+    /// range lock allows ([`RangeLockClient::release_around`]).
+    pub fn release_after_verbs_then(mut self, ep: &Endpoint, after: &[Verb]) -> Result<Released, FsError> {
+        let Some(h) = self.held.take() else {
+            citron_lock::rwlock::execute_all(ep, after)?;
+            return Ok(Released::OnTime);
+        };
+        match self.client.release_around(ep, h, &[], after) {
             Ok(()) => Ok(Released::OnTime),
             Err(citron_lock::rwlock::LockError::Fenced) => Ok(Released::Late),
             Err(e) => Err(e.into()),

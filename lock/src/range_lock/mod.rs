@@ -195,21 +195,37 @@ pub trait RangeLockClient: Send {
     fn stats(&self) -> RangeLockStats;
 
     /// Posts `verbs` (writes made under the range, on lock memory of the
-    /// same endpoint) and then releases the range. An algorithm whose
-    /// release is one batch of verbs puts them first in that batch: they
-    /// execute before its release verbs (one endpoint's verbs execute in
-    /// order), so whoever gets the range next sees them, exactly as when
-    /// they were waited for before the release, which the default does. A
-    /// refused verb fails the call; the range is released all the same.
+    /// same endpoint) and then releases the range
+    /// ([`RangeLockClient::release_around`] with nothing after).
     fn release_after(
         &mut self,
         ep: &Endpoint,
         held: HeldRangeToken,
         verbs: &[Verb],
     ) -> Result<(), LockError> {
-        let posted = crate::rwlock::execute_all(ep, verbs);
+        self.release_around(ep, held, verbs, &[])
+    }
+
+    /// Posts `before` (writes made under the range, on lock memory of the
+    /// same endpoint), releases the range, then posts `after` (what the
+    /// caller does next on that endpoint, such as releasing another
+    /// lock). An algorithm whose release is one batch of verbs puts
+    /// `before` first in that batch and `after` last: one endpoint's verbs
+    /// execute in order, so whoever gets the range next sees `before`, and
+    /// `after` runs once the range is released, exactly as with the three
+    /// waited for one after another, which the default does. A refused verb
+    /// fails the call; the range is released all the same.
+    fn release_around(
+        &mut self,
+        ep: &Endpoint,
+        held: HeldRangeToken,
+        before: &[Verb],
+        after: &[Verb],
+    ) -> Result<(), LockError> {
+        let posted = crate::rwlock::execute_all(ep, before);
         let released = self.release(ep, held);
-        posted.and(released)
+        let then = crate::rwlock::execute_all(ep, after);
+        posted.and(released).and(then)
     }
 
     /// [`RangeLockClient::acquire`], with `riders` (reads of memory behind
@@ -314,15 +330,17 @@ impl RangeLockClient for CitronRangeClient {
         Ok((HeldRangeToken { start, end, held: HeldBy::Citron(held) }, replies))
     }
 
-    /// Algorithm 3's batch, with `verbs` first in it.
-    fn release_after(
+    /// Algorithm 3's batch, with `before` first in it and `after` last
+    /// ([`CitronClient::release_around`]).
+    fn release_around(
         &mut self,
         ep: &Endpoint,
         held: HeldRangeToken,
-        verbs: &[Verb],
+        before: &[Verb],
+        after: &[Verb],
     ) -> Result<(), LockError> {
         let released = match held.held {
-            HeldBy::Citron(h) => self.inner.release_after(ep, h, verbs.to_vec()),
+            HeldBy::Citron(h) => self.inner.release_around(ep, h, before.to_vec(), after.to_vec()),
             _ => Err(LockError::Misuse("a token of another range lock released on a Citron client")),
         };
         self.remember();

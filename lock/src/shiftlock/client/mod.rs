@@ -204,6 +204,18 @@ impl RwLockClient for ShiftLockClient {
         Ok(None)
     }
 
+    /// A reader within its lease releases with one FAA (Alg. 3 line 2)
+    /// whose old entry serves only a diagnostic (a recovery within a
+    /// reader's lease cannot happen): the caller may post it.
+    fn release_verbs(&mut self) -> Option<Vec<Verb>> {
+        let State::ReaderHolding { lease_start, .. } = self.state else { return None };
+        if lease_start.elapsed() >= self.config.lease {
+            return None;
+        }
+        self.state = State::Idle;
+        Some(vec![self.reader_leave_verb()])
+    }
+
     /// A reader within its lease posts `verbs` and its FAA (Alg. 3 line 2)
     /// in one batch; a writer, whose release may hand over or wait for a
     /// successor, posts them first on their own.

@@ -13,6 +13,11 @@ use crate::shiftlock::entry::{
 use crate::shiftlock::message::{PeerMessage, Verdict, Wire};
 
 impl ShiftLockClient {
+    /// A reader's release within its lease (Alg. 3 line 2).
+    pub(super) fn reader_leave_verb(&self) -> Verb {
+        Verb::ExtFaa { addr: self.lock.entry, add: READER_LEAVE, boundary_mask: BOUNDARIES }
+    }
+
     /// Alg. 3 line 2 within the lease; after it, the conditional form.
     /// `before`: the caller's writes under the lock, posted first (in the
     /// same batch as the FAA within the lease: they execute before it, so
@@ -27,7 +32,7 @@ impl ShiftLockClient {
         if lease_start.elapsed() < self.config.lease {
             // No recovery can have happened: every waiter's 3 × T_lease
             // started no earlier than our lease did (§3.6).
-            let leave = Verb::ExtFaa { addr: self.lock.entry, add: READER_LEAVE, boundary_mask: BOUNDARIES };
+            let leave = self.reader_leave_verb();
             let old = if before.is_empty() {
                 Entry(ep.ext_faa(self.lock.entry, READER_LEAVE, BOUNDARIES)?)
             } else {
