@@ -37,6 +37,11 @@ const LOCK_ROUND_TRIPS: u64 = 4;
 /// An fcntl unlock: the ancestor read; the lock batch with the table read;
 /// the slot freed in the release batch.
 const UNLOCK_ROUND_TRIPS: u64 = 3;
+/// A write that extends the file: as [`IO_ROUND_TRIPS`] up to its data
+/// verbs; then the range given back; the attribute ALock with the size
+/// read; the size and mtime stored in the ALock's release batch; the inode
+/// mutex given back.
+const EXTEND_ROUND_TRIPS: u64 = 8;
 /// A read or write: the inode mutex with the attribute slot read; the
 /// ancestor read; the lock batch; the data verbs (one batch to the data
 /// server); the range, the mtime store and the inode mutex given back in
@@ -116,6 +121,18 @@ fn round_trips_per_operation_on_tcp() {
     let write_small = each(&client, || {
         client.write(ino, 4096, &small, false).unwrap();
     });
+    let extend = {
+        let ino: Ino = client.create(ME, Ino::ROOT, b"g", FileKind::File, 0o644, 0).unwrap().ino;
+        client.open(ino).unwrap();
+        // Its chunk allocated whole first: no write needs an extent (which
+        // takes the inode mutex exclusive and no range lock).
+        client.fallocate(ino, 0, CHUNK, true).unwrap();
+        let mut at = 0;
+        each(&client, || {
+            client.write(ino, at, &small, false).unwrap();
+            at += SMALL as u64;
+        })
+    };
     let read_small = each(&client, || {
         assert_eq!(client.read(ino, 4096, SMALL as u32).unwrap(), small);
     });
@@ -128,6 +145,7 @@ fn round_trips_per_operation_on_tcp() {
         ("fcntl unlock", fewest("fcntl unlock", &unlocks), UNLOCK_ROUND_TRIPS),
         ("write 4KiB", fewest("write 4KiB", &write_small), IO_ROUND_TRIPS),
         ("read 4KiB", fewest("read 4KiB", &read_small), IO_ROUND_TRIPS),
+        ("extend 4KiB", fewest("extend 4KiB", &extend), EXTEND_ROUND_TRIPS),
         ("write 1MiB", fewest("write 1MiB", &write_large), IO_ROUND_TRIPS),
         ("read 1MiB", fewest("read 1MiB", &read_large), IO_ROUND_TRIPS),
     ];

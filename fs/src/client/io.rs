@@ -77,6 +77,9 @@ struct Leftovers {
     writes: Vec<Verb>,
 }
 
+/// Bytes of one word of an attribute slot.
+const WORD_BYTES: u32 = 8;
+
 /// One attempt of a read or write under a range hold.
 enum Attempt<T> {
     Done(T),
@@ -535,22 +538,31 @@ impl FsClient {
             self.timing.mutex,
             &eps.locks,
         )?;
-        alock.acquire(&eps.meta, Mode::Exclusive)?;
+        // The size read rides on the ALock's acquisition, and the stores go
+        // in the batch that releases it (each in order with the lock's own
+        // verbs: see `acquire_with_reads` and `release_after`).
+        let size_read = [Verb::Read { addr: slot.size(), len: WORD_BYTES }];
+        let replies = alock.acquire_with_reads(&eps.meta, Mode::Exclusive, &size_read)?;
         super::stop_hook::holding(super::stop_hook::Holding::AttrLock);
-        let updated = (|| -> Result<(), FsError> {
-            let current = eps.meta.read_u64(slot.size())?;
+        let stores = (|| -> Result<Vec<Verb>, FsError> {
+            let current = match replies.as_deref() {
+                Some([Ok(VerbReply::Data(b))]) if b.len() == WORD_BYTES as usize => {
+                    u64::from_le_bytes(b[..].try_into().expect("8 bytes"))
+                }
+                _ => eps.meta.read_u64(slot.size())?,
+            };
             let mut verbs = Vec::with_capacity(2);
             if end > current {
                 verbs.push(Verb::Write { addr: slot.size(), data: end.to_le_bytes().to_vec() });
             }
             verbs.push(Verb::Write { addr: slot.mtime(), data: now });
-            for r in eps.meta.execute(&verbs)? {
-                r.map_err(|e| FsError::Io(format!("attribute slot: {e}")))?;
-            }
-            Ok(())
+            Ok(verbs)
         })();
-        let released = alock.release(&eps.meta);
-        updated?;
+        let released = match &stores {
+            Ok(verbs) => alock.release_after(&eps.meta, verbs),
+            Err(_) => alock.release(&eps.meta),
+        };
+        stores?;
         released?;
         Ok(Vec::new())
     }
