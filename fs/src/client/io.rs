@@ -35,14 +35,16 @@
 //! by the open ([`super::opens`]).
 
 use citron_lock::lock_host::open_lock;
-use citron_lock::rdma::{Verb, VerbReply};
+use std::time::Instant;
+
+use citron_lock::rdma::{Verb, VerbError, VerbReply};
 use citron_lock::rwlock::{execute_all, Algorithm, Mode, Riders, RwLockClient};
 
 use super::layouts::{SlotWords, WriteUnder};
 use super::opens::Pinned;
 use super::{Endpoints, FsClient, Written};
 use crate::error::FsError;
-use crate::locks::guard::{RangeHold, Released};
+use crate::locks::guard::{RangeHold, RangePlan, Released};
 use crate::locks::{ByteRange, LockArea};
 use crate::proto::{AttrSlot, MAX_AHEAD_CHUNKS};
 use crate::types::{
@@ -75,6 +77,37 @@ struct Leftovers {
     /// Writes to the meta-server's memory still to be made under the
     /// mutex (after the range went back, as the mtime of a write is).
     writes: Vec<Verb>,
+}
+
+/// What an I/O's inode mutex acquisition read ahead for it
+/// ([`FsClient::with_inode_lock_io`]).
+struct Ahead {
+    /// The attribute slot (its address and words), read under the mutex.
+    slot: Option<(AttrSlot, SlotWords)>,
+    /// The range lock opened for the bytes the I/O was asked for, and the
+    /// replies of its early reads with when they were posted.
+    range: Option<(RangePlan, Option<(Instant, Vec<Result<VerbReply, VerbError>>)>)>,
+}
+
+impl Ahead {
+    /// Takes the range lock of `area` over `bytes`, through the plan made
+    /// ahead if there is one (the early reads are used only if they are
+    /// those of `bytes`: the range lock checks).
+    fn range_hold(
+        &mut self,
+        eps: &Endpoints,
+        area: &LockArea,
+        timing: &crate::locks::LockTiming,
+        bytes: ByteRange,
+    ) -> Result<RangeHold, FsError> {
+        match self.range.take() {
+            Some((plan, early)) => {
+                let early = early.as_ref().map(|(posted, replies)| (*posted, replies.as_slice()));
+                RangeHold::acquire_planned(&eps.meta, area, timing, bytes, plan, early)
+            }
+            None => RangeHold::acquire(&eps.meta, area, timing, bytes),
+        }
+    }
 }
 
 /// Bytes of one word of an attribute slot.
@@ -304,10 +337,23 @@ impl FsClient {
         ino: Ino,
         area: Option<LockArea>,
         mode: Mode,
-        f: impl FnOnce(&mut Endpoints, Option<(AttrSlot, SlotWords)>) -> Result<(R, Leftovers), FsError>,
+        range_guess: Option<ByteRange>,
+        f: impl FnOnce(&mut Endpoints, Ahead) -> Result<(R, Leftovers), FsError>,
     ) -> Result<R, FsError> {
         let slot = area.and(self.cached_slot(ino));
-        let riders: Vec<Verb> = slot.map(Self::slot_read_verb).into_iter().collect();
+        let mut riders: Vec<Verb> = slot.map(Self::slot_read_verb).into_iter().collect();
+        // The range lock's first reads too, if it has some to make.
+        let plan = match (&area, range_guess) {
+            (Some(a), Some(bytes)) if mode == Mode::Shared && slot.is_some() => {
+                Some(RangeHold::plan(a, &self.timing, bytes)?)
+            }
+            _ => None,
+        };
+        let early_at = riders.len();
+        if let Some(p) = &plan {
+            riders.extend(p.early.iter().cloned());
+        }
+        let posted = Instant::now();
         let (hold, replies) = match &area {
             Some(a) => {
                 let (hold, replies) = self.lock_inode(eps, a, mode, &riders)?;
@@ -316,13 +362,15 @@ impl FsClient {
             None => (None, None),
         };
         let read = match (slot, replies.as_deref()) {
-            (Some(at), Some([Ok(VerbReply::Data(bytes))])) => match SlotWords::decode(bytes) {
+            (Some(at), Some([Ok(VerbReply::Data(bytes)), ..])) => match SlotWords::decode(bytes) {
                 Ok(words) => Some((at, words)),
                 Err(_) => None,
             },
             _ => None,
         };
-        let (result, left) = match f(eps, read) {
+        let early = replies.filter(|r| r.len() > early_at).map(|mut r| (posted, r.split_off(early_at)));
+        let ahead = Ahead { slot: read, range: plan.map(|p| (p, early)) };
+        let (result, left) = match f(eps, ahead) {
             Ok((r, left)) => (Ok(r), left),
             Err(e) => (Err(e), Leftovers::default()),
         };
@@ -345,16 +393,17 @@ impl FsClient {
         let area = pin.area;
         retrying_late_holds(ino, "read", || {
             self.with_pinned_endpoints(pin, |eps| {
-                self.with_inode_lock_io(eps, ino, area, Mode::Shared, |eps, read| {
-                    let (layout, slot) = self.current_layout_read(eps, ino, read)?;
+                // The bytes asked for: the range lock's early reads are
+                // for them (the size may cut them short).
+                let guess = guessed_range(offset, offset.saturating_add(len.into()));
+                self.with_inode_lock_io(eps, ino, area, Mode::Shared, guess, |eps, mut ahead| {
+                    let (layout, slot) = self.current_layout_read(eps, ino, ahead.slot)?;
                     let end = offset.saturating_add(len.into()).min(slot.size);
                     if offset >= end {
                         return Ok((Attempt::Done(Vec::new()), Leftovers::default()));
                     }
                     let range = match &area {
-                        Some(a) => {
-                            Some(RangeHold::acquire(&eps.meta, a, &self.timing, byte_range(offset, end)?)?)
-                        }
+                        Some(a) => Some(ahead.range_hold(eps, a, &self.timing, byte_range(offset, end)?)?),
                         None => None,
                     };
                     let until = range.as_ref().map(RangeHold::until);
@@ -423,8 +472,14 @@ impl FsClient {
         let exclusive = mode == Mode::Exclusive;
         let area = pin.area;
         self.with_pinned_endpoints(pin, |eps| {
-            self.with_inode_lock_io(eps, ino, area, mode, |eps, read| {
-                let (layout, slot) = self.current_layout_read(eps, ino, read)?;
+            // The bytes of a write at its offset (an append's end is known
+            // only under the mutex, which it holds exclusive: no range).
+            let guess = match append {
+                true => None,
+                false => offset.checked_add(data.len() as u64).and_then(|end| guessed_range(offset, end)),
+            };
+            self.with_inode_lock_io(eps, ino, area, mode, guess, |eps, mut ahead| {
+                let (layout, slot) = self.current_layout_read(eps, ino, ahead.slot)?;
                 if let Some(groups_of) = unprivileged.filter(|_| slot.perm & (S_ISUID | S_ISGID) != 0) {
                     let groups = std::cell::OnceCell::new();
                     let in_group = || groups.get_or_init(groups_of).contains(&slot.gid);
@@ -445,7 +500,7 @@ impl FsClient {
                 // range lock needed.
                 let range = match (&area, exclusive) {
                     (Some(a), false) => {
-                        Some(RangeHold::acquire(&eps.meta, a, &self.timing, byte_range(offset, end)?)?)
+                        Some(ahead.range_hold(eps, a, &self.timing, byte_range(offset, end)?)?)
                     }
                     _ => None,
                 };
@@ -628,6 +683,12 @@ impl FsClient {
 }
 
 /// The bytes `offset..end` as an inclusive range (`end > offset`).
+/// The bytes `offset..end` as a range if there are any: what an I/O is
+/// asked for, before the size is known.
+fn guessed_range(offset: u64, end: u64) -> Option<ByteRange> {
+    (end > offset).then(|| ByteRange::new(offset, end - 1)).flatten()
+}
+
 fn byte_range(offset: u64, end: u64) -> Result<ByteRange, FsError> {
     ByteRange::new(offset, end - 1).ok_or_else(|| FsError::Invalid(format!("bad byte range {offset}..{end}")))
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use citron_lock::lock_host;
 use citron_lock::range_lock::{HeldRangeToken, RangeLockClient, RangeLockContext};
-use citron_lock::rdma::{Endpoint, Verb};
+use citron_lock::rdma::{Endpoint, Verb, VerbError, VerbReply};
 use citron_lock::rwlock::Riders;
 
 use super::area::LockArea;
@@ -194,6 +194,13 @@ pub enum Released {
     Late,
 }
 
+/// A range lock opened ahead of its acquisition ([`RangeHold::plan`]).
+pub struct RangePlan {
+    client: Box<dyn RangeLockClient>,
+    /// The reads to post ahead (none: nothing to gain).
+    pub early: Vec<Verb>,
+}
+
 /// A held range lock over some bytes of one file.
 pub struct RangeHold {
     client: Box<dyn RangeLockClient>,
@@ -227,11 +234,47 @@ impl RangeHold {
         bytes: ByteRange,
         riders: &[Verb],
     ) -> Result<(Self, Riders), FsError> {
-        let mut client = timing.ranges.client(&area.range)?;
+        let client = timing.ranges.client(&area.range)?;
+        Self::acquire_on(client, ep, area, timing, bytes, riders)
+    }
+
+    fn acquire_on(
+        mut client: Box<dyn RangeLockClient>,
+        ep: &Endpoint,
+        area: &LockArea,
+        timing: &LockTiming,
+        bytes: ByteRange,
+        riders: &[Verb],
+    ) -> Result<(Self, Riders), FsError> {
         let (l, r) = area.units(bytes);
         let (held, replies) = client.acquire_with_reads(ep, l, r, riders)?;
         let until = Instant::now() + timing.hold_lease();
         Ok((Self { client, held: Some(held), bytes, until }, replies))
+    }
+
+    /// Opens the range lock of `area` for an acquisition of about `bytes`
+    /// to come, with the reads it would make first
+    /// ([`RangeLockClient::early_reads`]) for the caller to post ahead.
+    pub fn plan(area: &LockArea, timing: &LockTiming, bytes: ByteRange) -> Result<RangePlan, FsError> {
+        let mut client = timing.ranges.client(&area.range)?;
+        let (l, r) = area.units(bytes);
+        let early = client.early_reads(l, r);
+        Ok(RangePlan { client, early })
+    }
+
+    /// [`RangeHold::acquire`] of `bytes` through `plan`, whose early reads
+    /// answered `early` (posted at the instant given), if the caller's
+    /// batch carried them.
+    pub fn acquire_planned(
+        ep: &Endpoint,
+        area: &LockArea,
+        timing: &LockTiming,
+        bytes: ByteRange,
+        mut plan: RangePlan,
+        early: Option<(Instant, &[Result<VerbReply, VerbError>])>,
+    ) -> Result<Self, FsError> {
+        plan.client.early_replies(early);
+        Ok(Self::acquire_on(plan.client, ep, area, timing, bytes, &[])?.0)
     }
 
     /// The bytes this hold covers (the request; the units may cover more).

@@ -61,7 +61,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -71,7 +71,7 @@ use crate::citron::host::{InstanceId, RemoteTreeHost, TreeHost, TreeHostRpc};
 use crate::citron::lock::{CitronClient, CitronConfig, CitronLayout, HeldRange, ScalePolicy};
 use crate::citron::tree::TreeShape;
 use crate::dslr::{DslrConfig, DslrLock, DSLR_BYTES};
-use crate::rdma::{Endpoint, RemoteAddr, Verb};
+use crate::rdma::{Endpoint, RemoteAddr, Verb, VerbError, VerbReply};
 use crate::rwlock::{LockError, Riders};
 use rpc::{RangeInstanceId, RangeRpc, RpcGrant, RpcRangeClient, RpcRangeConfig};
 use segments::{SegmentClient, SegmentLayout, SegmentsHeld};
@@ -244,6 +244,21 @@ pub trait RangeLockClient: Send {
         let _ = riders;
         Ok((self.acquire(ep, start, end)?, None))
     }
+
+    /// Reads the algorithm would make first when acquiring `[start, end)`,
+    /// for the caller to post ahead, in a batch it waits for anyway on the
+    /// same endpoint; their replies go to [`RangeLockClient::early_replies`]
+    /// before the acquisition. Empty (the default) when there are none.
+    fn early_reads(&mut self, start: u64, end: u64) -> Vec<Verb> {
+        let _ = (start, end);
+        Vec::new()
+    }
+
+    /// The replies of [`RangeLockClient::early_reads`] and when their
+    /// batch was posted; `None`: they were not answered.
+    fn early_replies(&mut self, early: Option<(Instant, &[Result<VerbReply, VerbError>])>) {
+        let _ = early;
+    }
 }
 
 fn check_range(start: u64, end: u64) -> Result<(), LockError> {
@@ -297,6 +312,8 @@ impl RangeLockClient for CitronRangeClient {
 
     fn acquire(&mut self, ep: &Endpoint, start: u64, end: u64) -> Result<HeldRangeToken, LockError> {
         check_range(start, end)?;
+        // Nothing read early is used by a plain acquisition.
+        self.inner.early_replies(None);
         // "To infinity": see the module comment.
         let held = if end == u64::MAX {
             self.inner.acquire_to_end(ep, start)
@@ -309,6 +326,18 @@ impl RangeLockClient for CitronRangeClient {
 
     fn release(&mut self, ep: &Endpoint, held: HeldRangeToken) -> Result<(), LockError> {
         self.release_after(ep, held, &[])
+    }
+
+    /// The ancestors of a range of one leaf ([`CitronClient::early_reads`]).
+    fn early_reads(&mut self, start: u64, end: u64) -> Vec<Verb> {
+        if end == u64::MAX {
+            return Vec::new();
+        }
+        self.inner.early_reads(start, end)
+    }
+
+    fn early_replies(&mut self, early: Option<(Instant, &[Result<VerbReply, VerbError>])>) {
+        self.inner.early_replies(early);
     }
 
     /// Riders of a range of one tree node go in its Steps 2(c)+(d) batch

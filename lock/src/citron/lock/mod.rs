@@ -416,10 +416,26 @@ pub struct CitronClient {
     riding: Riding,
 }
 
+/// Where an early read of a leaf's ancestors stands.
+#[derive(Default)]
+enum Early {
+    #[default]
+    None,
+    /// Asked for, for this leaf of the tree of this configuration version.
+    Planned { leaf: NodeIndex, version: u64 },
+    /// Read: the words of its ancestors (parent first), and when the read
+    /// was posted (its t1 where it found an ancestor unoccupied).
+    Read { leaf: NodeIndex, version: u64, posted: Instant, words: Vec<Internal> },
+}
+
 /// The caller's reads that ride on the batch of Steps 2(c)+(d) of a
 /// request's one node, and their replies once that batch took the node.
 #[derive(Default)]
 struct Riding {
+    /// An early Step 2(b) read of the ancestors of a request's one leaf,
+    /// posted by the caller ahead of the acquisition
+    /// ([`CitronClient::early_reads`]).
+    early: Early,
     verbs: Vec<Verb>,
     /// This attempt's batch carries them: the request is one node of the
     /// tree (no spillover mutex, no node it rides on), so taking that node
