@@ -27,6 +27,15 @@
 //!   delay every takeover waits (see
 //!   [`fence_delay_for`](crate::locks::guard::fence_delay_for)).
 //!
+//! * on the wire, an I/O posts as few batches as its locks allow (each is
+//!   one round trip on tcp): the attribute slot read and the range lock's
+//!   first reads ride on the inode mutex's acquisition, and the range
+//!   hold, the mtime store and the inode mutex go back in one batch
+//!   ([`FsClient::with_inode_lock_io`]); an extending write reads the size
+//!   with the attribute ALock's acquisition and stores it with its release.
+//!   Every verb keeps its place in the order of the one endpoint's verbs,
+//!   which is what each lock's argument rests on.
+//!
 //! Lock order, the same everywhere: inode mutex, then range lock, then the
 //! attribute ALock. Lock-record operations (fcntl) take only range locks, and
 //! truncate takes no range lock, so no cycle can form.
