@@ -95,8 +95,11 @@ struct Ahead {
     slot: Option<(AttrSlot, SlotWords)>,
     /// The range lock opened for the bytes the I/O was asked for, and the
     /// replies of its early reads with when they were posted.
-    range: Option<(RangePlan, Option<(Instant, Vec<Result<VerbReply, VerbError>>)>)>,
+    range: Option<(RangePlan, Option<EarlyReplies>)>,
 }
+
+/// Replies of a range lock's early reads, and when their batch was posted.
+type EarlyReplies = (Instant, Vec<Result<VerbReply, VerbError>>);
 
 impl Ahead {
     /// Takes the range lock of `area` over `bytes`, through the plan made
