@@ -25,7 +25,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::rdma::{Endpoint, RdmaError, TransportError};
+use crate::rdma::{Endpoint, RdmaError, TransportError, Verb, VerbError, VerbReply};
 
 /// How many fence delays an algorithm's give-up time grows by when it is
 /// given one (`with_fence_delay` of each config): room for that many
@@ -106,6 +106,66 @@ pub trait RwLockClient: Send {
     fn server_calls(&self) -> u64 {
         0
     }
+
+    /// [`RwLockClient::acquire`], and then the reads `riders` (on lock
+    /// memory of the same endpoint) under the lock. An algorithm whose
+    /// first verb can take the lock posts them in the same ordered batch,
+    /// right after that verb, and answers their replies when that verb did
+    /// take it: the verbs of one endpoint execute in order, so the reads
+    /// ran after the lock was ours, as reads posted after `acquire`
+    /// returned would have. `None` (the default, and whenever the lock had
+    /// to be waited for) means the replies are not to be trusted: the
+    /// caller reads again. The riders must be reads: they may run whether
+    /// or not the lock was taken.
+    fn acquire_with_reads(
+        &mut self,
+        ep: &Endpoint,
+        mode: Mode,
+        riders: &[Verb],
+    ) -> Result<Riders, LockError> {
+        let _ = riders;
+        self.acquire(ep, mode)?;
+        Ok(None)
+    }
+
+    /// Posts `verbs` (writes on lock memory of the same endpoint, made
+    /// under the lock) and then [`RwLockClient::release`]s. An algorithm
+    /// whose release starts with one verb posts them in the same ordered
+    /// batch, before that verb: they execute before it, so whoever takes
+    /// the lock next sees them, as when they were waited for before the
+    /// release (the default does exactly that). A refused verb fails the
+    /// call, and the lock is released all the same.
+    fn release_after(&mut self, ep: &Endpoint, verbs: &[Verb]) -> Result<(), LockError> {
+        let posted = execute_all(ep, verbs);
+        let released = self.release(ep);
+        posted.and(released)
+    }
+
+    /// The verbs that release the lock now, for the caller to post last in
+    /// a batch of its own on the endpoint it acquired with (right away: a
+    /// lease may be running), when the release is a fixed list of verbs
+    /// whose replies the algorithm needs not see; the handle then counts
+    /// as released. `None` (the default, and whenever the release must
+    /// look at what it finds): call [`RwLockClient::release`].
+    fn release_verbs(&mut self) -> Option<Vec<Verb>> {
+        None
+    }
+}
+
+/// Replies of reads that rode on an acquisition
+/// ([`RwLockClient::acquire_with_reads`]); `None`: read them again.
+pub type Riders = Option<Vec<Result<VerbReply, VerbError>>>;
+
+/// Runs `verbs` as one ordered batch (nothing when empty) and fails on the
+/// first refused one.
+pub fn execute_all(ep: &Endpoint, verbs: &[Verb]) -> Result<(), LockError> {
+    if verbs.is_empty() {
+        return Ok(());
+    }
+    for r in ep.execute(verbs)? {
+        r?;
+    }
+    Ok(())
 }
 
 /// Holds a lock until dropped. A release that fails on drop is logged: the

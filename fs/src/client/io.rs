@@ -31,6 +31,15 @@
 //!   delay every takeover waits (see
 //!   [`fence_delay_for`](crate::locks::guard::fence_delay_for)).
 //!
+//! * on the wire, an I/O posts as few batches as its locks allow (each is
+//!   one round trip on tcp): the attribute slot read and the range lock's
+//!   first reads ride on the inode mutex's acquisition, and the range
+//!   hold, the mtime store and the inode mutex go back in one batch
+//!   ([`FsClient::with_inode_lock_io`]); an extending write reads the size
+//!   with the attribute ALock's acquisition and stores it with its release.
+//!   Every verb keeps its place in the order of the one endpoint's verbs,
+//!   which is what each lock's argument rests on.
+//!
 //! Lock order, the same everywhere: inode mutex, then range lock, then the
 //! attribute ALock. Lock-record operations (fcntl) take only range locks, and
 //! truncate takes no range lock, so no cycle can form.
@@ -39,14 +48,16 @@
 //! by the open ([`super::opens`]).
 
 use citron_lock::lock_host::open_lock;
-use citron_lock::rdma::Verb;
-use citron_lock::rwlock::{Algorithm, Mode, RwLockClient};
+use std::time::Instant;
 
-use super::layouts::WriteUnder;
+use citron_lock::rdma::{Verb, VerbError, VerbReply};
+use citron_lock::rwlock::{execute_all, Algorithm, Mode, Riders, RwLockClient};
+
+use super::layouts::{SlotWords, WriteUnder};
 use super::opens::Pinned;
 use super::{Endpoints, FsClient, Written};
 use crate::error::FsError;
-use crate::locks::guard::{RangeHold, Released};
+use crate::locks::guard::{RangeHold, RangePlan, Released};
 use crate::locks::{ByteRange, LockArea};
 use crate::proto::{AttrSlot, MAX_AHEAD_CHUNKS};
 use crate::types::{
@@ -69,6 +80,54 @@ pub struct WriteMode<'a> {
 struct InodeHold {
     lock: Box<dyn RwLockClient>,
 }
+
+/// What an I/O leaves for the batch that gives its inode mutex back
+/// ([`FsClient::with_inode_lock_io`]).
+#[derive(Default)]
+struct Leftovers {
+    /// A range hold whose data verbs all went out, to give back first.
+    range: Option<RangeHold>,
+    /// Writes to the meta-server's memory still to be made under the
+    /// mutex (after the range went back, as the mtime of a write is).
+    writes: Vec<Verb>,
+}
+
+/// What an I/O's inode mutex acquisition read ahead for it
+/// ([`FsClient::with_inode_lock_io`]).
+struct Ahead {
+    /// The attribute slot (its address and words), read under the mutex.
+    slot: Option<(AttrSlot, SlotWords)>,
+    /// The range lock opened for the bytes the I/O was asked for, and the
+    /// replies of its early reads with when they were posted.
+    range: Option<(RangePlan, Option<EarlyReplies>)>,
+}
+
+/// Replies of a range lock's early reads, and when their batch was posted.
+type EarlyReplies = (Instant, Vec<Result<VerbReply, VerbError>>);
+
+impl Ahead {
+    /// Takes the range lock of `area` over `bytes`, through the plan made
+    /// ahead if there is one (the early reads are used only if they are
+    /// those of `bytes`: the range lock checks).
+    fn range_hold(
+        &mut self,
+        eps: &Endpoints,
+        area: &LockArea,
+        timing: &crate::locks::LockTiming,
+        bytes: ByteRange,
+    ) -> Result<RangeHold, FsError> {
+        match self.range.take() {
+            Some((plan, early)) => {
+                let early = early.as_ref().map(|(posted, replies)| (*posted, replies.as_slice()));
+                RangeHold::acquire_planned(&eps.meta, area, timing, bytes, plan, early)
+            }
+            None => RangeHold::acquire(&eps.meta, area, timing, bytes),
+        }
+    }
+}
+
+/// Bytes of one word of an attribute slot.
+const WORD_BYTES: u32 = 8;
 
 /// One attempt of a read or write under a range hold.
 enum Attempt<T> {
@@ -111,8 +170,19 @@ fn retrying_late_holds<T>(
 /// when none must count (the operation is done again) any failure is only
 /// logged: the next attempt's acquisition meets what caused it.
 fn release_range(ep: &citron_lock::rdma::Endpoint, hold: RangeHold, verbs_sent: bool) -> Result<(), FsError> {
+    release_range_then(ep, hold, verbs_sent, &[])
+}
+
+/// [`release_range`], with `after` (what the caller posts next on `ep`)
+/// in the release's batch where the range lock allows.
+fn release_range_then(
+    ep: &citron_lock::rdma::Endpoint,
+    hold: RangeHold,
+    verbs_sent: bool,
+    after: &[Verb],
+) -> Result<(), FsError> {
     let bytes = hold.bytes();
-    match hold.release_after_verbs(ep) {
+    match hold.release_after_verbs_then(ep, after) {
         Ok(Released::OnTime) => Ok(()),
         Ok(Released::Late) if verbs_sent => {
             log::warn!(
@@ -182,8 +252,16 @@ impl FsClient {
         Ok(self.pin(ino)?.area)
     }
 
-    /// Takes the inode mutex of `area` in `mode`.
-    fn lock_inode(&self, eps: &Endpoints, area: &LockArea, mode: Mode) -> Result<InodeHold, FsError> {
+    /// Takes the inode mutex of `area` in `mode`, with `riders` (reads of
+    /// the meta-server's memory) riding on its acquisition: their replies
+    /// if they ran under it ([`RwLockClient::acquire_with_reads`]).
+    fn lock_inode(
+        &self,
+        eps: &Endpoints,
+        area: &LockArea,
+        mode: Mode,
+        riders: &[Verb],
+    ) -> Result<(InodeHold, Riders), FsError> {
         let mut lock = open_lock(
             area.inode_lock,
             &eps.meta,
@@ -192,18 +270,45 @@ impl FsClient {
             self.timing.mutex,
             &eps.locks,
         )?;
-        lock.acquire(&eps.meta, mode)?;
+        let replies = lock.acquire_with_reads(&eps.meta, mode, riders)?;
         if mode == Mode::Exclusive {
             super::stop_hook::holding(super::stop_hook::Holding::InodeExclusive);
         }
-        Ok(InodeHold { lock })
+        Ok((InodeHold { lock }, replies))
     }
 
-    fn unlock_inode(&self, eps: &Endpoints, hold: Option<InodeHold>) -> Result<(), FsError> {
+    /// Gives the inode mutex back after `tail` (writes to the meta-server's
+    /// memory made under it), in one batch where the lock can
+    /// ([`RwLockClient::release_after`]); without a mutex, `tail` alone.
+    fn unlock_inode(&self, eps: &Endpoints, hold: Option<InodeHold>, tail: &[Verb]) -> Result<(), FsError> {
         match hold {
-            Some(mut h) => Ok(h.lock.release(&eps.meta)?),
-            None => Ok(()),
+            Some(mut h) => Ok(h.lock.release_after(&eps.meta, tail)?),
+            None => Ok(execute_all(&eps.meta, tail)?),
         }
+    }
+
+    /// Gives back what an I/O holds, in the order of its locks' releases
+    /// one after another: its range hold, then its writes, then the inode
+    /// mutex; as one batch on the meta-server's endpoint where the locks
+    /// allow (Citron's release batch ends with the rest, and a ShiftLock
+    /// reader's release is one verb:
+    /// [`RwLockClient::release_verbs`]). Each verb of the batch executes
+    /// after the ones before it, so every lock still goes back only after
+    /// what it guarded is done.
+    fn unlock_io(
+        &self,
+        eps: &Endpoints,
+        mut hold: Option<InodeHold>,
+        left: Leftovers,
+    ) -> Result<(), FsError> {
+        let Some(range) = left.range else { return self.unlock_inode(eps, hold, &left.writes) };
+        let mut after = left.writes;
+        let inode_verbs = hold.as_mut().and_then(|h| h.lock.release_verbs());
+        let detached = inode_verbs.is_some();
+        after.extend(inode_verbs.unwrap_or_default());
+        let released = release_range_then(&eps.meta, range, true, &after);
+        let inode = if detached { Ok(()) } else { self.unlock_inode(eps, hold, &[]) };
+        released.and(inode)
     }
 
     /// Runs `f` holding the inode mutex of `ino` (if it has lock memory) in
@@ -216,11 +321,76 @@ impl FsClient {
         f: impl FnOnce(&mut Endpoints) -> Result<R, FsError>,
     ) -> Result<R, FsError> {
         let hold = match &area {
-            Some(a) => Some(self.lock_inode(eps, a, mode)?),
+            Some(a) => Some(self.lock_inode(eps, a, mode, &[])?.0),
             None => None,
         };
         let result = f(eps);
-        let released = self.unlock_inode(eps, hold);
+        let released = self.unlock_inode(eps, hold, &[]);
+        let r = result?;
+        released?;
+        Ok(r)
+    }
+
+    /// [`FsClient::with_inode_lock`] for a read or write of `ino`, in as
+    /// few round trips as the locks allow:
+    ///
+    /// * the read of the attribute slot every I/O makes rides on the
+    ///   mutex's acquisition when the slot's address is known (the layout
+    ///   is cached): `f` gets the slot as read under the mutex, or `None`
+    ///   to read it itself;
+    /// * `f` answers, beside its result, its [`Leftovers`]: a range hold
+    ///   and writes to the meta-server's memory (the mtime of a write),
+    ///   given back and posted in the batch that releases the mutex
+    ///   ([`FsClient::unlock_io`]).
+    ///
+    /// Both keep the order of the verbs on the one endpoint of the
+    /// meta-server (the slot read after the acquiring atomic, the writes
+    /// before the releasing one), so `f` sees and leaves the same memory
+    /// as with a verb of its own on either side.
+    fn with_inode_lock_io<R>(
+        &self,
+        eps: &mut Endpoints,
+        ino: Ino,
+        area: Option<LockArea>,
+        mode: Mode,
+        range_guess: Option<ByteRange>,
+        f: impl FnOnce(&mut Endpoints, Ahead) -> Result<(R, Leftovers), FsError>,
+    ) -> Result<R, FsError> {
+        let slot = area.and(self.cached_slot(ino));
+        let mut riders: Vec<Verb> = slot.map(Self::slot_read_verb).into_iter().collect();
+        // The range lock's first reads too, if it has some to make.
+        let plan = match (&area, range_guess) {
+            (Some(a), Some(bytes)) if mode == Mode::Shared && slot.is_some() => {
+                Some(RangeHold::plan(a, &self.timing, bytes)?)
+            }
+            _ => None,
+        };
+        let early_at = riders.len();
+        if let Some(p) = &plan {
+            riders.extend(p.early.iter().cloned());
+        }
+        let posted = Instant::now();
+        let (hold, replies) = match &area {
+            Some(a) => {
+                let (hold, replies) = self.lock_inode(eps, a, mode, &riders)?;
+                (Some(hold), replies)
+            }
+            None => (None, None),
+        };
+        let read = match (slot, replies.as_deref()) {
+            (Some(at), Some([Ok(VerbReply::Data(bytes)), ..])) => match SlotWords::decode(bytes) {
+                Ok(words) => Some((at, words)),
+                Err(_) => None,
+            },
+            _ => None,
+        };
+        let early = replies.filter(|r| r.len() > early_at).map(|mut r| (posted, r.split_off(early_at)));
+        let ahead = Ahead { slot: read, range: plan.map(|p| (p, early)) };
+        let (result, left) = match f(eps, ahead) {
+            Ok((r, left)) => (Ok(r), left),
+            Err(e) => (Err(e), Leftovers::default()),
+        };
+        let released = self.unlock_io(eps, hold, left);
         let r = result?;
         released?;
         Ok(r)
@@ -241,28 +411,36 @@ impl FsClient {
         let area = pin.area;
         retrying_late_holds(ino, "read", || {
             self.with_pinned_endpoints(pin, |eps| {
-                self.with_inode_lock(eps, area, Mode::Shared, |eps| {
-                    let (layout, slot) = self.current_layout(eps, ino)?;
+                // The bytes asked for: the range lock's early reads are
+                // for them (the size may cut them short).
+                let guess = guessed_range(offset, offset.saturating_add(len.into()));
+                self.with_inode_lock_io(eps, ino, area, Mode::Shared, guess, |eps, mut ahead| {
+                    let (layout, slot) = self.current_layout_read(eps, ino, ahead.slot)?;
                     let end = offset.saturating_add(len.into()).min(slot.size);
                     if offset >= end {
-                        return Ok(Attempt::Done(Vec::new()));
+                        return Ok((Attempt::Done(Vec::new()), Leftovers::default()));
                     }
                     let range = match &area {
-                        Some(a) => {
-                            Some(RangeHold::acquire(&eps.meta, a, &self.timing, byte_range(offset, end)?)?)
-                        }
+                        Some(a) => Some(ahead.range_hold(eps, a, &self.timing, byte_range(offset, end)?)?),
                         None => None,
                     };
                     let until = range.as_ref().map(RangeHold::until);
                     let data = self.read_data(eps, &layout, offset, end, until);
+                    // A hold whose verbs all went out goes back with the
+                    // inode mutex, in one batch.
                     let complete = matches!(data, Ok(Some(_)));
-                    if let Some(r) = range {
-                        release_range(&eps.meta, r, complete)?;
-                    }
-                    Ok(match data? {
+                    let range = match range {
+                        Some(r) if !complete => {
+                            release_range(&eps.meta, r, complete)?;
+                            None
+                        }
+                        r => r,
+                    };
+                    let attempt = match data? {
                         Some(d) => Attempt::Done(d),
                         None => Attempt::HoldExpired,
-                    })
+                    };
+                    Ok((attempt, Leftovers { range, writes: Vec::new() }))
                 })
             })
         })
@@ -319,8 +497,14 @@ impl FsClient {
         let exclusive = mode == Mode::Exclusive;
         let area = pin.area;
         self.with_pinned_endpoints(pin, |eps| {
-            self.with_inode_lock(eps, area, mode, |eps| {
-                let (layout, slot) = self.current_layout(eps, ino)?;
+            // The bytes of a write at its offset (an append's end is known
+            // only under the mutex, which it holds exclusive: no range).
+            let guess = match append {
+                true => None,
+                false => offset.checked_add(data.len() as u64).and_then(|end| guessed_range(offset, end)),
+            };
+            self.with_inode_lock_io(eps, ino, area, mode, guess, |eps, mut ahead| {
+                let (layout, slot) = self.current_layout_read(eps, ino, ahead.slot)?;
                 if let Some(groups_of) = unprivileged.filter(|_| slot.perm & (S_ISUID | S_ISGID) != 0) {
                     let groups = std::cell::OnceCell::new();
                     let in_group = || groups.get_or_init(groups_of).contains(&slot.gid);
@@ -335,7 +519,7 @@ impl FsClient {
                     .filter(|e| *e <= MAX_FILE_SIZE)
                     .ok_or(FsError::FileTooBig)?;
                 if data.is_empty() {
-                    return Ok(Attempt::Done(Some(offset)));
+                    return Ok((Attempt::Done(Some(offset)), Leftovers::default()));
                 }
                 if !exclusive && offset < size && end > size {
                     // Across the end: its bytes below the old size would be
@@ -348,7 +532,7 @@ impl FsClient {
                 // range lock needed.
                 let range = match (&area, exclusive) {
                     (Some(a), false) => {
-                        Some(RangeHold::acquire(&eps.meta, a, &self.timing, byte_range(offset, end)?)?)
+                        Some(ahead.range_hold(eps, a, &self.timing, byte_range(offset, end)?)?)
                     }
                     _ => None,
                 };
@@ -366,28 +550,45 @@ impl FsClient {
                 // delay), which must not count against this range's own
                 // lease H (no takeover before a fence). Readers clip to the published size,
                 // so they see the new bytes only after it.
+                // A write within the size publishes with one store, no
+                // wait: its range then goes back with the inode mutex, in
+                // one batch after its data verbs.
                 let complete = matches!(written, Ok(Written::Done(_)));
-                let released = match range {
-                    Some(r) => release_range(&eps.meta, r, complete),
-                    None => Ok(()),
+                let (released, range) = match range {
+                    Some(r) if complete && end <= size => (Ok(()), Some(r)),
+                    Some(r) => (release_range(&eps.meta, r, complete), None),
+                    None => (Ok(()), None),
                 };
                 let published = written.and_then(|w| match w {
                     Written::Done(l) => {
                         let slot = l.read().slot;
                         self.publish(eps, area.as_ref(), slot, end, size)
-                            .map(|()| Attempt::Done(Some(offset)))
+                            .map(|writes| (Attempt::Done(Some(offset)), writes))
                     }
-                    Written::NeedsGrowth => Ok(Attempt::Done(None)),
-                    Written::HoldExpired => Ok(Attempt::HoldExpired),
+                    Written::NeedsGrowth => Ok((Attempt::Done(None), Vec::new())),
+                    Written::HoldExpired => Ok((Attempt::HoldExpired, Vec::new())),
                 });
+                let ((attempt, writes), range) = match (published, range) {
+                    (Ok(p), range) => (p, range),
+                    (Err(e), Some(r)) => {
+                        release_range(&eps.meta, r, true)?;
+                        return Err(e);
+                    }
+                    (Err(e), None) => {
+                        released?;
+                        return Err(e);
+                    }
+                };
                 released?;
-                published
+                Ok((attempt, Leftovers { range, writes }))
             })
         })
     }
 
     /// After a write that ended at `end`: the size grows to `end` if it was
-    /// below (under the attribute ALock), and the mtime becomes now.
+    /// below (under the attribute ALock), and the mtime becomes now. What
+    /// is left to write under the inode mutex is answered, for the batch
+    /// that releases it.
     fn publish(
         &self,
         eps: &mut Endpoints,
@@ -395,13 +596,14 @@ impl FsClient {
         slot: AttrSlot,
         end: u64,
         size_seen: u64,
-    ) -> Result<(), FsError> {
+    ) -> Result<Vec<Verb>, FsError> {
         let now = Timestamp::now().as_nanos().to_le_bytes().to_vec();
         if end <= size_seen {
             // The size only ever grows under shared I/O, so it still covers
-            // us: the mtime is one 8-byte store.
-            eps.meta.write(slot.mtime(), &now)?;
-            return Ok(());
+            // us: the mtime is one 8-byte store, which needs no wait of its
+            // own before the mutex goes back (no lock orders it against
+            // other writers' mtimes: the last store wins, as before).
+            return Ok(vec![Verb::Write { addr: slot.mtime(), data: now }]);
         }
         let Some(area) = area else {
             // No lock memory: a CAS loop up to `end` (nothing else to exclude).
@@ -413,8 +615,7 @@ impl FsClient {
                 }
                 seen = old;
             }
-            eps.meta.write(slot.mtime(), &now)?;
-            return Ok(());
+            return Ok(vec![Verb::Write { addr: slot.mtime(), data: now }]);
         };
         let mut alock = open_lock(
             Algorithm::ALock,
@@ -424,23 +625,33 @@ impl FsClient {
             self.timing.mutex,
             &eps.locks,
         )?;
-        alock.acquire(&eps.meta, Mode::Exclusive)?;
+        // The size read rides on the ALock's acquisition, and the stores go
+        // in the batch that releases it (each in order with the lock's own
+        // verbs: see `acquire_with_reads` and `release_after`).
+        let size_read = [Verb::Read { addr: slot.size(), len: WORD_BYTES }];
+        let replies = alock.acquire_with_reads(&eps.meta, Mode::Exclusive, &size_read)?;
         super::stop_hook::holding(super::stop_hook::Holding::AttrLock);
-        let updated = (|| -> Result<(), FsError> {
-            let current = eps.meta.read_u64(slot.size())?;
+        let stores = (|| -> Result<Vec<Verb>, FsError> {
+            let current = match replies.as_deref() {
+                Some([Ok(VerbReply::Data(b))]) if b.len() == WORD_BYTES as usize => {
+                    u64::from_le_bytes(b[..].try_into().expect("8 bytes"))
+                }
+                _ => eps.meta.read_u64(slot.size())?,
+            };
             let mut verbs = Vec::with_capacity(2);
             if end > current {
                 verbs.push(Verb::Write { addr: slot.size(), data: end.to_le_bytes().to_vec() });
             }
             verbs.push(Verb::Write { addr: slot.mtime(), data: now });
-            for r in eps.meta.execute(&verbs)? {
-                r.map_err(|e| FsError::Io(format!("attribute slot: {e}")))?;
-            }
-            Ok(())
+            Ok(verbs)
         })();
-        let released = alock.release(&eps.meta);
-        updated?;
-        Ok(released?)
+        let released = match &stores {
+            Ok(verbs) => alock.release_after(&eps.meta, verbs),
+            Err(_) => alock.release(&eps.meta),
+        };
+        stores?;
+        released?;
+        Ok(Vec::new())
     }
 
     /// Clears set-user/group-ID bits as a write or truncate by a process
@@ -504,6 +715,12 @@ impl FsClient {
 }
 
 /// The bytes `offset..end` as an inclusive range (`end > offset`).
+/// The bytes `offset..end` as a range if there are any: what an I/O is
+/// asked for, before the size is known.
+fn guessed_range(offset: u64, end: u64) -> Option<ByteRange> {
+    (end > offset).then(|| ByteRange::new(offset, end - 1)).flatten()
+}
+
 fn byte_range(offset: u64, end: u64) -> Result<ByteRange, FsError> {
     ByteRange::new(offset, end - 1).ok_or_else(|| FsError::Invalid(format!("bad byte range {offset}..{end}")))
 }

@@ -145,6 +145,54 @@ impl FsClient {
     pub(super) fn read_slot(eps: &Endpoints, slot: AttrSlot) -> Result<SlotWords, FsError> {
         let mut b = [0u8; AttrSlot::BYTES as usize];
         eps.meta.read(slot.0, &mut b)?;
+        SlotWords::decode(&b)
+    }
+
+    /// The verb [`FsClient::read_slot`] posts, for a batch that carries it
+    /// (see [`FsClient::cached_slot`]).
+    pub(super) fn slot_read_verb(slot: AttrSlot) -> Verb {
+        Verb::Read { addr: slot.0, len: AttrSlot::BYTES as u32 }
+    }
+
+    /// The attribute slot of `ino` if its layout is cached (a slot stays
+    /// where it is for the inode's life), so that the slot read of an I/O
+    /// can ride on its inode mutex acquisition; `None` costs nothing but
+    /// that round trip.
+    pub(super) fn cached_slot(&self, ino: Ino) -> Option<AttrSlot> {
+        self.layouts.read().get(&ino).map(|l| l.read().slot)
+    }
+
+    /// [`FsClient::current_layout`] where the slot may have been read
+    /// already, under the same locks, as `read` (its address and the words
+    /// it answered): used only if it is the slot of the layout found now.
+    pub(super) fn current_layout_read(
+        &self,
+        eps: &Endpoints,
+        ino: Ino,
+        read: Option<(AttrSlot, SlotWords)>,
+    ) -> Result<(Arc<RwLock<CachedLayout>>, SlotWords), FsError> {
+        let layout = self.layout(ino)?;
+        let (slot, epoch, allocs) = {
+            let l = layout.read();
+            (l.slot, l.epoch, l.allocs)
+        };
+        let now = match read {
+            Some((at, words)) if at == slot => words,
+            _ => Self::read_slot(eps, slot)?,
+        };
+        if now.epoch != epoch || now.allocs != allocs {
+            return Ok((self.refresh_layout(ino)?, now));
+        }
+        Ok((layout, now))
+    }
+}
+
+impl SlotWords {
+    /// The words of an attribute slot read whole.
+    pub(super) fn decode(b: &[u8]) -> Result<Self, FsError> {
+        if b.len() != AttrSlot::BYTES as usize {
+            return Err(FsError::Io(format!("an attribute slot read answered {} bytes", b.len())));
+        }
         let word =
             |off: u64| u64::from_le_bytes(b[off as usize..off as usize + 8].try_into().expect("8 bytes"));
         Ok(SlotWords {
@@ -156,7 +204,9 @@ impl FsClient {
             gid: (word(AttrSlot::PERM) >> 32) as u32,
         })
     }
+}
 
+impl FsClient {
     /// The cached layout, refetched if chunks were freed (epoch) or
     /// allocated by anyone (allocation generation) since it was taken; and
     /// the slot as read.
@@ -165,16 +215,7 @@ impl FsClient {
         eps: &Endpoints,
         ino: Ino,
     ) -> Result<(Arc<RwLock<CachedLayout>>, SlotWords), FsError> {
-        let layout = self.layout(ino)?;
-        let (slot, epoch, allocs) = {
-            let l = layout.read();
-            (l.slot, l.epoch, l.allocs)
-        };
-        let now = Self::read_slot(eps, slot)?;
-        if now.epoch != epoch || now.allocs != allocs {
-            return Ok((self.refresh_layout(ino)?, now));
-        }
-        Ok((layout, now))
+        self.current_layout_read(eps, ino, None)
     }
 
     /// `fsync`/`fdatasync` of regular file `ino`: every extent of the file
@@ -263,7 +304,6 @@ impl FsClient {
         end: u64,
         until: Option<Instant>,
     ) -> Result<Option<Vec<u8>>, FsError> {
-        let mut buf = vec![0u8; (end - offset) as usize];
         let pieces: Vec<_> = self.geometry.split(offset, end - offset).collect();
         let mut verbs = Vec::new();
         {
@@ -277,9 +317,18 @@ impl FsClient {
                 }
             }
         }
-        let Some(replies) = self.execute_grouped(eps, verbs, until, None)? else {
+        let Some(mut replies) = self.execute_grouped(eps, verbs, until, None)? else {
             return Ok(None);
         };
+        let len = (end - offset) as usize;
+        // One read that answered every byte (the common case: the range
+        // within one chunk's extent) is the answer itself, not copied.
+        if matches!(replies.as_slice(), [(_, VerbReply::Data(d))] if d.len() == len) {
+            if let Some((_, VerbReply::Data(d))) = replies.pop() {
+                return Ok(Some(d));
+            }
+        }
+        let mut buf = vec![0u8; len];
         for (i, reply) in replies {
             let p = pieces[i];
             match reply {

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use citron_lock::lock_host;
 use citron_lock::range_lock::{HeldRangeToken, RangeLockClient, RangeLockContext};
-use citron_lock::rdma::Endpoint;
+use citron_lock::rdma::{Endpoint, Verb, VerbError, VerbReply};
+use citron_lock::rwlock::Riders;
 
 use super::area::LockArea;
 use super::types::ByteRange;
@@ -193,6 +194,13 @@ pub enum Released {
     Late,
 }
 
+/// A range lock opened ahead of its acquisition ([`RangeHold::plan`]).
+pub struct RangePlan {
+    client: Box<dyn RangeLockClient>,
+    /// The reads to post ahead (none: nothing to gain).
+    pub early: Vec<Verb>,
+}
+
 /// A held range lock over some bytes of one file.
 pub struct RangeHold {
     client: Box<dyn RangeLockClient>,
@@ -212,11 +220,61 @@ impl RangeHold {
         timing: &LockTiming,
         bytes: ByteRange,
     ) -> Result<Self, FsError> {
+        Ok(Self::acquire_with_reads(ep, area, timing, bytes, &[])?.0)
+    }
+
+    /// [`RangeHold::acquire`], with `riders` (reads of lock memory behind
+    /// `ep`) in the batch that takes the range where the range lock can
+    /// ([`RangeLockClient::acquire_with_reads`]): their replies, as if read
+    /// under the hold, or `None`: read them again.
+    pub fn acquire_with_reads(
+        ep: &Endpoint,
+        area: &LockArea,
+        timing: &LockTiming,
+        bytes: ByteRange,
+        riders: &[Verb],
+    ) -> Result<(Self, Riders), FsError> {
+        let client = timing.ranges.client(&area.range)?;
+        Self::acquire_on(client, ep, area, timing, bytes, riders)
+    }
+
+    fn acquire_on(
+        mut client: Box<dyn RangeLockClient>,
+        ep: &Endpoint,
+        area: &LockArea,
+        timing: &LockTiming,
+        bytes: ByteRange,
+        riders: &[Verb],
+    ) -> Result<(Self, Riders), FsError> {
+        let (l, r) = area.units(bytes);
+        let (held, replies) = client.acquire_with_reads(ep, l, r, riders)?;
+        let until = Instant::now() + timing.hold_lease();
+        Ok((Self { client, held: Some(held), bytes, until }, replies))
+    }
+
+    /// Opens the range lock of `area` for an acquisition of about `bytes`
+    /// to come, with the reads it would make first
+    /// ([`RangeLockClient::early_reads`]) for the caller to post ahead.
+    pub fn plan(area: &LockArea, timing: &LockTiming, bytes: ByteRange) -> Result<RangePlan, FsError> {
         let mut client = timing.ranges.client(&area.range)?;
         let (l, r) = area.units(bytes);
-        let held = client.acquire(ep, l, r)?;
-        let until = Instant::now() + timing.hold_lease();
-        Ok(Self { client, held: Some(held), bytes, until })
+        let early = client.early_reads(l, r);
+        Ok(RangePlan { client, early })
+    }
+
+    /// [`RangeHold::acquire`] of `bytes` through `plan`, whose early reads
+    /// answered `early` (posted at the instant given), if the caller's
+    /// batch carried them.
+    pub fn acquire_planned(
+        ep: &Endpoint,
+        area: &LockArea,
+        timing: &LockTiming,
+        bytes: ByteRange,
+        mut plan: RangePlan,
+        early: Option<(Instant, &[Result<VerbReply, VerbError>])>,
+    ) -> Result<Self, FsError> {
+        plan.client.early_replies(early);
+        Ok(Self::acquire_on(plan.client, ep, area, timing, bytes, &[])?.0)
     }
 
     /// The bytes this hold covers (the request; the units may cover more).
@@ -235,10 +293,18 @@ impl RangeHold {
         Instant::now() < self.until
     }
 
-    pub fn release(mut self, ep: &Endpoint) -> Result<(), FsError> {
+    pub fn release(self, ep: &Endpoint) -> Result<(), FsError> {
+        self.release_after(ep, &[])
+    }
+
+    /// Posts `verbs` (writes to lock memory made under the hold, on the
+    /// same endpoint) and releases, in the range lock's release batch
+    /// where it has one ([`RangeLockClient::release_after`]): the writes
+    /// execute before the release verbs, so the next holder sees them.
+    pub fn release_after(mut self, ep: &Endpoint, verbs: &[Verb]) -> Result<(), FsError> {
         match self.held.take() {
-            Some(h) => Ok(self.client.release(ep, h)?),
-            None => Ok(()),
+            Some(h) => Ok(self.client.release_after(ep, h, verbs)?),
+            None => Ok(citron_lock::rwlock::execute_all(ep, verbs)?),
         }
     }
 
@@ -248,9 +314,19 @@ impl RangeHold {
     /// then no failure of the operation, since with the fence delay no
     /// takeover can have come before those verbs landed (or were refused,
     /// see [`fence_delay_for`]); it says [`Released::Late`].
-    pub fn release_after_verbs(mut self, ep: &Endpoint) -> Result<Released, FsError> {
-        let Some(h) = self.held.take() else { return Ok(Released::OnTime) };
-        match self.client.release(ep, h) {
+    pub fn release_after_verbs(self, ep: &Endpoint) -> Result<Released, FsError> {
+        self.release_after_verbs_then(ep, &[])
+    }
+
+    /// [`RangeHold::release_after_verbs`], with `after` (what the caller
+    /// posts next on `ep`) at the end of the release's batch where the
+    /// range lock allows ([`RangeLockClient::release_around`]).
+    pub fn release_after_verbs_then(mut self, ep: &Endpoint, after: &[Verb]) -> Result<Released, FsError> {
+        let Some(h) = self.held.take() else {
+            citron_lock::rwlock::execute_all(ep, after)?;
+            return Ok(Released::OnTime);
+        };
+        match self.client.release_around(ep, h, &[], after) {
             Ok(()) => Ok(Released::OnTime),
             Err(citron_lock::rwlock::LockError::Fenced) => Ok(Released::Late),
             Err(e) => Err(e.into()),

@@ -24,7 +24,7 @@
 
 use std::collections::BTreeSet;
 
-use citron_lock::rdma::{ClientAddr, Endpoint, RemoteAddr, Verb};
+use citron_lock::rdma::{ClientAddr, Endpoint, RemoteAddr, Verb, VerbReply};
 use serde::{Deserialize, Serialize};
 
 use super::area::LockArea;
@@ -124,9 +124,10 @@ impl FileLocks<'_> {
         };
         let mut guard = req.range.widened();
         loop {
-            let hold = RangeHold::acquire(self.ep, &self.area, self.timing, guard)?;
-            let step = self.set_holding(req, wait, guard);
-            let released = hold.release(self.ep);
+            let (hold, first_block) = self.acquire_reading_table(guard)?;
+            let mut tail = Vec::new();
+            let step = self.set_holding(req, wait, guard, first_block, &mut tail);
+            let released = hold.release_after(self.ep, &tail);
             match step {
                 Err(e) => return Err(e),
                 Ok(Step::Widen(g)) => {
@@ -142,8 +143,21 @@ impl FileLocks<'_> {
         }
     }
 
-    fn set_holding(&self, req: &Request, wait: Option<WaitSpec>, guard: ByteRange) -> Result<Step, FsError> {
-        let mut snapshot = table::read(self.ep, self.table)?;
+    /// One look at the table under the range lock over `guard`. The table
+    /// writes that end a decision are left in `tail`, for the batch that
+    /// releases the range lock (they execute before its release verbs, so
+    /// the next holder of any byte of `guard` reads them, as when they
+    /// were waited for first); writes that other verbs under the lock must
+    /// follow (a deadlock's withdrawal, a waiter's own) are made here.
+    fn set_holding(
+        &self,
+        req: &Request,
+        wait: Option<WaitSpec>,
+        guard: ByteRange,
+        first_block: Option<Vec<u8>>,
+        tail: &mut Vec<Verb>,
+    ) -> Result<Step, FsError> {
+        let mut snapshot = table::read_from(self.ep, self.table, first_block)?;
         let records = snapshot.records();
         let mine = wait.and_then(|w| w.registered).filter(|r| self.still_registered(&records, req, r));
         match plan(req, &records, guard) {
@@ -153,7 +167,7 @@ impl FileLocks<'_> {
                 self.change_verbs(&mut snapshot, &drop_own, &mut verbs)?;
                 let wakes = self.waiters_of(&records, &drop_own.weakened, mine.map(|m| m.slot));
                 let Some(spec) = wait else {
-                    table::execute(self.ep, &verbs)?;
+                    *tail = verbs;
                     return Ok(Step::Done(Ok(Outcome::Refused(blocker)), wakes));
                 };
                 // A POSIX waiter checks for a deadlock before it waits
@@ -209,7 +223,7 @@ impl FileLocks<'_> {
                         Registration { slot, gen, published }
                     }
                 };
-                table::execute(self.ep, &verbs)?;
+                *tail = verbs;
                 Ok(Step::Done(Ok(Outcome::Waiting { blocker, registration }), wakes))
             }
             Plan::Apply(changes) => {
@@ -218,14 +232,31 @@ impl FileLocks<'_> {
                 if let Some(m) = mine {
                     verbs.push(table::free_verb(&snapshot, m.slot, m.gen)?);
                 }
-                table::execute(self.ep, &verbs)?;
-                if let Some(p) = mine.and_then(|m| m.published) {
-                    self.waits_for.withdraw(self.ep, p)?;
+                match mine.and_then(|m| m.published) {
+                    Some(p) => {
+                        table::execute(self.ep, &verbs)?;
+                        self.waits_for.withdraw(self.ep, p)?;
+                    }
+                    None => *tail = verbs,
                 }
                 let wakes = self.waiters_of(&records, &changes.weakened, mine.map(|m| m.slot));
                 Ok(Step::Done(Ok(Outcome::Granted), wakes))
             }
         }
+    }
+
+    /// Range-locks `guard`, with the read of the table's first block
+    /// riding on the acquisition where the range lock can carry it: its
+    /// bytes, as read under the lock, or `None` (read it then).
+    fn acquire_reading_table(&self, guard: ByteRange) -> Result<(RangeHold, Option<Vec<u8>>), FsError> {
+        let riders = [table::first_block_read(self.table)];
+        let (hold, replies) =
+            RangeHold::acquire_with_reads(self.ep, &self.area, self.timing, guard, &riders)?;
+        let first_block = match replies.as_deref() {
+            Some([Ok(VerbReply::Data(bytes))]) => Some(bytes.clone()),
+            _ => None,
+        };
+        Ok((hold, first_block))
     }
 
     /// Whether `reg` still names the waiting record of this request.
@@ -321,8 +352,8 @@ impl FileLocks<'_> {
         mode: LockMode,
         range: ByteRange,
     ) -> Result<Option<LockRecord>, FsError> {
-        let hold = RangeHold::acquire(self.ep, &self.area, self.timing, range)?;
-        let found = table::read(self.ep, self.table)
+        let (hold, first_block) = self.acquire_reading_table(range)?;
+        let found = table::read_from(self.ep, self.table, first_block)
             .map(|s| first_conflict(&s.records(), owner, flavor, mode, range));
         hold.release(self.ep)?;
         found
@@ -331,15 +362,20 @@ impl FileLocks<'_> {
     /// Withdraws a waiting request (interrupted, cancelled, or its owner
     /// went away): frees its waiting record if it is still there.
     pub fn cancel(&self, req: &Request, reg: Registration) -> Result<(), FsError> {
-        let hold = RangeHold::acquire(self.ep, &self.area, self.timing, req.range)?;
-        let result = (|| {
-            let snapshot = table::read(self.ep, self.table)?;
+        let (hold, first_block) = self.acquire_reading_table(req.range)?;
+        // The free goes in the release's batch (see `set_holding`).
+        let free = (|| {
+            let snapshot = table::read_from(self.ep, self.table, first_block)?;
             if self.still_registered(&snapshot.records(), req, &reg) {
-                table::execute(self.ep, &[table::free_verb(&snapshot, reg.slot, reg.gen)?])?;
+                return Ok(vec![table::free_verb(&snapshot, reg.slot, reg.gen)?]);
             }
-            Ok(())
+            Ok(Vec::new())
         })();
-        hold.release(self.ep)?;
+        let (result, tail) = match free {
+            Ok(tail) => (Ok(()), tail),
+            Err(e) => (Err(e), Vec::new()),
+        };
+        hold.release_after(self.ep, &tail)?;
         if let Some(p) = reg.published {
             self.waits_for.withdraw(self.ep, p)?;
         }

@@ -97,17 +97,40 @@ const MAX_BLOCKS: usize = 1024;
 
 /// Reads the whole table whose first block is at `first`.
 pub fn read(ep: &Endpoint, first: RemoteAddr) -> Result<Snapshot, FsError> {
+    read_from(ep, first, None)
+}
+
+/// The read of a table's first block at `first`, for a batch that carries
+/// it (a range lock's acquisition: [`super::guard::RangeHold::acquire_with_reads`]).
+pub fn first_block_read(first: RemoteAddr) -> Verb {
+    Verb::Read { addr: first, len: record::BLOCK_BYTES as u32 }
+}
+
+/// [`read`], where the first block may have been read already (by
+/// [`first_block_read`], under the same lock): `first_block` is its bytes.
+pub fn read_from(
+    ep: &Endpoint,
+    first: RemoteAddr,
+    first_block: Option<Vec<u8>>,
+) -> Result<Snapshot, FsError> {
     let mut blocks = Vec::new();
     let mut slots = Vec::new();
     let mut next = Some(first);
+    let mut prefetched = first_block.filter(|b| b.len() == record::BLOCK_BYTES as usize);
     // The first read assumes a block of the default size; a bigger one is
     // read again whole (blocks are all the default size today).
     while let Some(addr) = next {
         if blocks.len() >= MAX_BLOCKS {
             return Err(FsError::Io("lock-record table chain is too long (corrupt?)".into()));
         }
-        let mut buf = vec![0u8; record::BLOCK_BYTES as usize];
-        ep.read(addr, &mut buf)?;
+        let buf = match prefetched.take() {
+            Some(buf) => buf,
+            None => {
+                let mut buf = vec![0u8; record::BLOCK_BYTES as usize];
+                ep.read(addr, &mut buf)?;
+                buf
+            }
+        };
         let word = |i: usize| u64::from_le_bytes(buf[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
         let capacity =
             block_capacity(word(0)).ok_or_else(|| FsError::Io(format!("no lock-record block at {addr}")))?;

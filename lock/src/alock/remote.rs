@@ -15,7 +15,7 @@ use super::message::{AlockPostbox, Handoff, HandoffKind, Letter};
 use super::{passed_budget, AlockConfig, Cohort, RemoteTail, Stall, TAIL_LOCAL, TAIL_REMOTE, VICTIM};
 use crate::dslr::pause;
 use crate::rdma::{ClientAddr, Endpoint, RdmaError, RemoteAddr, Verb};
-use crate::rwlock::{LockError, Mode, RwLockClient};
+use crate::rwlock::{LockError, Mode, Riders, RwLockClient};
 
 /// Counters of one client handle.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,6 +66,11 @@ pub struct AlockClient {
     held: Option<Held>,
     poisoned: Option<&'static str>,
     stats: AlockClientStats,
+    /// Reads riding on the enqueue of the acquisition under way, and their
+    /// replies once it took the lock on the fast path
+    /// ([`AlockClient::lock_with_reads`]).
+    riders: Vec<Verb>,
+    rider_replies: Riders,
 }
 
 /// The three words, from one 24-byte read at `lock + TAIL_REMOTE`.
@@ -111,7 +116,16 @@ impl AlockClient {
     }
 
     pub fn with_postbox(lock: RemoteAddr, config: AlockConfig, postbox: Arc<AlockPostbox>) -> Self {
-        Self { lock, config, postbox, held: None, poisoned: None, stats: AlockClientStats::default() }
+        Self {
+            lock,
+            config,
+            postbox,
+            held: None,
+            poisoned: None,
+            stats: AlockClientStats::default(),
+            riders: Vec::new(),
+            rider_replies: None,
+        }
     }
 
     pub fn lock_addr(&self) -> RemoteAddr {
@@ -182,6 +196,22 @@ impl AlockClient {
         }
     }
 
+    /// [`AlockClient::lock`], with `riders` (reads behind the same
+    /// endpoint) last in the enqueue's batch: their replies if that batch
+    /// took the lock on the fast path (both queues empty), when they ran
+    /// after our swap into the remote tail and after the read that found
+    /// the local flag down: from then on a local thread sees our tail and
+    /// waits in Alg. 4, and a remote one queues behind us, so the reads saw
+    /// what reads posted after `lock` returned would see. `None` otherwise.
+    pub fn lock_with_reads(&mut self, ep: &Endpoint, riders: &[Verb]) -> Result<Riders, LockError> {
+        self.riders = riders.to_vec();
+        self.rider_replies = None;
+        let locked = self.lock(ep);
+        self.riders.clear();
+        let replies = self.rider_replies.take();
+        locked.map(|()| replies)
+    }
+
     /// One pass through the queue; `false` if it was recovered meanwhile.
     fn enqueue(&mut self, ep: &Endpoint, me: RemoteTail, deadline: Instant) -> Result<bool, LockError> {
         // Alg. 3 line 3 (a swap of the client fields: masked CAS with an
@@ -196,6 +226,10 @@ impl AlockClient {
             swap_mask: RemoteTail::CLIENT,
         });
         let read = batch.push(Verb::Read { addr: self.word(TAIL_REMOTE), len: 24 });
+        let first_rider = batch.len();
+        for r in &self.riders {
+            batch.push(r.clone());
+        }
         let replies = match batch.submit() {
             Ok(r) => r,
             // The swap may or may not have been applied.
@@ -210,6 +244,9 @@ impl AlockClient {
         // Lines 4–6 and Alg. 2 line 6: we lead the cohort; with the local
         // flag down we enter without Alg. 4 (fast path, see [`super`]).
         if !prev.has_client() && view.tail_l == 0 {
+            if !self.riders.is_empty() {
+                self.rider_replies = Some(replies.as_slice()[first_rider..].to_vec());
+            }
             self.stats.uncontended += 1;
             self.granted(ep.addr(), prev.epoch(), self.config.budget(Cohort::Remote));
             return Ok(true);
@@ -389,13 +426,77 @@ impl AlockClient {
         self.leave_queue(ep, held.epoch, passed_budget(held.budget))
     }
 
+    /// [`AlockClient::unlock`] after `before` (writes made under the lock,
+    /// behind the same endpoint), posted first in the batch of the release
+    /// CAS (Alg. 3 line 15): they execute before it, so the next holder,
+    /// local or remote, sees them. A refused one fails the call; the lock
+    /// is released all the same.
+    pub fn unlock_after(&mut self, ep: &Endpoint, before: &[Verb]) -> Result<(), LockError> {
+        let held = self.held.ok_or(LockError::Misuse("ALock release without acquire"))?;
+        if held.me != ep.addr() {
+            return Err(LockError::Misuse("an ALock must be released through the endpoint that acquired it"));
+        }
+        self.held = None;
+        self.leave_queue_after(ep, held.epoch, passed_budget(held.budget), before)
+    }
+
     /// Alg. 3 lines 15–18 with `pass` as the successor's budget, in `epoch`.
     fn leave_queue(&mut self, ep: &Endpoint, epoch: u8, pass: u32) -> Result<(), LockError> {
+        self.leave_queue_after(ep, epoch, pass, &[])
+    }
+
+    /// [`AlockClient::leave_queue`] with `before` first in the batch of its
+    /// CAS.
+    fn leave_queue_after(
+        &mut self,
+        ep: &Endpoint,
+        epoch: u8,
+        pass: u32,
+        before: &[Verb],
+    ) -> Result<(), LockError> {
         let me = RemoteTail::of(ep.addr())?.0 | u64::from(epoch) << RemoteTail::EPOCH_SHIFT;
         let ours = RemoteTail::CLIENT | RemoteTail::EPOCH;
         // Line 15: no successor, so the remote queue (and flag) is empty.
-        let r: Result<u64, RdmaError> =
-            ep.masked_cas(self.word(TAIL_REMOTE), me, ours, 0, RemoteTail::CLIENT);
+        let (r, posted): (Result<u64, RdmaError>, Result<(), LockError>) = if before.is_empty() {
+            (ep.masked_cas(self.word(TAIL_REMOTE), me, ours, 0, RemoteTail::CLIENT), Ok(()))
+        } else {
+            let mut batch = ep.batch();
+            for v in before {
+                batch.push(v.clone());
+            }
+            let cas = batch.push(Verb::MaskedCas {
+                addr: self.word(TAIL_REMOTE),
+                cmp: me,
+                cmp_mask: ours,
+                swap: 0,
+                swap_mask: RemoteTail::CLIENT,
+            });
+            match batch.submit() {
+                Ok(replies) => {
+                    let posted =
+                        match replies.as_slice()[..before.len()].iter().find_map(|r| r.as_ref().err()) {
+                            Some(e) => Err(e.clone().into()),
+                            None => Ok(()),
+                        };
+                    (replies.old(cas), posted)
+                }
+                Err(e) => (Err(e.into()), Ok(())),
+            }
+        };
+        let released = self.leave_queue_on(ep, epoch, pass, me, ours, r);
+        posted.and(released)
+    }
+
+    /// The rest of [`AlockClient::leave_queue`] once its CAS answered `r`.
+    fn leave_queue_on(
+        &mut self,
+        ep: &Endpoint,
+        epoch: u8,
+        pass: u32,
+        me: u64,
+        ours: u64,
+        r: Result<u64, RdmaError>,
+    ) -> Result<(), LockError> {
         let old = RemoteTail(self.fatal(r, "the release CAS failed")?);
         if old.0 & ours == me {
             return Ok(());
@@ -438,6 +539,19 @@ impl RwLockClient for AlockClient {
     #[inline]
     fn release(&mut self, ep: &Endpoint) -> Result<(), LockError> {
         self.unlock(ep)
+    }
+
+    fn acquire_with_reads(
+        &mut self,
+        ep: &Endpoint,
+        _mode: Mode,
+        riders: &[Verb],
+    ) -> Result<Riders, LockError> {
+        self.lock_with_reads(ep, riders)
+    }
+
+    fn release_after(&mut self, ep: &Endpoint, verbs: &[Verb]) -> Result<(), LockError> {
+        self.unlock_after(ep, verbs)
     }
 
     fn shares_readers(&self) -> bool {

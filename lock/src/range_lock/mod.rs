@@ -61,7 +61,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -71,8 +71,8 @@ use crate::citron::host::{InstanceId, RemoteTreeHost, TreeHost, TreeHostRpc};
 use crate::citron::lock::{CitronClient, CitronConfig, CitronLayout, HeldRange, ScalePolicy};
 use crate::citron::tree::TreeShape;
 use crate::dslr::{DslrConfig, DslrLock, DSLR_BYTES};
-use crate::rdma::{Endpoint, RemoteAddr};
-use crate::rwlock::LockError;
+use crate::rdma::{Endpoint, RemoteAddr, Verb, VerbError, VerbReply};
+use crate::rwlock::{LockError, Riders};
 use rpc::{RangeInstanceId, RangeRpc, RpcGrant, RpcRangeClient, RpcRangeConfig};
 use segments::{SegmentClient, SegmentLayout, SegmentsHeld};
 
@@ -193,6 +193,72 @@ pub trait RangeLockClient: Send {
     /// Releases a range this client acquired.
     fn release(&mut self, ep: &Endpoint, held: HeldRangeToken) -> Result<(), LockError>;
     fn stats(&self) -> RangeLockStats;
+
+    /// Posts `verbs` (writes made under the range, on lock memory of the
+    /// same endpoint) and then releases the range
+    /// ([`RangeLockClient::release_around`] with nothing after).
+    fn release_after(
+        &mut self,
+        ep: &Endpoint,
+        held: HeldRangeToken,
+        verbs: &[Verb],
+    ) -> Result<(), LockError> {
+        self.release_around(ep, held, verbs, &[])
+    }
+
+    /// Posts `before` (writes made under the range, on lock memory of the
+    /// same endpoint), releases the range, then posts `after` (what the
+    /// caller does next on that endpoint, such as releasing another
+    /// lock). An algorithm whose release is one batch of verbs puts
+    /// `before` first in that batch and `after` last: one endpoint's verbs
+    /// execute in order, so whoever gets the range next sees `before`, and
+    /// `after` runs once the range is released, exactly as with the three
+    /// waited for one after another, which the default does. A refused verb
+    /// fails the call; the range is released all the same.
+    fn release_around(
+        &mut self,
+        ep: &Endpoint,
+        held: HeldRangeToken,
+        before: &[Verb],
+        after: &[Verb],
+    ) -> Result<(), LockError> {
+        let posted = crate::rwlock::execute_all(ep, before);
+        let released = self.release(ep, held);
+        let then = crate::rwlock::execute_all(ep, after);
+        posted.and(released).and(then)
+    }
+
+    /// [`RangeLockClient::acquire`], with `riders` (reads of memory behind
+    /// the same endpoint) posted in the batch that takes the range where
+    /// the algorithm can tell that batch took it: their replies then,
+    /// `None` otherwise (the default), and the caller reads them itself.
+    /// The replies are as reads posted after the acquisition would have
+    /// answered (the argument is the algorithm's).
+    fn acquire_with_reads(
+        &mut self,
+        ep: &Endpoint,
+        start: u64,
+        end: u64,
+        riders: &[Verb],
+    ) -> Result<(HeldRangeToken, Riders), LockError> {
+        let _ = riders;
+        Ok((self.acquire(ep, start, end)?, None))
+    }
+
+    /// Reads the algorithm would make first when acquiring `[start, end)`,
+    /// for the caller to post ahead, in a batch it waits for anyway on the
+    /// same endpoint; their replies go to [`RangeLockClient::early_replies`]
+    /// before the acquisition. Empty (the default) when there are none.
+    fn early_reads(&mut self, start: u64, end: u64) -> Vec<Verb> {
+        let _ = (start, end);
+        Vec::new()
+    }
+
+    /// The replies of [`RangeLockClient::early_reads`] and when their
+    /// batch was posted; `None`: they were not answered.
+    fn early_replies(&mut self, early: Option<(Instant, &[Result<VerbReply, VerbError>])>) {
+        let _ = early;
+    }
 }
 
 fn check_range(start: u64, end: u64) -> Result<(), LockError> {
@@ -246,6 +312,8 @@ impl RangeLockClient for CitronRangeClient {
 
     fn acquire(&mut self, ep: &Endpoint, start: u64, end: u64) -> Result<HeldRangeToken, LockError> {
         check_range(start, end)?;
+        // Nothing read early is used by a plain acquisition.
+        self.inner.early_replies(None);
         // "To infinity": see the module comment.
         let held = if end == u64::MAX {
             self.inner.acquire_to_end(ep, start)
@@ -257,8 +325,51 @@ impl RangeLockClient for CitronRangeClient {
     }
 
     fn release(&mut self, ep: &Endpoint, held: HeldRangeToken) -> Result<(), LockError> {
+        self.release_after(ep, held, &[])
+    }
+
+    /// The ancestors of a range of one leaf ([`CitronClient::early_reads`]).
+    fn early_reads(&mut self, start: u64, end: u64) -> Vec<Verb> {
+        if end == u64::MAX {
+            return Vec::new();
+        }
+        self.inner.early_reads(start, end)
+    }
+
+    fn early_replies(&mut self, early: Option<(Instant, &[Result<VerbReply, VerbError>])>) {
+        self.inner.early_replies(early);
+    }
+
+    /// Riders of a range of one tree node go in its Steps 2(c)+(d) batch
+    /// ([`CitronClient::acquire_with_reads`]).
+    fn acquire_with_reads(
+        &mut self,
+        ep: &Endpoint,
+        start: u64,
+        end: u64,
+        riders: &[Verb],
+    ) -> Result<(HeldRangeToken, Riders), LockError> {
+        check_range(start, end)?;
+        if end == u64::MAX {
+            return Ok((self.acquire(ep, start, end)?, None));
+        }
+        let held = self.inner.acquire_with_reads(ep, start, end, riders);
+        self.remember();
+        let (held, replies) = held?;
+        Ok((HeldRangeToken { start, end, held: HeldBy::Citron(held) }, replies))
+    }
+
+    /// Algorithm 3's batch, with `before` first in it and `after` last
+    /// ([`CitronClient::release_around`]).
+    fn release_around(
+        &mut self,
+        ep: &Endpoint,
+        held: HeldRangeToken,
+        before: &[Verb],
+        after: &[Verb],
+    ) -> Result<(), LockError> {
         let released = match held.held {
-            HeldBy::Citron(h) => self.inner.release(ep, h),
+            HeldBy::Citron(h) => self.inner.release_around(ep, h, before.to_vec(), after.to_vec()),
             _ => Err(LockError::Misuse("a token of another range lock released on a Citron client")),
         };
         self.remember();

@@ -65,7 +65,7 @@ pub use verb::{Verb, VerbCounts, VerbKind, VerbReply, MAX_TRANSFER};
 use ib::node::{IbNode, IbQp};
 use mailbox::MailboxRouter;
 use shm::{ShmNode, ShmQp};
-use tcp::client::{TcpNode, TcpQp};
+use tcp::client::{TcpNode, TcpQp, VerbRef};
 
 /// Which fabric to join: `shm:NAME`, `tcp:HOST:PORT` or `ib:DEVICE@HOST:PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -358,12 +358,15 @@ impl Endpoint {
                 self.count(VerbKind::Write, 1);
                 Ok(q.with_region(addr.region, |m| m.write_from(addr, data))?)
             }
-            // A write through the batch path would copy `data` into a Verb;
-            // the tcp path has to own it for encoding anyway.
-            Qp::Tcp(_) => {
+            // The bytes go from `data` straight into the frame.
+            Qp::Tcp(q) => {
                 self.count(VerbKind::Write, 0);
-                let verb = Verb::Write { addr, data: data.to_vec() };
-                match self.execute_tcp_one(&verb)? {
+                let mut out = Vec::with_capacity(1);
+                let trips = q.execute_refs(&[VerbRef::Write { addr, data }], &mut out)?;
+                let mut c = self.counts.get();
+                c.round_trips += trips;
+                self.counts.set(c);
+                match out.pop().ok_or_else(|| TransportError::Protocol("no reply".into()))?? {
                     VerbReply::Written => Ok(()),
                     other => Err(unexpected(other)),
                 }
@@ -506,23 +509,32 @@ impl Endpoint {
     /// [`Endpoint::execute`] of [`Verb::Write`]s would, without first
     /// copying the bytes into verbs where the transport does not need them
     /// owned: on shm they go from the caller's buffer straight into the
-    /// region (a file system's data path); the tcp and ib paths
-    /// encode or post owned verbs anyway. One result per write.
+    /// region (a file system's data path), on tcp straight into the frames;
+    /// the ib path posts owned verbs. One result per write.
     pub fn write_slices(
         &self,
         writes: &[(RemoteAddr, &[u8])],
     ) -> Result<Vec<Result<(), VerbError>>, TransportError> {
+        if let Qp::Tcp(q) = &self.qp {
+            if writes.is_empty() {
+                return Ok(Vec::new());
+            }
+            let refs: Vec<VerbRef<'_>> =
+                writes.iter().map(|(addr, data)| VerbRef::Write { addr: *addr, data }).collect();
+            let mut out = Vec::with_capacity(writes.len());
+            let trips = q.execute_refs(&refs, &mut out)?;
+            let mut c = self.counts.get();
+            c.by_kind[VerbKind::Write as usize] += writes.len() as u64;
+            c.bytes_written += writes.iter().map(|(_, d)| d.len() as u64).sum::<u64>();
+            c.round_trips += trips;
+            self.counts.set(c);
+            return Ok(out.into_iter().map(written).collect());
+        }
         let Qp::Shm(q) = &self.qp else {
             let verbs: Vec<Verb> =
                 writes.iter().map(|(addr, data)| Verb::Write { addr: *addr, data: data.to_vec() }).collect();
             let replies = self.execute(&verbs)?;
-            return Ok(replies
-                .into_iter()
-                .map(|r| match r? {
-                    VerbReply::Written => Ok(()),
-                    other => Err(VerbError::Malformed(format!("a write answered {other:?}"))),
-                })
-                .collect());
+            return Ok(replies.into_iter().map(written).collect());
         };
         if writes.is_empty() {
             return Ok(Vec::new());
@@ -621,6 +633,14 @@ impl Endpoint {
         }
         times.sort();
         Ok(times[times.len() / 2])
+    }
+}
+
+/// A write's reply as [`Endpoint::write_slices`] answers it.
+fn written(reply: Result<VerbReply, VerbError>) -> Result<(), VerbError> {
+    match reply? {
+        VerbReply::Written => Ok(()),
+        other => Err(VerbError::Malformed(format!("a write answered {other:?}"))),
     }
 }
 

@@ -21,6 +21,7 @@ pub enum Verb {
     },
     Write {
         addr: RemoteAddr,
+        #[serde(with = "super::codec::bytes")]
         data: Vec<u8>,
     },
     /// Compare-and-swap of the whole word; returns the old value.
@@ -107,7 +108,7 @@ impl Verb {
 /// What a verb returns on success.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum VerbReply {
-    Data(Vec<u8>),
+    Data(#[serde(with = "super::codec::bytes")] Vec<u8>),
     Written,
     /// The old value of an 8-byte atomic.
     Old(u64),

@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 
 use super::recovery::Progress;
 use super::waits::Ancestors;
-use super::{read_words, CitronClient, HeldNode, HeldRange, PASS_TICKET};
+use super::{read_words, CitronClient, Early, HeldNode, HeldRange, Riding, PASS_TICKET};
 use crate::citron::geometry::SegmentedTree;
 use crate::citron::scale::Anchor;
 use crate::citron::tree::{Cover, NodeIndex, TreeShape};
 use crate::citron::tuning::{TWaitWord, WaitWindow};
 use crate::citron::word::{Internal, Ticket, BOUNDARIES, NOTIFY, OCCUPY, TAKE_TICKET};
-use crate::rdma::{Endpoint, Verb};
-use crate::rwlock::{LockError, Mode};
+use crate::rdma::{Endpoint, Verb, VerbError, VerbReply};
+use crate::rwlock::{LockError, Mode, Riders};
 
 /// The nodes a request holds while it locks its next one.
 #[derive(Default)]
@@ -130,6 +130,74 @@ impl CitronClient {
         self.acquire_until(ep, l, RangeEnd::At(r))
     }
 
+    /// [`CitronClient::acquire`], with `riders` (reads of memory behind
+    /// the same endpoint) riding on the batch of Steps 2(c)+(d) that takes
+    /// the request's node, right after its lock and notify verbs: their
+    /// replies if that batch took the node and nothing was waited for
+    /// after it, else `None` (the caller reads them again).
+    ///
+    /// Why the replies are read under the lock: the verbs of one endpoint
+    /// execute in order, so the reads ran after our bits or our Occ and
+    /// our notifications were in place. If Inequation (1) then holds (we
+    /// are not aborting), any holder of an ancestor that occupied it after
+    /// our ancestor read waits for our notification and then for our
+    /// release; one that occupied it before, we saw occupied and waited
+    /// for. Conflicting requests on the node itself are excluded by its
+    /// leaf bits or its bakery. So nobody changes our units between the
+    /// batch and our release, exactly as for reads posted after the
+    /// acquisition returned. Only a request of one node carries them (a
+    /// later node of a request may yet make it start over), and not an
+    /// internal node that still waits for descendants after its batch.
+    pub fn acquire_with_reads(
+        &mut self,
+        ep: &Endpoint,
+        l: u64,
+        r: u64,
+        riders: &[Verb],
+    ) -> Result<(HeldRange, Riders), LockError> {
+        let early = std::mem::take(&mut self.riding.early);
+        self.riding = Riding { early, verbs: riders.to_vec(), armed: false, replies: None };
+        let held = self.acquire(ep, l, r);
+        let replies = std::mem::take(&mut self.riding).replies;
+        Ok((held?, replies))
+    }
+
+    /// Reads to post ahead of acquiring `[l, r)`, in a batch of the
+    /// caller's own on the same endpoint (one that must be waited for
+    /// anyway before the acquisition): the Step 2(b) read of the ancestors
+    /// of the request's node, when that is one leaf, since a leaf takes no
+    /// ticket first (Step 2(a) is for internal nodes). Their replies go to
+    /// [`CitronClient::early_replies`]; the next acquisition of that leaf
+    /// then starts from them instead of reading, with t1 the post time of
+    /// the caller's batch: earlier than its own read would have been, so
+    /// Inequation (1) only gets stricter. Empty when there is nothing to
+    /// read early.
+    pub fn early_reads(&mut self, l: u64, r: u64) -> Vec<Verb> {
+        self.riding.early = Early::None;
+        let cur = self.current.clone();
+        let shape = cur.tree.shape();
+        if l >= r || r > shape.units() || self.own.overlapping(l, r).is_some() {
+            return Vec::new();
+        }
+        let covers = shape.split(l, r, self.config.k);
+        let [cover] = covers.as_slice() else { return Vec::new() };
+        if !shape.is_leaf(cover.node) || self.own.container(shape.key(cover.node), self.on_time()).is_some() {
+            return Vec::new();
+        }
+        self.riding.early = Early::Planned { leaf: cover.node, version: cur.geometry.version };
+        shape.ancestors(cover.node).map(|a| Verb::Read { addr: cur.tree.node(a), len: 8 }).collect()
+    }
+
+    /// The replies of [`CitronClient::early_reads`], and when their batch
+    /// was posted; `None` if it did not answer them (they are read then).
+    pub fn early_replies(&mut self, early: Option<(Instant, &[Result<VerbReply, VerbError>])>) {
+        let planned = std::mem::take(&mut self.riding.early);
+        let (Early::Planned { leaf, version }, Some((posted, replies))) = (planned, early) else { return };
+        if let Ok(words) = read_words(replies) {
+            self.riding.early = Early::Read { leaf, version, posted, words };
+        }
+    }
+
     /// Locks units `[l, ∞)`: the tree's part `[l, N)`, if any, and the
     /// spillover mutex, which guards all of `[N, ∞)`. The border this OR-s
     /// into the maximizer (§3.9.1) is where the range *starts*, `l + 1`, and
@@ -185,6 +253,8 @@ impl CitronClient {
             RangeEnd::Infinite => u64::MAX,
         };
         let mut held = HeldRange { start: l, end: r, nodes: Vec::new(), units_end, spillover: false, shape };
+        self.riding.replies = None;
+        self.riding.armed = false;
         if r > n {
             self.spillover.acquire(ep, Mode::Exclusive)?;
             held.spillover = true;
@@ -243,6 +313,8 @@ impl CitronClient {
                     None => covers.push(c),
                 }
             }
+            self.riding.armed =
+                !self.riding.verbs.is_empty() && !held.spillover && riding.is_empty() && covers.len() == 1;
             if !covers.is_empty() {
                 match self.lock_covers(ep, shape, &covers) {
                     Ok(Some(nodes)) => held.nodes = nodes,
@@ -316,6 +388,7 @@ impl CitronClient {
                         let mut marks = Progress::of_held(&cur.tree, held, self.tick());
                         self.clear_dead_leaf_bits(ep, addr, (leaf, shape.key(leaf)), &mut marks)?;
                         held.acquired_at = Instant::now();
+                        self.riding.replies = None;
                     }
                     return Ok(Some(others.held));
                 }
@@ -395,6 +468,8 @@ impl CitronClient {
                         }
                     };
                     let mut held = held;
+                    // Held through the parent: the riders are read again.
+                    self.riding.replies = None;
                     if !held.children {
                         let cur = self.current.clone();
                         let addr = cur.tree.key(shape.key(leaf));
@@ -416,14 +491,27 @@ impl CitronClient {
         cover: Cover,
         others: &mut Others,
     ) -> Result<Attempt, LockError> {
+        self.riding.replies = None;
         let cur = self.current.clone();
         let tree = &cur.tree;
         let shape = tree.shape();
         let node = cover.node;
-        let key = shape.key(node);
         let addr = tree.node(node);
         let leaf = shape.is_leaf(node);
         let ancestors: Vec<NodeIndex> = shape.ancestors(node).collect();
+        // A leaf whose ancestors the caller read early (for this tree)
+        // starts from that reading.
+        let early = match std::mem::take(&mut self.riding.early) {
+            Early::Read { leaf: l, version, posted, words }
+                if leaf && l == node && version == cur.geometry.version && words.len() == ancestors.len() =>
+            {
+                Some((posted, words))
+            }
+            _ => None,
+        };
+        if let Some(prefetched) = early {
+            return self.lock_node_from(ep, cover, others, None, Some(prefetched));
+        }
         // Round trip 1 (§3.8: Steps 2(a) and 2(b) optimistically batched):
         // take the ticket of an internal node and read every ancestor.
         let mut batch = ep.batch();
@@ -448,6 +536,29 @@ impl CitronClient {
             }
             ticket = Some(mine);
         }
+        self.lock_node_from(ep, cover, others, ticket, prefetched)
+    }
+
+    /// Algorithm 2 from Step 2(b) on, for `cover`'s node with its
+    /// `ticket` (an internal node's, served) and a reading of its
+    /// ancestors already made (`prefetched`: when it was posted, and the
+    /// words).
+    fn lock_node_from(
+        &mut self,
+        ep: &Endpoint,
+        cover: Cover,
+        others: &mut Others,
+        ticket: Option<Ticket>,
+        mut prefetched: Option<(Instant, Vec<Internal>)>,
+    ) -> Result<Attempt, LockError> {
+        let cur = self.current.clone();
+        let tree = &cur.tree;
+        let shape = tree.shape();
+        let node = cover.node;
+        let key = shape.key(node);
+        let addr = tree.node(node);
+        let leaf = shape.is_leaf(node);
+        let ancestors: Vec<NodeIndex> = shape.ancestors(node).collect();
         // While we wait in 2(b) with our ticket served, the node's waiters
         // must see us alive (the recovery module's progress marks).
         let floor = ticket.map(|_| addr);
@@ -501,6 +612,14 @@ impl CitronClient {
             // reading (the argument is in `tuning`).
             let tuning_slot =
                 self.config.published_t_wait.map(|word| batch.push(Verb::Read { addr: word, len: 8 }));
+            // The caller's reads, last (see `acquire_with_reads`).
+            let riders = self.riding.armed.then(|| {
+                let first = batch.len();
+                for v in &self.riding.verbs {
+                    batch.push(v.clone());
+                }
+                first..batch.len()
+            });
             let replies = batch.submit()?;
             let t2 = Instant::now();
             let children_taken: Vec<bool> =
@@ -576,6 +695,8 @@ impl CitronClient {
                 let mut marks = Progress::of_held(tree, &held, self.tick());
                 self.wait_for_descendants(ep, tree, node, others, &mut marks)?;
                 held.acquired_at = Instant::now();
+            } else if let Some(riders) = riders {
+                self.riding.replies = Some(replies.as_slice()[riders].to_vec());
             }
             return Ok(Attempt::Acquired(held));
         }

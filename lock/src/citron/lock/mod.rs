@@ -164,8 +164,8 @@ use super::scale::Anchor;
 use super::tree::{NodeIndex, NodeKey, TreeShape, MAX_DEPTH};
 use super::word::{Internal, COUNTER_BITS, TCNT_SHIFT};
 use crate::rdma::arith::field_delta;
-use crate::rdma::{RemoteAddr, VerbReply};
-use crate::rwlock::{LockError, RwLockClient};
+use crate::rdma::{RemoteAddr, Verb, VerbReply};
+use crate::rwlock::{LockError, Riders, RwLockClient};
 
 pub use resize::{ScaleDown, ScaleUp};
 pub use waits::notify_levels;
@@ -411,6 +411,39 @@ pub struct CitronClient {
     recoveries: Cell<u64>,
     /// The ranges and nodes this client holds ([`own`]).
     own: own::Own,
+    /// Reads riding on the acquisition under way
+    /// ([`CitronClient::acquire_with_reads`]).
+    riding: Riding,
+}
+
+/// Where an early read of a leaf's ancestors stands.
+#[derive(Default)]
+enum Early {
+    #[default]
+    None,
+    /// Asked for, for this leaf of the tree of this configuration version.
+    Planned { leaf: NodeIndex, version: u64 },
+    /// Read: the words of its ancestors (parent first), and when the read
+    /// was posted (its t1 where it found an ancestor unoccupied).
+    Read { leaf: NodeIndex, version: u64, posted: Instant, words: Vec<Internal> },
+}
+
+/// The caller's reads that ride on the batch of Steps 2(c)+(d) of a
+/// request's one node, and their replies once that batch took the node.
+#[derive(Default)]
+struct Riding {
+    /// An early Step 2(b) read of the ancestors of a request's one leaf,
+    /// posted by the caller ahead of the acquisition
+    /// ([`CitronClient::early_reads`]).
+    early: Early,
+    verbs: Vec<Verb>,
+    /// This attempt's batch carries them: the request is one node of the
+    /// tree (no spillover mutex, no node it rides on), so taking that node
+    /// is taking the whole range.
+    armed: bool,
+    /// Their replies, from the batch that took the node without a wait
+    /// after it; `None` otherwise.
+    replies: Riders,
 }
 
 impl CitronClient {
@@ -431,6 +464,7 @@ impl CitronClient {
             stats: CitronStats::default(),
             recoveries: Cell::new(0),
             own: own::Own::default(),
+            riding: Riding::default(),
         }
     }
 
@@ -470,6 +504,7 @@ impl CitronClient {
             stats: CitronStats::default(),
             recoveries: Cell::new(0),
             own: own::Own::default(),
+            riding: Riding::default(),
         })
     }
 

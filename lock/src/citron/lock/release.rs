@@ -61,8 +61,28 @@ impl CitronClient {
     /// spillover mutex; then, under [`ScalePolicy::AfterSpillover`], a
     /// scale-up if the range reached past the tree.
     pub fn release(&mut self, ep: &Endpoint, held: HeldRange) -> Result<(), LockError> {
+        self.release_around(ep, held, Vec::new(), Vec::new())
+    }
+
+    /// [`CitronClient::release`] with the caller's verbs in Algorithm 3's
+    /// batch: `before` (writes made under the range) first, so they
+    /// execute before the release verbs and are visible to the next holder
+    /// of any unit of the range, as if they had been waited for before the
+    /// release; `after` (verbs the caller would post next, such as the
+    /// release of another lock) last, so they execute once the range is
+    /// released, as if posted after this call returned. When a node is
+    /// released late, or the range held the spillover mutex, `after` waits
+    /// for those releases instead. A refused verb of either fails the call;
+    /// the range is released all the same.
+    pub fn release_around(
+        &mut self,
+        ep: &Endpoint,
+        held: HeldRange,
+        before: Vec<Verb>,
+        after: Vec<Verb>,
+    ) -> Result<(), LockError> {
         let spilled = held.spillover;
-        let result = self.release_range(ep, held);
+        let result = self.release_range(ep, held, before, after);
         if spilled && result.is_ok() && self.policy == ScalePolicy::AfterSpillover && self.host.is_some() {
             if let Err(e) = self.scale_up_if_needed(ep) {
                 log::warn!("scale-up after a spillover acquisition failed: {e}");
@@ -72,15 +92,23 @@ impl CitronClient {
         result
     }
 
-    fn release_range(&mut self, ep: &Endpoint, held: HeldRange) -> Result<(), LockError> {
+    fn release_range(
+        &mut self,
+        ep: &Endpoint,
+        held: HeldRange,
+        before: Vec<Verb>,
+        after: Vec<Verb>,
+    ) -> Result<(), LockError> {
         // Nodes another held range still uses (it rode on them, see
         // [`super::own`]) stay held.
         let free = self.own.remove(held.start, held.units_end, &held.nodes);
-        let result = self.release_nodes(ep, &free, Vec::new());
-        if held.spillover {
-            self.spillover.release(ep)?;
+        if !held.spillover {
+            return self.release_nodes_around(ep, &free, before, after);
         }
-        result
+        let result = self.release_nodes(ep, &free, before);
+        let spillover = self.spillover.release(ep);
+        let posted = crate::rwlock::execute_all(ep, &after);
+        result.and(spillover).and(posted)
     }
 
     /// Algorithm 3 for `nodes`, after the verbs in `verbs`, in one batch;
@@ -94,15 +122,33 @@ impl CitronClient {
         nodes: &[HeldNode],
         verbs: Vec<Verb>,
     ) -> Result<(), LockError> {
+        self.release_nodes_around(ep, nodes, verbs, Vec::new())
+    }
+
+    /// [`CitronClient::release_nodes`] with `after` last in the batch, or,
+    /// when some node is late, posted after its late release.
+    fn release_nodes_around(
+        &mut self,
+        ep: &Endpoint,
+        nodes: &[HeldNode],
+        before: Vec<Verb>,
+        mut after: Vec<Verb>,
+    ) -> Result<(), LockError> {
         let on_time = self.on_time();
         let (late, prompt): (Vec<&HeldNode>, Vec<&HeldNode>) =
             nodes.iter().partition(|h| h.acquired_at.elapsed() >= on_time);
-        let released = self.release_prompt(ep, &prompt, verbs);
         if late.is_empty() {
-            return released;
+            return self.release_prompt(ep, &prompt, before, after);
         }
+        let released = self.release_prompt(ep, &prompt, before, Vec::new());
         let late = self.release_late(ep, &late);
-        released.and(late)
+        let posted = crate::rwlock::execute_all(ep, &std::mem::take(&mut after));
+        // A refused verb of the caller's says more than the late release's
+        // `Fenced`, which the caller may take as no failure.
+        match (released.and(late), posted) {
+            (Err(LockError::Fenced), Err(e)) => Err(e),
+            (released, posted) => released.and(posted),
+        }
     }
 
     fn release_prompt(
@@ -110,6 +156,7 @@ impl CitronClient {
         ep: &Endpoint,
         nodes: &[&HeldNode],
         mut verbs: Vec<Verb>,
+        after: Vec<Verb>,
     ) -> Result<(), LockError> {
         let cur = self.current.clone();
         let mut anchors = Vec::new();
@@ -118,6 +165,7 @@ impl CitronClient {
                 anchors.push((slot, h.anchor.expect("a slot implies an anchor")));
             }
         }
+        verbs.extend(after);
         if verbs.is_empty() {
             return Ok(());
         }

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use super::wire::{self, FrameError, Response};
-use crate::rdma::addr::{ClientAddr, NodeId, RegionId};
+use crate::rdma::addr::{ClientAddr, NodeId, RegionId, RemoteAddr};
 use crate::rdma::codec;
 use crate::rdma::error::{TransportError, VerbError};
 use crate::rdma::mailbox::{Envelope, MailboxRouter, Message, MAX_MESSAGE};
@@ -84,7 +84,54 @@ pub(crate) enum RequestRef<'a> {
     Join { mailbox: SocketAddr },
     Resolve(NodeId),
     ListRegions,
+    Verb(VerbRef<'a>),
+}
+
+/// A verb to send, borrowed: a [`Verb`], or a write whose bytes stay in the
+/// caller's buffer until they are encoded (it encodes exactly as
+/// [`Verb::Write`] of the same bytes).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum VerbRef<'a> {
     Verb(&'a Verb),
+    Write { addr: RemoteAddr, data: &'a [u8] },
+}
+
+/// The position of [`Verb::Write`] among the variants of [`Verb`]: what
+/// its encoding starts with.
+const WRITE_VARIANT: u32 = 1;
+
+/// Bytes that encode as one byte string (as [`crate::rdma::codec::bytes`]).
+struct ByteString<'a>(&'a [u8]);
+
+impl Serialize for ByteString<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(self.0)
+    }
+}
+
+impl Serialize for VerbRef<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStructVariant;
+        match self {
+            VerbRef::Verb(v) => v.serialize(serializer),
+            VerbRef::Write { addr, data } => {
+                let mut v = serializer.serialize_struct_variant("Verb", WRITE_VARIANT, "Write", 2)?;
+                v.serialize_field("addr", addr)?;
+                v.serialize_field("data", &ByteString(data))?;
+                v.end()
+            }
+        }
+    }
+}
+
+impl VerbRef<'_> {
+    /// Bytes of reply the host will send for this verb, at most.
+    fn expected_reply_bytes(&self) -> usize {
+        match self {
+            VerbRef::Verb(v) => expected_reply_bytes(v),
+            VerbRef::Write { .. } => SMALL_REPLY_BYTES,
+        }
+    }
 }
 
 struct Conn {
@@ -180,13 +227,24 @@ impl TcpQp {
         verbs: &[Verb],
         out: &mut Vec<Result<VerbReply, VerbError>>,
     ) -> Result<u64, TransportError> {
+        let refs: Vec<VerbRef<'_>> = verbs.iter().map(VerbRef::Verb).collect();
+        self.execute_refs(&refs, out)
+    }
+
+    /// [`TcpQp::execute`] of borrowed verbs: the bytes of a write go from
+    /// the caller's buffer straight into the frame.
+    pub fn execute_refs(
+        &self,
+        verbs: &[VerbRef<'_>],
+        out: &mut Vec<Result<VerbReply, VerbError>>,
+    ) -> Result<u64, TransportError> {
         let timeout = self.options.reply_timeout;
         self.with_conn(|conn, seq| {
             let mut round_trips = 0;
             let mut in_flight: Vec<u64> = Vec::with_capacity(verbs.len());
             let mut window = 0usize;
             for verb in verbs {
-                let reply_bytes = expected_reply_bytes(verb);
+                let reply_bytes = verb.expected_reply_bytes();
                 if !in_flight.is_empty() && window + reply_bytes > REPLY_WINDOW {
                     self.options.travel(1, 1);
                     conn.writer.flush()?;
@@ -194,7 +252,7 @@ impl TcpQp {
                     round_trips += 1;
                     window = 0;
                 }
-                in_flight.push(send(conn, seq, &RequestRef::Verb(verb))?);
+                in_flight.push(send(conn, seq, &RequestRef::Verb(*verb))?);
                 window += reply_bytes;
             }
             if !in_flight.is_empty() {
@@ -208,10 +266,17 @@ impl TcpQp {
     }
 }
 
+/// Bytes of the reply to a verb that answers no data, at most (framing
+/// included).
+const SMALL_REPLY_BYTES: usize = 48;
+
+/// Bytes of framing around the data a read answers.
+const DATA_REPLY_OVERHEAD: usize = 32;
+
 fn expected_reply_bytes(verb: &Verb) -> usize {
     match verb {
-        Verb::Read { len, .. } => *len as usize + 32,
-        _ => 48,
+        Verb::Read { len, .. } => *len as usize + DATA_REPLY_OVERHEAD,
+        _ => SMALL_REPLY_BYTES,
     }
 }
 
@@ -452,14 +517,24 @@ fn listen_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rdma::addr::{RegionId, RemoteAddr};
 
     #[test]
     fn borrowed_request_encodes_like_owned() {
         let verb = Verb::Write { addr: RemoteAddr::new(RegionId(3), 16), data: vec![1, 2, 3] };
         let owned = codec::encode(&wire::Request::Verb(verb.clone()));
-        let borrowed = codec::encode(&RequestRef::Verb(&verb));
+        let borrowed = codec::encode(&RequestRef::Verb(VerbRef::Verb(&verb)));
         assert_eq!(owned, borrowed);
+        let slice = VerbRef::Write { addr: RemoteAddr::new(RegionId(3), 16), data: &[1, 2, 3] };
+        assert_eq!(
+            owned,
+            codec::encode(&RequestRef::Verb(slice)),
+            "a borrowed write encodes as a Verb::Write"
+        );
+        let read = Verb::Read { addr: RemoteAddr::new(RegionId(3), 16), len: 9 };
+        assert_eq!(
+            codec::encode(&wire::Request::Verb(read.clone())),
+            codec::encode(&RequestRef::Verb(VerbRef::Verb(&read)))
+        );
         let mailbox: SocketAddr = "127.0.0.1:9".parse().unwrap();
         assert_eq!(
             codec::encode(&wire::Request::Join { mailbox }),

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::stall::Stall;
 use super::{ShiftLockClient, ShiftLockConfig, ShiftLockStats, State};
-use crate::rdma::Endpoint;
-use crate::rwlock::{LockError, Mode};
+use crate::rdma::{Endpoint, Verb, VerbReply};
+use crate::rwlock::{LockError, Mode, Riders};
 use crate::shiftlock::entry::{Entry, ExtCas, RelCnt, TailPtr, BOUNDARIES, MAX_READERS, READER_ENTER};
 use crate::shiftlock::message::{Letter, PeerMessage, Verdict, Wire};
 
@@ -53,6 +53,19 @@ impl ShiftLockClient {
     /// wait for it. `acquire` is `begin` then, if needed, `complete`; the two
     /// halves let a caller observe the moment it joined the lock.
     pub fn begin(&mut self, ep: &Endpoint, mode: Mode) -> Result<bool, LockError> {
+        Ok(self.begin_with_reads(ep, mode, &[])?.0)
+    }
+
+    /// [`Self::begin`] with `riders` (reads) posted in the same ordered
+    /// batch right after its first verb; their replies, if the lock was
+    /// held at once (see [`crate::rwlock::RwLockClient::acquire_with_reads`]).
+    /// Without riders the first verb goes alone, as in the paper.
+    pub fn begin_with_reads(
+        &mut self,
+        ep: &Endpoint,
+        mode: Mode,
+        riders: &[Verb],
+    ) -> Result<(bool, Riders), LockError> {
         if self.state != State::Idle {
             return Err(LockError::Misuse("acquire while this handle holds or waits for the lock"));
         }
@@ -62,22 +75,59 @@ impl ShiftLockClient {
         if !self.postbox.bind(ep) {
             return Err(LockError::Misuse("a ShiftLock postbox serves one endpoint only"));
         }
-        let held = match mode {
-            Mode::Shared => self.reader_begin(ep)?,
-            Mode::Exclusive => self.writer_begin(ep)?,
+        let (held, replies) = match mode {
+            Mode::Shared => self.reader_begin_with(ep, riders)?,
+            Mode::Exclusive => self.writer_begin_with(ep, riders)?,
         };
         if held {
             self.count_held();
         } else {
             self.stats.waited += 1;
         }
-        Ok(held)
+        Ok((held, replies.filter(|_| held)))
+    }
+
+    /// The first verb of an acquisition, and after it in the same batch
+    /// the `riders`: the verb's old entry and, if there were riders, their
+    /// replies.
+    fn first_verb(&self, ep: &Endpoint, verb: Verb, riders: &[Verb]) -> Result<(Entry, Riders), LockError> {
+        if riders.is_empty() {
+            let old = match verb {
+                Verb::ExtFaa { addr, add, boundary_mask } => ep.ext_faa(addr, add, boundary_mask)?,
+                Verb::ExtCas { addr, cmp, cmp_mask, swap, swap_mask } => {
+                    ep.ext_cas(addr, cmp, cmp_mask, swap, swap_mask)?
+                }
+                _ => return Err(LockError::Misuse("a ShiftLock acquisition starts with an extended atomic")),
+            };
+            return Ok((Entry(old), None));
+        }
+        let mut batch = ep.batch();
+        batch.push(verb);
+        for r in riders {
+            batch.push(r.clone());
+        }
+        let mut replies = batch.submit()?.into_vec();
+        let rest = replies.split_off(1);
+        let old = match replies.pop() {
+            Some(Ok(VerbReply::Old128(v))) => v,
+            Some(Err(e)) => return Err(e.into()),
+            other => {
+                return Err(LockError::Host(format!("unexpected reply to a ShiftLock atomic: {other:?}")))
+            }
+        };
+        Ok((Entry(old), Some(rest)))
     }
 
     /// Alg. 2 lines 2–4.
     pub(super) fn reader_begin(&mut self, ep: &Endpoint) -> Result<bool, LockError> {
+        Ok(self.reader_begin_with(ep, &[])?.0)
+    }
+
+    /// [`Self::reader_begin`] with riders after its FAA.
+    fn reader_begin_with(&mut self, ep: &Endpoint, riders: &[Verb]) -> Result<(bool, Riders), LockError> {
         let posted = Instant::now();
-        let old = Entry(ep.ext_faa(self.lock.entry, READER_ENTER, BOUNDARIES)?);
+        let faa = Verb::ExtFaa { addr: self.lock.entry, add: READER_ENTER, boundary_mask: BOUNDARIES };
+        let (old, replies) = self.first_verb(ep, faa, riders)?;
         if old.rdr_cnt() == MAX_READERS {
             log::error!("ShiftLock {}: RdrCnt overflowed ({old:?})", self.lock.entry);
         }
@@ -87,17 +137,29 @@ impl ShiftLockClient {
         } else {
             State::ReaderWaiting { epoch: old.epoch(), since, posted }
         };
-        Ok(old.tail().is_null())
+        Ok((old.tail().is_null(), replies))
     }
 
     /// Alg. 2 lines 7–15 and 23–26.
     pub(super) fn writer_begin(&mut self, ep: &Endpoint) -> Result<bool, LockError> {
+        Ok(self.writer_begin_with(ep, &[])?.0)
+    }
+
+    /// [`Self::writer_begin`] with riders after its enqueue.
+    fn writer_begin_with(&mut self, ep: &Endpoint, riders: &[Verb]) -> Result<(bool, Riders), LockError> {
         let me = TailPtr::from_client(ep.addr()).map_err(|e| {
             log::error!("ShiftLock {}: {e}", self.lock.entry);
             LockError::Misuse("this endpoint's address does not fit a ShiftLock TailPtr")
         })?;
         let cas = ExtCas::enqueue(me);
-        let old = Entry(ep.ext_cas(self.lock.entry, cas.cmp, cas.cmp_mask, cas.swap, cas.swap_mask)?);
+        let enqueue = Verb::ExtCas {
+            addr: self.lock.entry,
+            cmp: cas.cmp,
+            cmp_mask: cas.cmp_mask,
+            swap: cas.swap,
+            swap_mask: cas.swap_mask,
+        };
+        let (old, replies) = self.first_verb(ep, enqueue, riders)?;
         let enqueued_at = old.rel_cnt();
         if let Some(pred) = old.tail().client() {
             // Line 15. A failed send means the predecessor is gone; the
@@ -107,16 +169,16 @@ impl ShiftLockClient {
             }
             self.send(ep, pred, PeerMessage::Successor { enqueued_at });
             self.state = State::WriterQueued { me, enqueued_at };
-            Ok(false)
+            Ok((false, None))
         } else if old.rdr_cnt() != 0 {
             // Line 24: wait for the readers ahead of us.
             let target = enqueued_at.plus(u64::from(old.rdr_cnt()));
             self.state = State::WriterDraining { me, enqueued_at, target, epoch: old.epoch() };
-            Ok(false)
+            Ok((false, None))
         } else {
             self.state =
                 State::WriterHolding { me, enqueued_at, cur: enqueued_at, cons_wrt: 0, epoch: old.epoch() };
-            Ok(true)
+            Ok((true, replies))
         }
     }
 

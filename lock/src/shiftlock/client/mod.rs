@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use super::entry::{Entry, Epoch, RelCnt, TailPtr, ENTRY_ALIGN};
 use super::message::{PeerMessage, Postbox, Wire};
 use super::recovery::RecoveryLocator;
-use crate::rdma::{ClientAddr, Endpoint, RemoteAddr};
-use crate::rwlock::{LockError, Mode, RwLockClient};
+use crate::rdma::{ClientAddr, Endpoint, RemoteAddr, Verb};
+use crate::rwlock::{LockError, Mode, Riders, RwLockClient};
 
 pub use config::{ShiftLockConfig, DEFAULT_WRITER_THRESHOLD};
 
@@ -185,14 +185,51 @@ impl RwLockClient for ShiftLockClient {
     }
 
     fn release(&mut self, ep: &Endpoint) -> Result<(), LockError> {
+        self.release_after(ep, &[])
+    }
+
+    /// The riders go right after the reader's FAA or the writer's enqueue
+    /// (Alg. 2 lines 2 and 7), in one batch.
+    fn acquire_with_reads(
+        &mut self,
+        ep: &Endpoint,
+        mode: Mode,
+        riders: &[Verb],
+    ) -> Result<Riders, LockError> {
+        let (held, replies) = self.begin_with_reads(ep, mode, riders)?;
+        if held {
+            return Ok(replies);
+        }
+        self.complete(ep)?;
+        Ok(None)
+    }
+
+    /// A reader within its lease releases with one FAA (Alg. 3 line 2)
+    /// whose old entry serves only a diagnostic (a recovery within a
+    /// reader's lease cannot happen): the caller may post it.
+    fn release_verbs(&mut self) -> Option<Vec<Verb>> {
+        let State::ReaderHolding { lease_start, .. } = self.state else { return None };
+        if lease_start.elapsed() >= self.config.lease {
+            return None;
+        }
+        self.state = State::Idle;
+        Some(vec![self.reader_leave_verb()])
+    }
+
+    /// A reader within its lease posts `verbs` and its FAA (Alg. 3 line 2)
+    /// in one batch; a writer, whose release may hand over or wait for a
+    /// successor, posts them first on their own.
+    fn release_after(&mut self, ep: &Endpoint, verbs: &[Verb]) -> Result<(), LockError> {
         match std::mem::replace(&mut self.state, State::Idle) {
-            State::ReaderHolding { since, lease_start } => self.release_reader(ep, since, lease_start),
+            State::ReaderHolding { since, lease_start } => self.release_reader(ep, since, lease_start, verbs),
             State::WriterHolding { me, enqueued_at, cur, cons_wrt, epoch } => {
                 if TailPtr::from_client(ep.addr()) != Ok(me) {
                     self.state = State::WriterHolding { me, enqueued_at, cur, cons_wrt, epoch };
                     return Err(LockError::Misuse("release through another endpoint than the acquisition"));
                 }
-                self.release_writer(ep, me, enqueued_at, cur, cons_wrt, epoch)
+                let posted = crate::rwlock::execute_all(ep, verbs);
+                let released = self.release_writer(ep, me, enqueued_at, cur, cons_wrt, epoch);
+                posted.and(released)
             }
             other => {
                 self.state = other;

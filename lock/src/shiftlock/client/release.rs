@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::ShiftLockClient;
-use crate::rdma::{ClientAddr, Endpoint};
+use crate::rdma::{ClientAddr, Endpoint, Verb, VerbReply};
 use crate::rwlock::LockError;
 use crate::shiftlock::entry::{
     Entry, Epoch, ExtCas, RelCnt, TailPtr, BOUNDARIES, RDR_CNT_MASK, READER_LEAVE, REL_CNT_MASK,
@@ -13,17 +13,47 @@ use crate::shiftlock::entry::{
 use crate::shiftlock::message::{PeerMessage, Verdict, Wire};
 
 impl ShiftLockClient {
+    /// A reader's release within its lease (Alg. 3 line 2).
+    pub(super) fn reader_leave_verb(&self) -> Verb {
+        Verb::ExtFaa { addr: self.lock.entry, add: READER_LEAVE, boundary_mask: BOUNDARIES }
+    }
+
     /// Alg. 3 line 2 within the lease; after it, the conditional form.
+    /// `before`: the caller's writes under the lock, posted first (in the
+    /// same batch as the FAA within the lease: they execute before it, so
+    /// a writer that gets the lock after our FAA sees them).
     pub(super) fn release_reader(
         &mut self,
         ep: &Endpoint,
         since: RelCnt,
         lease_start: Instant,
+        before: &[Verb],
     ) -> Result<(), LockError> {
         if lease_start.elapsed() < self.config.lease {
             // No recovery can have happened: every waiter's 3 × T_lease
             // started no earlier than our lease did (§3.6).
-            let old = Entry(ep.ext_faa(self.lock.entry, READER_LEAVE, BOUNDARIES)?);
+            let leave = self.reader_leave_verb();
+            let old = if before.is_empty() {
+                Entry(ep.ext_faa(self.lock.entry, READER_LEAVE, BOUNDARIES)?)
+            } else {
+                let mut verbs = before.to_vec();
+                verbs.push(leave);
+                let mut replies = ep.execute(&verbs)?;
+                let old = match replies.pop() {
+                    Some(Ok(VerbReply::Old128(v))) => Entry(v),
+                    Some(Err(e)) => return Err(e.into()),
+                    other => {
+                        return Err(LockError::Host(format!(
+                            "unexpected reply to a ShiftLock release: {other:?}"
+                        )))
+                    }
+                };
+                // The FAA went: the lock is released whatever the writes did.
+                for r in replies {
+                    r?;
+                }
+                old
+            };
             if old.rel_cnt().leaped_from(since) {
                 log::error!(
                     "ShiftLock {}: a reader within its lease released into a recovered entry",
@@ -32,7 +62,9 @@ impl ShiftLockClient {
             }
             return Ok(());
         }
-        self.release_reader_slow(ep, since)
+        let posted = crate::rwlock::execute_all(ep, before);
+        let released = self.release_reader_slow(ep, since);
+        posted.and(released)
     }
 
     /// A reader past its lease may have been recovered against; an
