@@ -96,7 +96,10 @@ impl FsError {
     /// endpoints are as good as before, and reusing them costs no new
     /// connection and no new id.
     pub fn may_break_endpoints(&self) -> bool {
-        matches!(self, FsError::Io(_) | FsError::Fenced | FsError::DataServerDown(_) | FsError::MetaServerDown)
+        matches!(
+            self,
+            FsError::Io(_) | FsError::Fenced | FsError::DataServerDown(_) | FsError::MetaServerDown
+        )
     }
 }
 

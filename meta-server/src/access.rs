@@ -534,7 +534,12 @@ impl Pusher {
             match rpc.call(&request) {
                 Ok(Response::AccessApplied) => return Ok(()),
                 Ok(other) => return Err(format!("unexpected answer {other:?}")),
-                Err(e @ (RpcError::Io(_) | RpcError::Unreachable(_) | RpcError::Disconnected | RpcError::Timeout(_))) => {
+                Err(
+                    e @ (RpcError::Io(_)
+                    | RpcError::Unreachable(_)
+                    | RpcError::Disconnected
+                    | RpcError::Timeout(_)),
+                ) => {
                     last = e.to_string();
                     std::thread::sleep(Duration::from_millis(50 << attempt));
                 }

@@ -59,7 +59,9 @@ use citron_lock::dslr::DSLR_BYTES;
 use citron_lock::range_lock::{RangeAlgorithm, RangeLockSite};
 use citron_lock::rdma::RemoteAddr;
 use citronfs_core::locks::area::LockChoice;
-use citronfs_core::locks::record::{block_header, header_state, pack_addr, unpack_addr, BLOCK_BYTES, SLOTS_PER_BLOCK};
+use citronfs_core::locks::record::{
+    block_header, header_state, pack_addr, unpack_addr, BLOCK_BYTES, SLOTS_PER_BLOCK,
+};
 use citronfs_core::locks::record::{BLOCK_HEADER_BYTES, FREE, SLOT_BYTES};
 use citronfs_core::locks::LockArea;
 use citronfs_core::types::Ino;
@@ -255,14 +257,19 @@ impl LockAreas {
     /// server) is made anew: a range is held only for one I/O, and every
     /// client reclaims before it does I/O again.
     pub fn reclaim(&mut self, ino: Ino, size: u64, old: LockArea) -> Result<FileLockMemory, FsError> {
-        let refused = |why: &str| FsError::Invalid(format!("inode {}: cannot reclaim lock area {}: {why}", ino.0, old.base));
+        let refused = |why: &str| {
+            FsError::Invalid(format!("inode {}: cannot reclaim lock area {}: {why}", ino.0, old.base))
+        };
         let range = match old.range {
             RangeLockSite::CitronHosted { .. } => {
-                let trees = self.trees.clone().ok_or_else(|| refused("this meta-server hosts no Citron trees"))?;
+                let trees =
+                    self.trees.clone().ok_or_else(|| refused("this meta-server hosts no Citron trees"))?;
                 self.hosted_site(&trees, size)?
             }
             RangeLockSite::Rpc { instance, .. } => RangeLockSite::Rpc {
-                server: self.range_server.ok_or_else(|| refused("this meta-server runs no range lock server"))?,
+                server: self
+                    .range_server
+                    .ok_or_else(|| refused("this meta-server runs no range lock server"))?,
                 instance,
             },
             kept => kept,
@@ -278,8 +285,13 @@ impl LockAreas {
         let mut blocks = Vec::new();
         let mut link = area.table_head();
         while let Some(block) = self.word(link).and_then(unpack_addr) {
-            if blocks.len() as u64 > self.memory.capacity() / BLOCK_BYTES || !self.memory.claim(block, BLOCK_BYTES) {
-                log::error!("inode {}: the lock table's block {block} is not free; the table ends before it", ino.0);
+            if blocks.len() as u64 > self.memory.capacity() / BLOCK_BYTES
+                || !self.memory.claim(block, BLOCK_BYTES)
+            {
+                log::error!(
+                    "inode {}: the lock table's block {block} is not free; the table ends before it",
+                    ino.0
+                );
                 if let Err(e) = self.store(link, 0) {
                     log::error!("cutting the lock table of inode {}: {e}", ino.0);
                 }

@@ -53,7 +53,9 @@ impl WaitsForChain {
             let word = memory.memory().word(link).map(|w| w.load(std::sync::atomic::Ordering::SeqCst));
             let Some(next) = word.ok().and_then(unpack_addr) else { break };
             if chain.contains(&next) || !memory.claim(next, bytes) {
-                log::error!("the waits-for table's link at {link} names {next}, which is not a free block; cut");
+                log::error!(
+                    "the waits-for table's link at {link} names {next}, which is not a free block; cut"
+                );
                 if let Ok(w) = memory.memory().word(link) {
                     w.store(0, std::sync::atomic::Ordering::SeqCst);
                 }

@@ -369,7 +369,8 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
     }
 
     fn connect(&self) -> Result<Conn, RpcError> {
-        let mut stream = TcpStream::connect_timeout(&self.server, self.timeout).map_err(RpcError::Unreachable)?;
+        let mut stream =
+            TcpStream::connect_timeout(&self.server, self.timeout).map_err(RpcError::Unreachable)?;
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(self.timeout))?;
         let (credential, proved) = self.credentials.versioned();
@@ -416,7 +417,8 @@ impl<Req: Serialize, Resp: DeserializeOwned> RpcClient<Req, Resp> {
         // An idle connection the server closed meanwhile (it stopped, or
         // restarted) is dropped before anything is sent on it, so that a
         // request that finds the server gone fails as not sent.
-        let pooled = std::iter::from_fn(|| self.idle.lock().pop()).find(|c| frame::idle_and_open(c.reader.get_ref()));
+        let pooled =
+            std::iter::from_fn(|| self.idle.lock().pop()).find(|c| frame::idle_and_open(c.reader.get_ref()));
         let mut conn = match pooled {
             Some(c) => c,
             None => self.connect()?,

@@ -55,7 +55,9 @@ impl SqliteWriters {
 
     /// Rows committed so far, read through `m`.
     pub fn rows(&self, m: &TestMount) -> usize {
-        let out = sqlite(&m.path("test.db"), ".timeout 120000\nSELECT count(*) FROM t;\n").wait_with_output().unwrap();
+        let out = sqlite(&m.path("test.db"), ".timeout 120000\nSELECT count(*) FROM t;\n")
+            .wait_with_output()
+            .unwrap();
         assert!(out.status.success(), "a reader failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0)
     }
@@ -81,7 +83,12 @@ impl SqliteWriters {
         let out = check.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         let want = 4 * self.per_writer;
-        assert_eq!(text.trim(), format!("{want}|{want}\nok"), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            text.trim(),
+            format!("{want}|{want}\nok"),
+            "stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         elapsed
     }
 }

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use citronfs_core::client::ClientConfig;
 use citronfs_core::locks::record::RecordState;
 use citronfs_core::types::Ino;
-use citronfs_tests::sqlite::SqliteWriters;
 use citronfs_mount::MountOptions;
+use citronfs_tests::sqlite::SqliteWriters;
 use citronfs_tests::TestMount;
 
 const EXE: &str = env!("CARGO_BIN_EXE_citronfs");
@@ -68,7 +68,8 @@ fn meta(addr: &str, state: &Path) -> Server {
 }
 
 fn meta_with(addr: &str, state: &Path, more: &[&str]) -> Server {
-    let mut args = vec!["meta-server", "--listen", addr, "--lease-ms", "1000", "--state-dir", state.to_str().unwrap()];
+    let mut args =
+        vec!["meta-server", "--listen", addr, "--lease-ms", "1000", "--state-dir", state.to_str().unwrap()];
     args.extend_from_slice(more);
     Server::start(&args)
 }
@@ -224,7 +225,10 @@ fn opens_and_locks_ride_through(sig: i32, shm: bool) {
         // wait for it forever): the lock goes whatever happens.
         let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             // Held across the restart: refused to the other mount, and named.
-            assert_eq!(ofd_lock(&refused, libc::F_OFD_SETLK, libc::F_WRLCK, 50, 1).unwrap_err(), libc::EAGAIN);
+            assert_eq!(
+                ofd_lock(&refused, libc::F_OFD_SETLK, libc::F_WRLCK, 50, 1).unwrap_err(),
+                libc::EAGAIN
+            );
             let seen = ofd_lock(&refused, libc::F_OFD_GETLK, libc::F_WRLCK, 50, 1).unwrap();
             assert_eq!((seen.l_type, seen.l_start, seen.l_len), (libc::F_WRLCK as i16, 0, 100));
             assert!(!waiter.is_finished(), "the waiter must not get a lock that is held");
@@ -258,8 +262,15 @@ fn sqlite_rides_through_kills_of_the_meta_server_and_the_data_server() {
     let state = state_dir();
     let data_dir = state_dir();
     let addr = format!("127.0.0.1:{}", free_port());
-    let data_args =
-        ["data-server", "--meta", &addr, "--capacity", "64MiB", "--data-dir", data_dir.path().to_str().unwrap()];
+    let data_args = [
+        "data-server",
+        "--meta",
+        &addr,
+        "--capacity",
+        "64MiB",
+        "--data-dir",
+        data_dir.path().to_str().unwrap(),
+    ];
     let meta_server = meta(&addr, state.path());
     let data_server = Server::start(&data_args);
     let mut restarted = Vec::new();
@@ -285,7 +296,7 @@ fn creates_answered_before_they_were_sent_land_after_a_restart() {
     let addr = format!("127.0.0.1:{}", free_port());
     let server = meta(&addr, state.path());
     let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
-    let mut restarted = None;
+    let restarted;
     let mut config = ClientConfig::new(addr.parse().unwrap());
     // The creates wait in the mount until a call sends them.
     (config.late_linger, config.release_linger) = (HANG, HANG);
@@ -298,12 +309,14 @@ fn creates_answered_before_they_were_sent_land_after_a_restart() {
     }
     assert!(a.client.queued_changes() > 0, "the creates were sent at once: nothing to carry");
     server.stop(libc::SIGKILL);
-    restarted = Some(meta(&addr, state.path()));
+    restarted = meta(&addr, state.path());
     a.client.flush_late_changes();
     assert_eq!(a.client.late_change_failures(), 0, "a create answered before the restart was refused");
     let b = TestMount::new(addr.parse().unwrap());
-    let mut names: Vec<String> =
-        std::fs::read_dir(b.path("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(b.path("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     names.sort();
     let mut want = made.clone();
     want.sort();

@@ -526,7 +526,7 @@ impl FsClient {
                     // read once its range goes back, before the new size is
                     // published (a write seen in part). Alone on the file,
                     // nobody reads until both are done.
-                    return Ok(Attempt::Done(None));
+                    return Ok((Attempt::Done(None), Leftovers::default()));
                 }
                 // Under the exclusive inode mutex no other I/O runs: no
                 // range lock needed.

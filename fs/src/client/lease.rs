@@ -226,7 +226,8 @@ fn reclaim(shared: &Shared, client: ClientId) -> Reclaim {
 /// is gone (its lease ran out), or, if the meta-server restarted, the mount
 /// must be mounted again.
 fn register_again(shared: &Shared, sent: std::time::Instant) {
-    let again = shared.call(&MetaRequest::RegisterClient { hostname: shared.hostname.clone(), pid: std::process::id() });
+    let again = shared
+        .call(&MetaRequest::RegisterClient { hostname: shared.hostname.clone(), pid: std::process::id() });
     let registered = match again {
         Ok(MetaResponse::Registered(info)) if info.fs != shared.fs => {
             // Never show another file system in place of ours: stay
@@ -235,7 +236,9 @@ fn register_again(shared: &Shared, sent: std::time::Instant) {
             detach(shared, why, "its state was lost, or it is another cluster's");
             None
         }
-        Ok(MetaResponse::Registered(info)) if info.incarnation != shared.incarnation.load(Ordering::SeqCst) => {
+        Ok(MetaResponse::Registered(info))
+            if info.incarnation != shared.incarnation.load(Ordering::SeqCst) =>
+        {
             // The same file system from a new meta-server process that
             // could not take us back (we came after its grace period, or
             // it kept no lock memory): our opens and locks are gone.
@@ -270,7 +273,10 @@ impl FsClient {
     /// runs it once more from the start, with the lock memory as it was
     /// reclaimed. Each of these calls may be run twice: a lock or unlock
     /// set again is the same lock, and an I/O writes the same bytes.
-    pub(super) fn riding_out_restarts<R>(&self, mut op: impl FnMut() -> Result<R, FsError>) -> Result<R, FsError> {
+    pub(super) fn riding_out_restarts<R>(
+        &self,
+        mut op: impl FnMut() -> Result<R, FsError>,
+    ) -> Result<R, FsError> {
         let reclaims = self.reclaims();
         match op() {
             Err(e) if e.may_break_endpoints() && self.meta_server_went_away(reclaims) => {

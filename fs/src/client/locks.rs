@@ -262,7 +262,16 @@ impl FsClient {
             Ok(((Outcome::Granted, _, _), _)) => done(Ok(())),
             Ok(((Outcome::Waiting { registration, .. }, area, table), pin)) => {
                 let ino = call.ino;
-                waiters.wait(Pending { ino, area, table, req, registration, interrupted, done, failing_since: None });
+                waiters.wait(Pending {
+                    ino,
+                    area,
+                    table,
+                    req,
+                    registration,
+                    interrupted,
+                    done,
+                    failing_since: None,
+                });
                 drop(pin);
             }
             Ok(((Outcome::Refused(_), _, _), _)) => done(Err(FsError::WouldBlock)),

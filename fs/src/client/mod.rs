@@ -53,8 +53,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use citron_lock::rdma::tcp::{RpcClient, RpcError};
-use citron_rpc::auth::{HandshakeError, Status};
 use citron_lock::rdma::{IbDevice, Node, TcpOptions, VerbCounts};
+use citron_rpc::auth::{HandshakeError, Status};
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::FsError;
@@ -253,7 +253,9 @@ impl Shared {
         loop {
             self.wait_while_away(began)?;
             if self.fenced() {
-                return Err(FsError::Io("this client's lease expired; it is fenced until it re-registers".into()));
+                return Err(FsError::Io(
+                    "this client's lease expired; it is fenced until it re-registers".into(),
+                ));
             }
             // A call that failed says which it was: "no reply within 5s"
             // alone does not tell a slow allocation from a slow create.

@@ -149,7 +149,9 @@ impl Namespace {
         ns.clients = clients;
         let on_loan: u64 = loans.values().map(|loan| loan.len() as u64).sum();
         if ns.slots.keep(on_loan) < on_loan {
-            log::error!("the attribute slots cannot keep the {on_loan} inodes on loan; some late creates may fail");
+            log::error!(
+                "the attribute slots cannot keep the {on_loan} inodes on loan; some late creates may fail"
+            );
         }
         ns.lent = loans.into_iter().map(|(client, loan)| (client, loan.into_iter().collect())).collect();
         ns

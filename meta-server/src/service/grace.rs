@@ -67,7 +67,12 @@ impl Grace {
     pub fn none() -> Self {
         let now = Instant::now();
         Self {
-            state: Mutex::new(GraceState { awaiting: BTreeSet::new(), quiet_until: now, until: now, over: true }),
+            state: Mutex::new(GraceState {
+                awaiting: BTreeSet::new(),
+                quiet_until: now,
+                until: now,
+                over: true,
+            }),
         }
     }
 
@@ -161,7 +166,8 @@ mod tests {
 
     #[test]
     fn reclaims_wait_for_the_quiet_start_and_end_the_period() {
-        let grace = Grace::start([ClientId(3), ClientId(4)], Duration::from_millis(50), Duration::from_secs(60));
+        let grace =
+            Grace::start([ClientId(3), ClientId(4)], Duration::from_millis(50), Duration::from_secs(60));
         assert!(grace.awaits(ClientId(3)));
         assert_eq!(grace.reclaim(ClientId(3)), Err(FsError::Grace), "quiet start");
         assert_eq!(grace.reclaim(ClientId(9)), Err(FsError::MetaRestarted), "never registered");

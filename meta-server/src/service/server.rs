@@ -135,8 +135,9 @@ impl MetaServer {
         // is found again by a restart, for the clients to reclaim
         // (`grace`).
         let lock_path = journal.dir().join(crate::journal::files::LOCKS);
-        let (lock_file, mut locks_kept) =
-            journal.lock_file(&lock_path, lock_bytes, !recovered.fresh).map_err(|e| FsError::Io(e.to_string()))?;
+        let (lock_file, mut locks_kept) = journal
+            .lock_file(&lock_path, lock_bytes, !recovered.fresh)
+            .map_err(|e| FsError::Io(e.to_string()))?;
         let (shm, regions, slots, locks) = match &config.shm {
             Some(name) => {
                 let host = ShmHost::create(name)?;
@@ -360,7 +361,10 @@ impl MetaServer {
             lock_memory.mark_free_dirty();
             let grown = waits_for_chain.readopt(&mut lock_memory);
             access.extend_membership(
-                grown.into_iter().map(|b| lock_extent(b, WaitsFor::bytes(config.max_waiting_owners))).collect(),
+                grown
+                    .into_iter()
+                    .map(|b| lock_extent(b, WaitsFor::bytes(config.max_waiting_owners)))
+                    .collect(),
             );
         }
         let areas = LockAreas::new(

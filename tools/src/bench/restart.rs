@@ -188,7 +188,8 @@ pub fn run(args: RestartArgs) -> Result<()> {
 /// The second table: a working client's pause across restarts.
 fn pauses(args: &RestartArgs) -> Result<()> {
     use citronfs_core::client::Transport;
-    let mut table = Table::new(&["transport", "lease ms", "longest gap ms", "stop to answer ms", "calls", "failed"]);
+    let mut table =
+        Table::new(&["transport", "lease ms", "longest gap ms", "stop to answer ms", "calls", "failed"]);
     let mut bars = Vec::new();
     for &lease_ms in &args.pause_leases_ms {
         for transport in [Transport::Tcp, Transport::Auto] {

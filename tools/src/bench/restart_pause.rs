@@ -54,7 +54,8 @@ pub fn measure(transport: Transport, lease: Duration) -> Result<Pause> {
     let answered = Arc::new(Mutex::new(Vec::<Instant>::new()));
     let failed = Arc::new(AtomicU64::new(0));
     let worker = {
-        let (client, stop, answered, failed) = (client.clone(), stop.clone(), answered.clone(), failed.clone());
+        let (client, stop, answered, failed) =
+            (client.clone(), stop.clone(), answered.clone(), failed.clone());
         std::thread::spawn(move || {
             let block = vec![7u8; 4096];
             for i in 0u64.. {
@@ -82,7 +83,8 @@ pub fn measure(transport: Transport, lease: Duration) -> Result<Pause> {
     let _meta = MetaServer::start(cfg).context("the meta-server again")?;
     // Until the client has gone on for a while after the restart.
     let deadline = Instant::now() + Duration::from_secs(120);
-    while answered.lock().unwrap().iter().filter(|t| **t > stopped).count() < 200 && Instant::now() < deadline {
+    while answered.lock().unwrap().iter().filter(|t| **t > stopped).count() < 200 && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
     stop.store(true, Ordering::Relaxed);
