@@ -319,13 +319,18 @@ impl Frozen {
         );
     }
 
-    /// The locks are usable: the whole tree (its root repairs whatever was
-    /// left behind), a size change (inode mutex exclusive, ALock on the
+    /// The locks are usable: a write over the whole tree (its root repairs
+    /// whatever was left behind), a size change (inode mutex exclusive, ALock on the
     /// meta-server), an extending write (ALock from a client); and every
     /// word of the tree is idle afterwards.
     fn locks_usable(self, what: &str) {
         let (o, ino) = (self.other.clone(), self.ino);
         within(what, move || {
+            // Within the file's size: a write across its end takes the
+            // inode mutex exclusive and no range, and the range over the
+            // whole tree is what makes its root repair.
+            let whole = citronfs_core::types::SetAttr { size: Some(WHOLE_TREE as u64), ..Default::default() };
+            o.setattr(ME, ino, whole).unwrap();
             o.write(ino, 0, &vec![b'w'; WHOLE_TREE], false).unwrap();
             o.setattr(
                 ME,

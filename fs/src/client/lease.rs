@@ -157,7 +157,7 @@ const AWAY_RETRY: Duration = Duration::from_millis(100);
 /// What came of asking a meta-server to take this client back.
 enum Reclaim {
     /// Taken back under its id, with its opens and locks.
-    Done(ClusterInfo),
+    Done(Box<ClusterInfo>),
     /// Not yet (the meta-server is in its quiet start, or away).
     Later,
     /// The meta-server does not remember this client (same process: its
@@ -219,7 +219,7 @@ fn reclaim(shared: &Shared, client: ClientId) -> Reclaim {
     if lost > 0 {
         log::error!("{lost} open files of client {} were not taken back", client.0);
     }
-    Reclaim::Done(info)
+    Reclaim::Done(Box::new(info))
 }
 
 /// Registers anew, as a new client: what this client had open and locked
