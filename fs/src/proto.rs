@@ -680,6 +680,29 @@ impl MetaRequest {
             other => other,
         }
     }
+
+    /// Whether the request only reads: answered twice, it changes nothing
+    /// (a cache grant it asks for is granted again), so one whose answer
+    /// was lost with a connection may be sent again.
+    pub fn only_reads(&self) -> bool {
+        use MetaRequest as R;
+        matches!(
+            self.inner(),
+            R::Lookup { .. }
+                | R::GetAttr { .. }
+                | R::ReadLink { .. }
+                | R::ReadDir { .. }
+                | R::ReadDirPlus { .. }
+                | R::Access { .. }
+                | R::Layout { .. }
+                | R::GetXattr { .. }
+                | R::ListXattr { .. }
+                | R::StatFs
+                | R::Status
+                | R::Clients
+                | R::DataServers
+        )
+    }
 }
 
 /// How `rename` treats an existing target.

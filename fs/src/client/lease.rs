@@ -114,7 +114,9 @@ fn heartbeat_loop(shared: &Shared) {
             }
             Ok(MetaResponse::Failed(_))
             | Err(RpcError::Handshake(HandshakeError::Refused(Status::NotAdmitted))) => {
-                log::warn!("lease of client {} lost", client.0);
+                if !away {
+                    log::warn!("lease of client {} lost", client.0);
+                }
                 // SeqCst, here and below: set before the identity changes,
                 // cleared only after the registration count moved
                 // (`FsClient::with_pinned_endpoints`).

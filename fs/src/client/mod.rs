@@ -264,6 +264,11 @@ impl Shared {
                     // Before the heartbeat notices: the others wait too.
                     self.meta_away.store(true, Ordering::SeqCst);
                 }
+                // Its connection broke under it (the meta-server stopped
+                // while it was on its way): a request that only reads is
+                // asked again once the meta-server is back; any other may
+                // have been applied, and fails.
+                Err(FsError::Io(_)) if request.only_reads() && self.away_now() => {}
                 Err(FsError::Grace) if began.elapsed() < self.meta_wait => std::thread::sleep(AWAY_NAP),
                 r => {
                     return r.map_err(|e| match e {
