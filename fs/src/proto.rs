@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::FsError;
 use crate::locks::{ClusterLockParams, LockArea, WaitsFor};
 use crate::types::{
-    Attr, Caller, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino, SetAttr,
-    Timestamp,
+    Attr, Caller, ChangeSeq, ChunkIndex, ChunkLoc, ClientId, DataServerId, DirEntry, FileKind, FsStats, Ino,
+    SetAttr, Timestamp,
 };
 
 mod named;
@@ -469,6 +469,23 @@ pub enum MetaRequest {
         ttl_ms: u64,
         request: Box<MetaRequest>,
     },
+    /// `request` (a change; itself plain or [`MetaRequest::Caching`]), applied
+    /// at most once: the meta-server keeps the answer of a change it
+    /// applied, journaled with it, under (`client`, `seq`), and answers a
+    /// second sending of it with that answer (a client sends a change again
+    /// when its connection broke as the meta-server stopped, not knowing
+    /// whether it was applied). Answers of numbers below `answered_below`
+    /// (every change the client still waits for is at or above it) are no
+    /// longer kept. `resent`: the client sent it before (only then can an
+    /// answer be kept). After NFSv4.1's sessions (RFC 8881 §2.10.6, the
+    /// reply cache). Never nested.
+    Once {
+        client: ClientId,
+        seq: ChangeSeq,
+        answered_below: ChangeSeq,
+        resent: bool,
+        request: Box<MetaRequest>,
+    },
     /// The long poll of a caching mount's invalidation thread: acknowledges
     /// every invalidation up to `acked` (its kernel has dropped what they
     /// name) and answers [`MetaResponse::Invalidations`] as soon as there
@@ -673,12 +690,47 @@ pub struct EntryPlus {
 }
 
 impl MetaRequest {
-    /// The request itself, out of a [`MetaRequest::Caching`] wrapper.
+    /// The request itself, out of its [`MetaRequest::Once`] and
+    /// [`MetaRequest::Caching`] wrappers.
     pub fn inner(&self) -> &MetaRequest {
         match self {
+            MetaRequest::Once { request, .. } => request.inner(),
             MetaRequest::Caching { request, .. } => request,
             other => other,
         }
+    }
+
+    /// Whether the request is a change a client sends as
+    /// [`MetaRequest::Once`]: one that changes the namespace, or what the
+    /// meta-server hands out (opens, loans, allocations), so that asking it
+    /// twice is not the same as asking it once. Registrations, renewals and
+    /// the invalidation poll are the session itself, not changes in it.
+    pub fn asked_once(&self) -> bool {
+        use MetaRequest as R;
+        matches!(
+            self.inner(),
+            R::SetAttr { .. }
+                | R::Create { .. }
+                | R::CreateOpen { .. }
+                | R::Symlink { .. }
+                | R::Link { .. }
+                | R::Unlink { .. }
+                | R::LateChanges { .. }
+                | R::LendInodes { .. }
+                | R::Rmdir { .. }
+                | R::Rename { .. }
+                | R::Open { .. }
+                | R::Release { .. }
+                | R::ReleaseMany { .. }
+                | R::GrowLockTable { .. }
+                | R::GrowWaitsFor { .. }
+                | R::KillSuidGid { .. }
+                | R::AllocChunks { .. }
+                | R::GrowExtents { .. }
+                | R::Fallocate { .. }
+                | R::SetXattr { .. }
+                | R::RemoveXattr { .. }
+        )
     }
 
     /// Whether the request only reads: answered twice, it changes nothing

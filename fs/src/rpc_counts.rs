@@ -72,6 +72,7 @@ meta_kinds!(
     RemoveXattr,
     ReportLockTiming,
     Caching,
+    Once,
     AwaitInvalidations;
     // Kinds sent by a client's background threads (lease, lock timing), not
     // by file-system operations: left out of `RpcCounts::operations` and

@@ -17,6 +17,12 @@ impl Ino {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ClientId(pub u64);
 
+/// The number of one change a client asked of the meta-server
+/// ([`crate::proto::MetaRequest::Once`]): its changes are numbered from 1
+/// up, never twice by one client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ChangeSeq(pub u64);
+
 /// The identity of one file system: made at random when its meta-server
 /// first starts on an empty state directory, kept in its state, and given
 /// to every client at registration. A client that finds another identity

@@ -85,6 +85,7 @@ pub fn vet(
         | MetaRequest::Release { client, .. }
         | MetaRequest::ReleaseMany { client, .. }
         | MetaRequest::Caching { client, .. }
+        | MetaRequest::Once { client, .. }
         | MetaRequest::AwaitInvalidations { client, .. }
             if client != me =>
         {
@@ -152,6 +153,7 @@ fn caller_mut(request: &mut MetaRequest) -> Option<&mut Caller> {
         | R::LateChanges { .. }
         | R::LendInodes { .. }
         | R::Caching { .. }
+        | R::Once { .. }
         | R::AwaitInvalidations { .. }
         | R::StatFs => None,
     }

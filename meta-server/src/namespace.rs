@@ -110,6 +110,9 @@ pub struct Namespace {
     /// Clients registered and not gone: journaled, so that a restarted
     /// meta-server knows whom to wait for ([`Namespace::client_joined`]).
     clients: std::collections::BTreeSet<ClientId>,
+    /// The answers of changes kept for a client that asks again
+    /// ([`crate::journal::kept_answers`]).
+    kept: crate::journal::kept_answers::KeptAnswers,
     /// The counters (inodes, cookies, clients) as the journal last
     /// recorded them.
     journaled_counters: (u64, u64, u64),
@@ -203,6 +206,7 @@ impl Namespace {
             server_changes: Vec::new(),
             next_client: 1,
             clients: std::collections::BTreeSet::new(),
+            kept: Default::default(),
             journaled_counters: (0, 0, 0),
             orphans: std::collections::VecDeque::new(),
             orphan_grace,

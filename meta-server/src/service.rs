@@ -95,7 +95,9 @@ use crate::waits_for_chain::WaitsForChain;
 mod data_servers;
 mod dispatch;
 mod grace;
+mod held_answers;
 mod leases;
+mod once;
 mod server;
 mod stable_ports;
 mod status;
@@ -267,6 +269,8 @@ pub struct MetaService {
     identity: FsIdentity,
     /// After a restart: the clients of the previous process reclaim.
     grace: grace::Grace,
+    /// A test hook: answers never sent ([`held_answers`]).
+    held_answers: held_answers::HeldAnswers,
 }
 
 /// Which file system this is and since when, as registration and
@@ -357,6 +361,7 @@ impl RpcService for MetaService {
     fn handle_from(&self, mut request: MetaRequest, peer: &Peer) -> MetaResponse {
         let key_of = |name: &str| self.access.keyring().and_then(|r| r.get(name).cloned());
         let options = |c: ClientId| self.clients.lock().get(&c).map(|l| l.options);
+        let once = once::OnceChange::unwrap(&mut request);
         let caching = match request {
             MetaRequest::Caching { client, ttl_ms, request: inner } => {
                 request = *inner;
@@ -369,21 +374,31 @@ impl RpcService for MetaService {
                 log::warn!("client {} sent a request as client {}; refused", me.0, caching.unwrap().0 .0);
                 MetaResponse::Failed(FsError::Perm)
             }
-            Ok(_) if self.awaits_reclaim(&request, caching.map(|(c, _)| c)) => match request {
-                // How a client of the previous process notices the restart.
-                MetaRequest::Heartbeat { .. } => MetaResponse::Failed(FsError::Io(
-                    "lease unknown: the meta-server restarted; reclaim it".into(),
-                )),
-                _ => MetaResponse::Failed(FsError::Grace),
-            },
+            Ok(Asker::Client(me, _)) if once.is_some_and(|o| o.client != me) => {
+                log::warn!("client {} sent a change as client {}; refused", me.0, once.unwrap().client.0);
+                MetaResponse::Failed(FsError::Perm)
+            }
+            Ok(_) if self.awaits_reclaim(&request, caching.map(|(c, _)| c).or(once.map(|o| o.client))) => {
+                match request {
+                    // How a client of the previous process notices the restart.
+                    MetaRequest::Heartbeat { .. } => MetaResponse::Failed(FsError::Io(
+                        "lease unknown: the meta-server restarted; reclaim it".into(),
+                    )),
+                    _ => MetaResponse::Failed(FsError::Grace),
+                }
+            }
             Ok(asker) => {
                 let (kind, started) = (request.kind(), std::time::Instant::now());
-                let answer = self.dispatch(&asker, caching, request).unwrap_or_else(MetaResponse::Failed);
+                let answer = match once {
+                    Some(change) => self.answer_once(change, &asker, caching, request),
+                    None => self.dispatch(&asker, caching, request).unwrap_or_else(MetaResponse::Failed),
+                };
                 // No answer leaves before what it could have seen is durable.
                 let answer = match self.ns.commit_seen() {
                     Ok(()) => answer,
                     Err(e) => MetaResponse::Failed(FsError::Io(e.to_string())),
                 };
+                self.held_answers.hold(kind);
                 // What a request waited for (grants, recalls, locks, the
                 // journal) shows here: a client waits on while this server
                 // is alive, and its log says only that it waited.

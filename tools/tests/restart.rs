@@ -40,7 +40,13 @@ impl Drop for Server {
 impl Server {
     /// Starts `citronfs ARGS` and waits for its first line on stdout.
     fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(EXE).args(args).stdout(Stdio::piped()).spawn().unwrap();
+        Self::start_with(args, &[])
+    }
+
+    /// [`Server::start`], with `env` set.
+    fn start_with(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut child =
+            Command::new(EXE).args(args).envs(env.iter().copied()).stdout(Stdio::piped()).spawn().unwrap();
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         assert!(!line.is_empty(), "citronfs {args:?} printed nothing: {:?}", child.wait());
@@ -251,6 +257,62 @@ fn opens_and_locks_ride_through(sig: i32, shm: bool) {
         let seen = ofd_lock(&held, libc::F_OFD_GETLK, libc::F_WRLCK, 0, 0).unwrap();
         assert_eq!((seen.l_type, seen.l_start, seen.l_len), (libc::F_WRLCK as i16, 60, 1));
     });
+}
+
+/// Changes on their way back when the meta-server is killed: applied and
+/// durable, their answers never sent (a test hook of the meta-server holds
+/// them). The mount sends them again to the restarted meta-server, which
+/// answers each as it was applied, once: the unlink returns 0 (not ENOENT,
+/// as a second unlink would, nor EIO), the exclusive create returns its new
+/// file open (not EEXIST), the mkdir returns 0 (not EEXIST).
+#[test]
+fn changes_answered_as_the_meta_server_died_are_applied_once() {
+    let _ = env_logger::builder().is_test(true).try_init();
+    let state = state_dir();
+    let marks = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let hold = format!("Unlink,CreateOpen,Create:{}", marks.path().display());
+    let args = [
+        "meta-server",
+        "--listen",
+        &addr,
+        "--lease-ms",
+        "1000",
+        "--state-dir",
+        state.path().to_str().unwrap(),
+    ];
+    let server = Server::start_with(&args, &[("CITRONFS_TEST_HOLD_ANSWERS", &hold)]);
+    let _data = Server::start(&["data-server", "--meta", &addr, "--capacity", "64MiB"]);
+    let mut restarted = None;
+    let m = TestMount::new(addr.parse().unwrap());
+    // In three directories: the kernel holds a directory's lock through a
+    // change of its entries.
+    for dir in ["a", "b", "c"] {
+        std::fs::create_dir(m.path(dir)).unwrap();
+    }
+    std::fs::write(m.path("a/doomed"), b"x").unwrap();
+    std::fs::write(marks.path().join("hold"), b"").unwrap();
+    std::thread::scope(|s| {
+        let unlink = s.spawn(|| std::fs::remove_file(m.path("a/doomed")));
+        let create = s.spawn(|| {
+            std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(m.path("b/new"))
+        });
+        let mkdir = s.spawn(|| std::fs::create_dir(m.path("c/dir")));
+        let held = |kind: &str| marks.path().join(kind).exists();
+        for kind in ["Unlink", "CreateOpen", "Create"] {
+            wait_until(&format!("{kind} applied"), || held(kind));
+        }
+        server.stop(libc::SIGKILL);
+        restarted = Some(meta(&addr, state.path()));
+        unlink.join().unwrap().expect("the unlink applied before the kill returns 0");
+        mkdir.join().unwrap().expect("the mkdir applied before the kill returns 0");
+        let mut new = create.join().unwrap().expect("the create applied before the kill returns the file");
+        new.write_all(b"written through the open the create returned").unwrap();
+        new.sync_all().unwrap();
+    });
+    assert!(std::fs::read_dir(m.path("a")).unwrap().next().is_none(), "unlinked");
+    assert_eq!(std::fs::read(m.path("b/new")).unwrap(), b"written through the open the create returned");
+    assert!(std::fs::metadata(m.path("c/dir")).unwrap().is_dir());
 }
 
 /// SQLite from four processes on two mounts while the meta-server and then

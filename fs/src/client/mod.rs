@@ -31,6 +31,7 @@ mod layouts;
 mod lease;
 mod locks;
 mod metadata;
+mod once;
 mod opening;
 mod opens;
 mod releases;
@@ -221,6 +222,8 @@ struct Shared {
     /// Times this client reclaimed its registration from a restarted
     /// meta-server (which knows nothing of the caches it granted before).
     reclaims: AtomicU64,
+    /// The numbers of the changes this client asks ([`once`]).
+    changes: once::ChangeNumbers,
     /// Why every call fails from now on, if one does: another file system,
     /// or another process of the meta-server, found after a reconnection.
     detached: Mutex<Option<FsError>>,
@@ -248,7 +251,11 @@ impl Shared {
     /// from yet) or in its grace period, the call waits and is asked again,
     /// up to [`Shared::meta_wait`]: a request that found no server was not
     /// sent, and one refused for the grace period changed nothing.
+    /// A change ([`MetaRequest::asked_once`]) goes numbered ([`once`]):
+    /// one whose connection broke as the meta-server went away is sent
+    /// again once it is back, and is applied at most once.
     fn call_plain(&self, request: &MetaRequest) -> Result<MetaResponse, FsError> {
+        let mut numbered = request.asked_once().then(|| self.changes.number(self.client_id(), request));
         let began = Instant::now();
         loop {
             self.wait_while_away(began)?;
@@ -259,16 +266,21 @@ impl Shared {
             }
             // A call that failed says which it was: "no reply within 5s"
             // alone does not tell a slow allocation from a slow create.
-            match answer(self.call(request)) {
+            let sending = numbered.as_ref().map_or(request, |n| n.request());
+            let answered = answer(self.call(sending));
+            if let Some(numbered) = &mut numbered {
+                numbered.sent();
+            }
+            match answered {
                 Err(FsError::MetaServerDown) => {
                     // Before the heartbeat notices: the others wait too.
                     self.meta_away.store(true, Ordering::SeqCst);
                 }
                 // Its connection broke under it (the meta-server stopped
-                // while it was on its way): a request that only reads is
-                // asked again once the meta-server is back; any other may
-                // have been applied, and fails.
-                Err(FsError::Io(_)) if request.only_reads() && self.away_now() => {}
+                // while it was on its way): a request that only reads, or a
+                // numbered change, is asked again once the meta-server is
+                // back; any other may have been applied, and fails.
+                Err(FsError::Io(_)) if (request.only_reads() || numbered.is_some()) && self.away_now() => {}
                 Err(FsError::Grace) if began.elapsed() < self.meta_wait => std::thread::sleep(AWAY_NAP),
                 r => {
                     return r.map_err(|e| match e {
@@ -520,6 +532,7 @@ impl FsClient {
             meta_wait: config.meta_wait,
             reclaims: AtomicU64::new(0),
             leaving: AtomicBool::new(false),
+            changes: Default::default(),
             detached: Mutex::new(None),
         });
         let heartbeat = Heartbeat::start(&shared)?;

@@ -59,7 +59,7 @@ impl MetaRequest {
             | R::GetXattr { ino, .. }
             | R::ListXattr { ino, .. }
             | R::RemoveXattr { ino, .. } => (vec![*ino], Vec::new()),
-            R::Caching { request, .. } => return request.named(),
+            R::Caching { request, .. } | R::Once { request, .. } => return request.named(),
             R::RegisterClient { .. }
             | R::ReclaimClient { .. }
             | R::DataServers

@@ -3,7 +3,7 @@
 //! | file | what |
 //! |---|---|
 //! | `lock` | held (flock) by the meta-server using the directory |
-//! | `snapshot-N` | the namespace as of the start of segment N: one record |
+//! | `snapshot-N` | the namespace as of the start of segment N: one record, then one of the kept answers (`kept_answers`; absent in snapshots written before answers were kept) |
 //! | `journal-N` | segment N: batches, appended in the namespace lock's order |
 //! | `slots` | the attribute slot region (sizes, mtimes), mapped shared |
 //! | `locks` | the lock region (lock areas, record tables, waits-for table, Citron trees), mapped shared |
@@ -71,23 +71,35 @@ pub fn read_snapshot(dir: &Path, n: u64) -> Result<NamespaceImage, JournalError>
     let bytes = fs::read(&path).map_err(|e| JournalError::io(&path, e))?;
     let scan =
         record::scan(&bytes).map_err(|d| JournalError::Damaged { file: path.clone(), offset: d.offset })?;
-    match (scan.records.as_slice(), scan.torn_at) {
-        ([one], None) => bincode::deserialize(one).map_err(|e| JournalError::Undecodable {
-            file: path.clone(),
-            offset: 0,
-            reason: e.to_string(),
-        }),
-        _ => Err(JournalError::Damaged { file: path, offset: scan.torn_at.unwrap_or(0) }),
+    let undecodable = |offset: usize, e: bincode::Error| JournalError::Undecodable {
+        file: path.clone(),
+        offset: offset as u64,
+        reason: e.to_string(),
+    };
+    // The image, then (since answers are kept) the kept answers.
+    let (image, kept) = match (scan.records.as_slice(), scan.torn_at) {
+        ([image], None) => (image, None),
+        ([image, kept], None) => (image, Some(kept)),
+        _ => return Err(JournalError::Damaged { file: path, offset: scan.torn_at.unwrap_or(0) }),
+    };
+    let mut image: NamespaceImage = bincode::deserialize(image).map_err(|e| undecodable(0, e))?;
+    if let Some(kept) = kept {
+        let at = record::HEADER + scan.records[0].len();
+        image.kept = bincode::deserialize(kept).map_err(|e| undecodable(at, e))?;
     }
+    Ok(image)
 }
 
 /// Writes `image` as `snapshot-N`, whole or not at all.
 pub fn write_snapshot(dir: &Path, n: u64, image: &NamespaceImage) -> Result<(), JournalError> {
     let path = snapshot_path(dir, n);
     let tmp = path.with_extension("tmp");
-    let payload = bincode::serialize(image).map_err(|e| JournalError::Encode(e.to_string()))?;
-    let mut bytes = Vec::with_capacity(payload.len() + record::HEADER);
+    let encode = |e: bincode::Error| JournalError::Encode(e.to_string());
+    let payload = bincode::serialize(image).map_err(encode)?;
+    let kept = bincode::serialize(&image.kept).map_err(encode)?;
+    let mut bytes = Vec::with_capacity(payload.len() + kept.len() + 2 * record::HEADER);
     record::frame(&payload, &mut bytes);
+    record::frame(&kept, &mut bytes);
     let write = || -> std::io::Result<()> {
         let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
         f.write_all(&bytes)?;

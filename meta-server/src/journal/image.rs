@@ -22,8 +22,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use citronfs_core::proto::AttrSlot;
-use citronfs_core::types::{Attr, ChunkIndex, ChunkLoc, ClientId, DataServerId, FsId, Ino, Timestamp};
+use citronfs_core::types::{
+    Attr, ChangeSeq, ChunkIndex, ChunkLoc, ClientId, DataServerId, FsId, Ino, Timestamp,
+};
 use serde::{Deserialize, Serialize};
+
+use super::kept_answers::KeptAnswers;
 
 /// A directory's entries: name to (listing cookie, inode).
 pub type Entries = BTreeMap<Vec<u8>, (u64, Ino)>;
@@ -85,6 +89,12 @@ pub enum Change {
     Client(ClientId, bool),
     /// Inodes were lent to a client; each leaves its loan when it is made.
     Lent(ClientId, citronfs_core::proto::LentInodes),
+    /// The batch is (part of) change `seq` of `client`, which the client
+    /// asks at most once ([`super::kept_answers`]).
+    Applied { client: ClientId, seq: ChangeSeq },
+    /// Change `seq` of `client` was answered with `answer` (encoded); the
+    /// client waits for none of its changes below `answered_below`.
+    Answered { client: ClientId, seq: ChangeSeq, answered_below: ChangeSeq, answer: Vec<u8> },
 }
 
 /// The changes one hold of the namespace lock made: one journal record.
@@ -117,6 +127,11 @@ pub struct NamespaceImage {
     pub clients: BTreeSet<ClientId>,
     /// Inodes lent to clients and not made yet, each with its cookie.
     pub loans: BTreeMap<ClientId, BTreeMap<Ino, u64>>,
+    /// The answers of changes kept for a second asking. A snapshot holds
+    /// them in a record after the image's (`files::write_snapshot`), so
+    /// the image encodes as it did before they were kept.
+    #[serde(skip)]
+    pub kept: KeptAnswers,
 }
 
 impl NamespaceImage {
@@ -135,6 +150,7 @@ impl NamespaceImage {
             lost: BTreeSet::new(),
             clients: BTreeSet::new(),
             loans: BTreeMap::new(),
+            kept: KeptAnswers::default(),
         }
     }
 
@@ -185,9 +201,16 @@ impl NamespaceImage {
                 Change::Client(id, false) => {
                     self.clients.remove(&id);
                     self.loans.remove(&id);
+                    self.kept.forget_client(id);
                 }
                 Change::Lent(id, lent) => {
                     self.loans.entry(id).or_default().extend((0..lent.count).filter_map(|i| lent.nth(i)));
+                }
+                Change::Applied { client, seq } => {
+                    self.kept.applied(client, seq);
+                }
+                Change::Answered { client, seq, answered_below, answer } => {
+                    self.kept.answered(client, seq, answered_below, answer);
                 }
             }
         }

@@ -52,6 +52,7 @@
 
 pub mod files;
 pub mod image;
+pub mod kept_answers;
 mod logged;
 pub mod record;
 mod state_dir;
@@ -587,6 +588,32 @@ mod tests {
         assert_eq!(files::snapshots(dir.path()).unwrap(), vec![upto]);
         let (_journal, after) = Journal::open(&config(dir.path(), 4096)).unwrap();
         assert_eq!(after.image, before.image, "a snapshot holds what the segments held");
+    }
+
+    #[test]
+    fn kept_answers_outlive_a_snapshot() {
+        use citronfs_core::types::{ChangeSeq, ClientId};
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, _) = Journal::open(&config(dir.path(), 4096)).unwrap();
+        let (c, kept) = (ClientId(3), b"the answer".to_vec());
+        let mut first = batch(2);
+        first.changes.push(Change::Applied { client: c, seq: ChangeSeq(7) });
+        journal.commit(journal.append(&first)).unwrap();
+        let answered = Change::Answered {
+            client: c,
+            seq: ChangeSeq(7),
+            answered_below: ChangeSeq(7),
+            answer: kept.clone(),
+        };
+        let mut second = batch(3);
+        second.changes.push(answered);
+        journal.commit(journal.append(&second)).unwrap();
+        drop(journal);
+        let upto = files::segments(dir.path()).unwrap().last().copied().unwrap() + 1;
+        compact(dir.path(), upto).unwrap();
+        assert!(files::segments(dir.path()).unwrap().is_empty(), "only the snapshot is left");
+        let (_journal, again) = Journal::open(&config(dir.path(), 4096)).unwrap();
+        assert_eq!(again.image.kept.get(c, ChangeSeq(7)), Some(&kept_answers::Kept::Answered(kept)));
     }
 
     #[test]

@@ -19,11 +19,12 @@ pub struct DataServerSpace {
     pub kept: bool,
 }
 use citronfs_core::proto::DataServerInfo;
-use citronfs_core::types::{Caller, DataServerId, Ino};
+use citronfs_core::types::{Caller, ChangeSeq, ClientId, DataServerId, Ino};
 
 use super::{Content, Dir, FileLocking, Inode, Namespace, RegularFile};
 use crate::extents::{Discard, ExtentAllocator};
 use crate::journal::image::{Batch, Change, ContentImage, DataServerImage, NamespaceImage};
+use crate::journal::kept_answers::KeptAnswers;
 use crate::reclaim::Reclamation;
 
 impl Namespace {
@@ -56,9 +57,32 @@ impl Namespace {
 
     /// A client was fenced or left.
     pub fn client_gone(&mut self, client: citronfs_core::types::ClientId) {
+        self.kept.forget_client(client);
         if self.clients.remove(&client) {
             self.server_changes.push(Change::Client(client, false));
         }
+    }
+
+    /// The answers of changes kept for a second asking.
+    pub fn kept_answers(&self) -> &KeptAnswers {
+        &self.kept
+    }
+
+    pub fn kept_answers_mut(&mut self) -> &mut KeptAnswers {
+        &mut self.kept
+    }
+
+    /// Keeps the answer of change `seq` of `client`, which changed the
+    /// namespace, journaled in this hold's batch.
+    pub fn keep_answer(
+        &mut self,
+        client: ClientId,
+        seq: ChangeSeq,
+        answered_below: ChangeSeq,
+        answer: Vec<u8>,
+    ) {
+        self.kept.answered(client, seq, answered_below, answer.clone());
+        self.server_changes.push(Change::Answered { client, seq, answered_below, answer });
     }
 
     /// The clients registered when the image was taken (at a restart: the
@@ -99,6 +123,7 @@ impl Namespace {
             lost,
             clients,
             loans,
+            kept,
             ..
         } = image;
         let mut slots = Vec::new();
@@ -147,6 +172,7 @@ impl Namespace {
         ns.data_servers = data_servers;
         ns.lost_servers = lost.into_iter().collect();
         ns.clients = clients;
+        ns.kept = kept;
         let on_loan: u64 = loans.values().map(|loan| loan.len() as u64).sum();
         if ns.slots.keep(on_loan) < on_loan {
             log::error!(

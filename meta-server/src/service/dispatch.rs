@@ -777,8 +777,8 @@ impl MetaService {
                 changed.keys.push(AttrOf(ino));
                 A::Done
             }
-            R::Caching { .. } => {
-                return Err(FsError::Invalid("a Caching request wraps one that is not".into()))
+            R::Caching { .. } | R::Once { .. } => {
+                return Err(FsError::Invalid("a Caching or Once request wraps one that is not".into()))
             }
             R::AwaitInvalidations { client, acked } => {
                 let polled = self.grants.poll(client, acked, POLL_WAIT);

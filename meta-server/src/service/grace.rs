@@ -155,6 +155,7 @@ pub(super) fn client_of(request: &MetaRequest) -> Option<ClientId> {
         | R::Release { client, .. }
         | R::ReleaseMany { client, .. }
         | R::Caching { client, .. }
+        | R::Once { client, .. }
         | R::AwaitInvalidations { client, .. } => Some(*client),
         _ => None,
     }

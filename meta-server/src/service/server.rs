@@ -469,6 +469,7 @@ impl MetaServer {
             grants: Grants::with_contention(config.contended_for),
             identity,
             grace,
+            held_answers: super::held_answers::HeldAnswers::from_env(),
         });
         if !fresh {
             service.relink_known_data_servers();
