@@ -85,7 +85,7 @@ impl MetaService {
         let answer = answer.unwrap_or_else(MetaResponse::Failed);
         let answer = if opened_again { created(answer) } else { answer };
         if applied {
-            match bincode::serialize(&answer).map(without_grants) {
+            match bincode::serialize(&answer).map(|encoded| without_grants(&answer, encoded)) {
                 Ok(kept) => self.ns.lock().keep_answer(client, seq, answered_below, kept),
                 Err(e) => {
                     log::error!("the answer to change {} of client {} does not encode: {e}", seq.0, client.0)
@@ -133,9 +133,13 @@ fn created(answer: MetaResponse) -> MetaResponse {
     }
 }
 
-/// An encoded answer as kept: without the grants a caching change's answer
-/// carries (see the module header).
-fn without_grants(encoded: Vec<u8>) -> Vec<u8> {
+/// `answer`, `encoded`, as kept: without the grants a caching change's
+/// answer carries (see the module header).
+fn without_grants(answer: &MetaResponse, encoded: Vec<u8>) -> Vec<u8> {
+    if !matches!(answer, MetaResponse::ParentGranted { .. }) {
+        return encoded;
+    }
+    // A copy to take the grants out of (answers are not `Clone`).
     match bincode::deserialize::<MetaResponse>(&encoded) {
         Ok(MetaResponse::ParentGranted { answer, .. }) => {
             let plain = MetaResponse::ParentGranted {
@@ -187,7 +191,7 @@ mod tests {
             created: true,
             delegated: citronfs_core::proto::Delegated { dir: true, ..Default::default() },
         };
-        let kept = without_grants(bincode::serialize(&granted).unwrap());
+        let kept = without_grants(&granted, bincode::serialize(&granted).unwrap());
         match bincode::deserialize(&kept).unwrap() {
             MetaResponse::ParentGranted { answer, created, delegated, .. } => {
                 assert!(matches!(*answer, MetaResponse::Removed(Ino(5))));
