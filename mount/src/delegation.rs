@@ -49,6 +49,13 @@
 //!   so a listing cannot come back under an old answer — except the new
 //!   one a mkdir's answer installs: it is installed only if no
 //!   revocation came since the request was sent ([`Ticket`]).
+//! * **a mkdir's answer overtaken by the sharing of its directory**:
+//!   another mount may look into the new directory between the
+//!   meta-server's answer and this mount's processing of it, and the
+//!   sharing then finds no listing to mark. So a listing a mkdir's answer
+//!   installs starts shared if any sharing was processed since the
+//!   request was sent ([`Ticket`]): no change is answered there before it
+//!   is sent, as the meta-server counts on from the acknowledgement.
 //! * **own changes** the meta-server does not call this mount back for are
 //!   applied here before the kernel hears the answer: names added and
 //!   removed, the changed directory's new attributes, and every change of
@@ -130,6 +137,8 @@ struct State {
     names: usize,
     /// Revocations so far.
     revocations: u64,
+    /// Sharings processed so far (see "Why it stays true").
+    sharings: u64,
 }
 
 impl State {
@@ -246,10 +255,12 @@ pub struct Dropped {
 }
 
 /// Taken before an own change is sent: a new directory's delegation is
-/// installed only if no revocation came since.
+/// installed only if no revocation came since, and shared if a sharing
+/// did.
 #[derive(Clone, Copy, Debug)]
 pub struct Ticket {
     revocations: u64,
+    sharings: u64,
     sent: Instant,
 }
 
@@ -286,7 +297,8 @@ impl Delegations {
     }
 
     pub fn ticket(&self) -> Ticket {
-        Ticket { revocations: self.state.lock().revocations, sent: Instant::now() }
+        let s = self.state.lock();
+        Ticket { revocations: s.revocations, sharings: s.sharings, sent: Instant::now() }
     }
 
     /// An own change made `name` → `attr` in `dir`, and the meta-server
@@ -304,7 +316,11 @@ impl Delegations {
         let now = Instant::now();
         let mut s = self.state.lock();
         if delegated.dir && s.revocations == ticket.revocations && s.names < MAX_NAMES {
-            let listing = Listing { own: Some(attr.clone()), ..Listing::new(dir, ticket.sent + ttl) };
+            // A sharing processed since the request was sent may have been
+            // this directory's, which found no listing to mark.
+            let shared = s.sharings != ticket.sharings;
+            let listing =
+                Listing { own: Some(attr.clone()), shared, ..Listing::new(dir, ticket.sent + ttl) };
             if s.listings.insert(attr.ino, listing).is_some() {
                 log::warn!("directory {} delegated twice", attr.ino.0);
             }
@@ -716,6 +732,26 @@ pub(crate) mod tests {
         assert!(!d.remove_late(Ino(2), b"g", Ino(4), margin, || queued += 1));
         assert_eq!(queued, 1);
         assert!(matches!(d.lookup(Ino(2), b"g"), Some(Found::Present(..))), "sharing dropped the listing");
+    }
+
+    /// Another mount looked into a new directory before this mount
+    /// processed its mkdir's answer: the sharing found no listing, and the
+    /// listing the answer installs is shared — no create or unlink is
+    /// answered there before it is sent.
+    #[test]
+    fn a_sharing_that_overtakes_a_mkdirs_answer_leaves_its_listing_shared() {
+        let d = Delegations::default();
+        let ticket = d.ticket();
+        d.shared(Ino(2));
+        d.made(ticket, ROOT, b"d", &attr(2, FileKind::Dir), DIR, TTL);
+        assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent), "a shared listing still answers lookups");
+        let margin = Duration::from_millis(100);
+        assert!(!d.absent_here(Ino(2), b"f", margin), "a create would be answered first");
+        let made = attr(3, FileKind::File);
+        assert_eq!(d.make_late(Ino(2), b"f", &made, 30, margin, || ()), None);
+        // A mkdir sent after the sharing is exclusive.
+        d.made(d.ticket(), ROOT, b"e", &attr(4, FileKind::Dir), DIR, TTL);
+        assert!(d.absent_here(Ino(4), b"f", margin));
     }
 
     #[test]
