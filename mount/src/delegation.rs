@@ -56,6 +56,13 @@
 //!   installs starts shared if any sharing was processed since the
 //!   request was sent ([`Ticket`]): no change is answered there before it
 //!   is sent, as the meta-server counts on from the acknowledgement.
+//! * **an answer that holds attributes overtaken by an own change** of
+//!   them: a lookup's (`Grant::held`) or a release's (`HeldAgain`) answer
+//!   read the attributes before an own link, chmod or rename on another
+//!   thread changed them, and reaches the delegation after that change
+//!   dropped what it held. Such answers are held only if nothing held was
+//!   dropped since their request was sent ([`Delegations::held`],
+//!   [`Delegations::held_again`]); else they are a miss.
 //! * **own changes** the meta-server does not call this mount back for are
 //!   applied here before the kernel hears the answer: names added and
 //!   removed, the changed directory's new attributes, and every change of
@@ -139,9 +146,23 @@ struct State {
     revocations: u64,
     /// Sharings processed so far (see "Why it stays true").
     sharings: u64,
+    /// When held attributes were last dropped by an own change (see "Why
+    /// it stays true").
+    last_drop: Option<Instant>,
 }
 
 impl State {
+    /// Held attributes were dropped by an own change: answers sent
+    /// before now hold nothing.
+    fn dropped_held(&mut self) {
+        self.last_drop = Some(Instant::now());
+    }
+
+    /// Whether held attributes were dropped since `sent`.
+    fn dropped_since(&self, sent: Instant) -> bool {
+        self.last_drop.is_some_and(|t| t >= sent)
+    }
+
     fn drop_listing(&mut self, dir: Ino) -> Dropped {
         let Some(listing) = self.listings.remove(&dir) else { return Dropped::default() };
         self.names -= listing.names.len();
@@ -319,8 +340,7 @@ impl Delegations {
             // A sharing processed since the request was sent may have been
             // this directory's, which found no listing to mark.
             let shared = s.sharings != ticket.sharings;
-            let listing =
-                Listing { own: Some(attr.clone()), shared, ..Listing::new(dir, ticket.sent + ttl) };
+            let listing = Listing { own: Some(attr.clone()), shared, ..Listing::new(dir, ticket.sent + ttl) };
             if s.listings.insert(attr.ino, listing).is_some() {
                 log::warn!("directory {} delegated twice", attr.ino.0);
             }
@@ -346,19 +366,25 @@ impl Delegations {
         ttls
     }
 
-    /// A release the meta-server answered with `attr`, held again with
-    /// this mount's delegation of `dir` (`MetaResponse::Held`).
-    pub fn held_again(&self, dir: Ino, attr: &Attr) {
+    /// A release sent at `sent` that the meta-server answered with
+    /// `attr`, held again with this mount's delegation of `dir`
+    /// (`MetaResponse::Held`): held unless an own change dropped held
+    /// attributes since (see "Why it stays true").
+    pub fn held_again(&self, dir: Ino, attr: &Attr, sent: Instant) {
         let mut s = self.state.lock();
-        if s.listings.contains_key(&dir) {
+        if s.listings.contains_key(&dir) && !s.dropped_since(sent) {
             s.held.insert(attr.ino, (dir, attr.clone()));
         }
     }
 
-    /// A lookup the meta-server answered held `attr` with this mount's
-    /// delegation of `dir` (`Grant::held`).
-    pub fn held(&self, dir: Ino, name: &[u8], attr: &Attr) {
+    /// A lookup sent at `sent` that the meta-server answered held `attr`
+    /// with this mount's delegation of `dir` (`Grant::held`): held unless
+    /// an own change dropped held attributes since.
+    pub fn held(&self, dir: Ino, name: &[u8], attr: &Attr, sent: Instant) {
         let mut s = self.state.lock();
+        if s.dropped_since(sent) {
+            return;
+        }
         let Some(listing) = s.listings.get(&dir) else { return };
         if listing.get(name) == Some(attr.ino) {
             s.held.insert(attr.ino, (dir, attr.clone()));
@@ -372,6 +398,7 @@ impl Delegations {
         if let Some(ino) = listing.remove(name) {
             s.names -= 1;
             s.held.remove(&ino);
+            s.dropped_held();
             // A removed directory's own listing goes with it (the kernel
             // dropped what it cached of it with the rmdir).
             let _ = s.drop_listing(ino);
@@ -386,6 +413,7 @@ impl Delegations {
         let moved = s.listings.get(&from.0).and_then(|l| l.get(from.1));
         let replaced = s.listings.get(&to.0).and_then(|l| l.get(to.1));
         // The moved and replaced inodes' change times moved.
+        s.dropped_held();
         for ino in moved.iter().chain(replaced.iter()) {
             s.held.remove(ino);
         }
@@ -446,7 +474,9 @@ impl Delegations {
     /// An own change of `ino`'s attributes whose answer does not carry
     /// them.
     pub fn forget(&self, ino: Ino) {
-        self.state.lock().held.remove(&ino);
+        let mut s = self.state.lock();
+        s.held.remove(&ino);
+        s.dropped_held();
     }
 
     /// An own change removed a name of some file not known here (a
@@ -454,7 +484,9 @@ impl Delegations {
     /// answer did not say): any held file may have lost a link, and
     /// their attributes go.
     pub fn forget_files(&self) {
-        self.state.lock().held.retain(|_, (_, attr)| attr.kind == FileKind::Dir);
+        let mut s = self.state.lock();
+        s.held.retain(|_, (_, attr)| attr.kind == FileKind::Dir);
+        s.dropped_held();
     }
 
     /// An own change of `dir`'s entries failed, perhaps in part: its
@@ -463,6 +495,7 @@ impl Delegations {
         let mut s = self.state.lock();
         let _ = s.drop_listing(dir);
         s.held.remove(&dir);
+        s.dropped_held();
     }
 
     /// The meta-server revoked `dir`'s delegation (`Invalidation::Listing`):
@@ -608,11 +641,18 @@ impl CitronFuse {
         Some(page)
     }
 
-    /// A lookup the meta-server answered: `grant.held` attributes are
-    /// kept with this mount's delegation of `parent`.
-    pub(crate) fn lookup_answered(&self, parent: Ino, name: &[u8], attr: &Attr, grant: &Grant) {
+    /// A lookup sent at `sent` the meta-server answered: `grant.held`
+    /// attributes are kept with this mount's delegation of `parent`.
+    pub(crate) fn lookup_answered(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        attr: &Attr,
+        grant: &Grant,
+        sent: Instant,
+    ) {
         if let (Some(d), true) = (self.delegations(), grant.held) {
-            d.held(parent, name, attr);
+            d.held(parent, name, attr, sent);
         }
     }
 
@@ -754,6 +794,26 @@ pub(crate) mod tests {
         assert!(d.absent_here(Ino(4), b"f", margin));
     }
 
+    /// A lookup's or a release's answer that read a child's attributes
+    /// before an own change dropped them (a link or chmod on another
+    /// thread) holds nothing; one sent after it does.
+    #[test]
+    fn an_answer_sent_before_an_own_change_of_the_child_holds_nothing() {
+        let d = with_dir();
+        d.made(d.ticket(), Ino(2), b"f", &attr(3, FileKind::File), CHILD, TTL);
+        let before = Instant::now();
+        // A clock reading apart from the drop.
+        std::thread::sleep(Duration::from_millis(1));
+        d.forget(Ino(3));
+        d.held(Ino(2), b"f", &attr(3, FileKind::File), before);
+        assert_eq!(d.attr(Ino(3)), None, "a lookup's answer from before an own link held its link count");
+        d.held_again(Ino(2), &attr(3, FileKind::File), before);
+        assert_eq!(d.attr(Ino(3)), None, "a release's answer from before an own link held its link count");
+        std::thread::sleep(Duration::from_millis(1));
+        d.held_again(Ino(2), &attr(3, FileKind::File), Instant::now());
+        assert!(d.attr(Ino(3)).is_some());
+    }
+
     #[test]
     fn a_made_directory_answers_every_name_until_revoked() {
         let d = with_dir();
@@ -768,7 +828,9 @@ pub(crate) mod tests {
         d.forget(Ino(3));
         assert_eq!(d.lookup(Ino(2), b"f"), None, "answered attributes an own write changed");
         assert_eq!(d.lookup(Ino(2), b"g"), Some(Found::Absent));
-        d.held(Ino(2), b"f", &attr(3, FileKind::File));
+        // Sent after the forget (a clock reading apart from it).
+        std::thread::sleep(Duration::from_millis(1));
+        d.held(Ino(2), b"f", &attr(3, FileKind::File), Instant::now());
         assert!(d.attr(Ino(3)).is_some());
         d.removed(Ino(2), b"f");
         assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent));

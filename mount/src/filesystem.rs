@@ -84,7 +84,7 @@ impl Filesystem for CitronFuse {
         match looked {
             Ok(Looked::Found(a, grant)) => {
                 self.before_answering(&a);
-                self.lookup_answered(Ino(parent.0), name(n), &a, &grant);
+                self.lookup_answered(Ino(parent.0), name(n), &a, &grant, sent);
                 let entry_ttl = if grant.entry { ttl } else { self.options.attr_ttl };
                 let attr_ttl = if grant.attr { ttl } else { self.options.attr_ttl };
                 reply.entry_with_ttls(&attr_ttl, &entry_ttl, &fuse_attr(&a), Generation(0))

@@ -130,6 +130,7 @@ impl Delegations {
         }
         s.names -= 1;
         s.held.remove(&ino);
+        s.dropped_held();
         true
     }
 
