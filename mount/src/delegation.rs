@@ -60,9 +60,12 @@
 //!   them: a lookup's (`Grant::held`) or a release's (`HeldAgain`) answer
 //!   read the attributes before an own link, chmod or rename on another
 //!   thread changed them, and reaches the delegation after that change
-//!   dropped what it held. Such answers are held only if nothing held was
-//!   dropped since their request was sent ([`Delegations::held`],
-//!   [`Delegations::held_again`]); else they are a miss.
+//!   dropped what it held. Such answers are held only if no own change
+//!   dropped the inode's held attributes since their request was sent
+//!   ([`Delegations::held`], [`Delegations::held_again`]); else they are a
+//!   miss. The last [`MAX_DROPS`] inodes dropped are remembered one by
+//!   one; past them, and after an own change that may have changed any
+//!   held file, every answer in flight is a miss.
 //! * **own changes** the meta-server does not call this mount back for are
 //!   applied here before the kernel hears the answer: names added and
 //!   removed, the changed directory's new attributes, and every change of
@@ -146,21 +149,41 @@ struct State {
     revocations: u64,
     /// Sharings processed so far (see "Why it stays true").
     sharings: u64,
-    /// When held attributes were last dropped by an own change (see "Why
-    /// it stays true").
-    last_drop: Option<Instant>,
+    /// When each inode's held attributes were last dropped by an own
+    /// change (see "Why it stays true"), at most [`MAX_DROPS`] of them.
+    drops: HashMap<Ino, Instant>,
+    /// When the held attributes of any inode were last dropped at once (an
+    /// own change that may have changed any, or [`MAX_DROPS`] passed).
+    all_dropped: Option<Instant>,
 }
 
+/// Most drops remembered one by one; past them, answers in flight hold
+/// nothing (a miss).
+const MAX_DROPS: usize = 4096;
+
 impl State {
-    /// Held attributes were dropped by an own change: answers sent
-    /// before now hold nothing.
-    fn dropped_held(&mut self) {
-        self.last_drop = Some(Instant::now());
+    /// `ino`'s held attributes were dropped by an own change: answers
+    /// sent before now hold nothing of it.
+    fn dropped(&mut self, ino: Ino) {
+        let now = Instant::now();
+        if self.drops.len() >= MAX_DROPS && !self.drops.contains_key(&ino) {
+            self.dropped_all();
+        }
+        self.drops.insert(ino, now);
     }
 
-    /// Whether held attributes were dropped since `sent`.
-    fn dropped_since(&self, sent: Instant) -> bool {
-        self.last_drop.is_some_and(|t| t >= sent)
+    /// Any inode's held attributes may have been dropped by an own change:
+    /// answers sent before now hold nothing.
+    fn dropped_all(&mut self) {
+        self.drops.clear();
+        self.all_dropped = Some(Instant::now());
+    }
+
+    /// Whether `ino`'s held attributes were dropped since `sent` (a clock
+    /// reading equal to `sent` counts: which came first is not known).
+    fn dropped_since(&self, ino: Ino, sent: Instant) -> bool {
+        let since = |t: &Instant| *t >= sent;
+        self.all_dropped.as_ref().is_some_and(since) || self.drops.get(&ino).is_some_and(since)
     }
 
     fn drop_listing(&mut self, dir: Ino) -> Dropped {
@@ -368,21 +391,21 @@ impl Delegations {
 
     /// A release sent at `sent` that the meta-server answered with
     /// `attr`, held again with this mount's delegation of `dir`
-    /// (`MetaResponse::Held`): held unless an own change dropped held
+    /// (`MetaResponse::Held`): held unless an own change dropped its held
     /// attributes since (see "Why it stays true").
     pub fn held_again(&self, dir: Ino, attr: &Attr, sent: Instant) {
         let mut s = self.state.lock();
-        if s.listings.contains_key(&dir) && !s.dropped_since(sent) {
+        if s.listings.contains_key(&dir) && !s.dropped_since(attr.ino, sent) {
             s.held.insert(attr.ino, (dir, attr.clone()));
         }
     }
 
     /// A lookup sent at `sent` that the meta-server answered held `attr`
     /// with this mount's delegation of `dir` (`Grant::held`): held unless
-    /// an own change dropped held attributes since.
+    /// an own change dropped its held attributes since.
     pub fn held(&self, dir: Ino, name: &[u8], attr: &Attr, sent: Instant) {
         let mut s = self.state.lock();
-        if s.dropped_since(sent) {
+        if s.dropped_since(attr.ino, sent) {
             return;
         }
         let Some(listing) = s.listings.get(&dir) else { return };
@@ -398,7 +421,7 @@ impl Delegations {
         if let Some(ino) = listing.remove(name) {
             s.names -= 1;
             s.held.remove(&ino);
-            s.dropped_held();
+            s.dropped(ino);
             // A removed directory's own listing goes with it (the kernel
             // dropped what it cached of it with the rmdir).
             let _ = s.drop_listing(ino);
@@ -413,14 +436,15 @@ impl Delegations {
         let moved = s.listings.get(&from.0).and_then(|l| l.get(from.1));
         let replaced = s.listings.get(&to.0).and_then(|l| l.get(to.1));
         // The moved and replaced inodes' change times moved.
-        s.dropped_held();
         for ino in moved.iter().chain(replaced.iter()) {
             s.held.remove(ino);
+            s.dropped(*ino);
         }
         // Whatever it replaced lost a link; if that is not known here, it
         // may be any held file.
         if !exchange && !s.listings.contains_key(&to.0) {
             s.held.retain(|_, (_, attr)| attr.kind == FileKind::Dir);
+            s.dropped_all();
         }
         // A moved directory's `..` is now the other one.
         s.reparent(moved, from.0, to.0);
@@ -476,7 +500,7 @@ impl Delegations {
     pub fn forget(&self, ino: Ino) {
         let mut s = self.state.lock();
         s.held.remove(&ino);
-        s.dropped_held();
+        s.dropped(ino);
     }
 
     /// An own change removed a name of some file not known here (a
@@ -486,7 +510,7 @@ impl Delegations {
     pub fn forget_files(&self) {
         let mut s = self.state.lock();
         s.held.retain(|_, (_, attr)| attr.kind == FileKind::Dir);
-        s.dropped_held();
+        s.dropped_all();
     }
 
     /// An own change of `dir`'s entries failed, perhaps in part: its
@@ -495,7 +519,7 @@ impl Delegations {
         let mut s = self.state.lock();
         let _ = s.drop_listing(dir);
         s.held.remove(&dir);
-        s.dropped_held();
+        s.dropped(dir);
     }
 
     /// The meta-server revoked `dir`'s delegation (`Invalidation::Listing`):
@@ -812,6 +836,24 @@ pub(crate) mod tests {
         std::thread::sleep(Duration::from_millis(1));
         d.held_again(Ino(2), &attr(3, FileKind::File), Instant::now());
         assert!(d.attr(Ino(3)).is_some());
+        // Another inode's drop refuses nothing; a drop of any does.
+        d.made(d.ticket(), Ino(2), b"g", &attr(4, FileKind::File), CHILD, TTL);
+        let before = Instant::now();
+        std::thread::sleep(Duration::from_millis(1));
+        d.forget(Ino(4));
+        d.forget(Ino(3));
+        d.held(Ino(2), b"g", &attr(4, FileKind::File), before);
+        assert!(d.attr(Ino(4)).is_none());
+        d.held_again(Ino(2), &attr(3, FileKind::File), before);
+        assert!(d.attr(Ino(3)).is_none());
+        let sent = Instant::now();
+        std::thread::sleep(Duration::from_millis(1));
+        d.forget(Ino(9));
+        d.held(Ino(2), b"g", &attr(4, FileKind::File), sent);
+        assert!(d.attr(Ino(4)).is_some(), "another inode's drop refused the answer");
+        d.forget_files();
+        d.held_again(Ino(2), &attr(3, FileKind::File), sent);
+        assert!(d.attr(Ino(3)).is_none(), "held past a drop of every file's attributes");
     }
 
     #[test]

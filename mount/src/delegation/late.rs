@@ -130,7 +130,7 @@ impl Delegations {
         }
         s.names -= 1;
         s.held.remove(&ino);
-        s.dropped_held();
+        s.dropped(ino);
         true
     }
 
