@@ -82,40 +82,45 @@ fn strict_mounts_over_tcp_show_no_stale_state() {
     no_violations(Duration::ZERO, Transport::Tcp, false, 2);
 }
 
-// Caching mounts: what these runs found, each a race in the protocol's
-// bookkeeping, is fixed at its cause — a link(2) refused with ENOENT after
-// an unlink of the file's other name (a link count one too low, held with
-// a delegation from an answer an own link had overtaken:
-// `mount::delegation`, "Why it stays true"); a create in a directory the
-// other mount had just made seen late (the sharing of the directory
-// overtook its mkdir's answer: the same); an old mode and size on a mount
-// (a written file's base answered before its release reached the
-// meta-server, `mount::attr_cache`, "Written files"; a child held with
-// several delegations, meta-server `grants::delegations`).
-//
-// What still fails, in about one caching run in ten:
-// - over tcp only (3 of 35 caching runs over tcp after these fixes, 1 of
-//   24 before them, none over shm): a read on the changing mount of a
-//   file in a directory it made answering EINVAL where its bytes were
-//   expected (`Read of zone0/f0 ... saw Err(22)`). Not a stale state but
-//   an error: where it comes from is not known yet;
-// - once in 20 runs over shm after these fixes (with two busy loops
-//   loading the machine): an old size, on the mount that had truncated a
-//   file, of that file after the other mount wrote it
-//   (`Truncate { path: "f2", len: 2 }` on mount 0, then
-//   `Write { path: "f2", .. }` on mount 1: mount 0's lstat of another
-//   name of the file showed size 2 where 22 was expected, 0.8 ms after
-//   the write returned). Not explained yet.
+// Caching mounts: five holes in the protocol's bookkeeping that these
+// runs point at are fixed at their cause — held attributes re-held from an
+// answer an own link, chmod or rename had overtaken (a link count one too
+// low: `link(2)` refused with ENOENT after an unlink of the file's other
+// name; `mount::delegation`, "Why it stays true"); the sharing of a
+// directory overtaking its mkdir's answer (a create seen late there: the
+// same); a written file's base answered before its release reached the
+// meta-server (an old mode: `mount::attr_cache`, "Written files"); a child
+// held with several delegations revoked with only one (meta-server
+// `grants::delegations`); a renamer's grant of the old name not following
+// its kernel's dentry to the new one (a name another mount had renamed
+// away still found: meta-server `grants`, "Absent names"). Before them, 5
+// of 32 caching runs (8 of each) showed a violation; after all but the
+// last, 6 of 74 still did, mostly with the machine loaded (one of them
+// the last one's), and these remain:
+// - `link(2)` refused with ENOENT, once (over tcp, loaded): mount 1's
+//   `Link { from: "c/f2", to: "a/f3" }` after its `Link` of `c/f2` to
+//   `a/f2`, `Unlink("a/f2")` and a write of `c/f2`. The kernel refuses a
+//   link of an inode whose link count it believes is zero: some answer
+//   still hands it a count one too low. Not found yet;
+// - an old mode (once, over shm: mount 1's stat 0.8 ms after mount 0's
+//   chmod of another name of the file) and an old size (once, over shm,
+//   loaded: on the mount that had truncated the file, after the other
+//   mount wrote it). Not found yet;
+// - a read answering EINVAL (3 of 35 caching runs over tcp, 1 of 24
+//   before the fixes, and in strict runs over tcp too: not a caching
+//   matter). One cause is fixed (a release that took a concurrent open's
+//   entry with it, `citronfs_core` client `opens`); whether it was the
+//   only one is not shown yet.
 // Run with `--ignored`.
 
 #[test]
-#[ignore = "caching mounts: a read answering EINVAL over tcp, an old size once (see above)"]
+#[ignore = "caching mounts: a link refused with ENOENT, an old mode or size, rarely (see above)"]
 fn caching_mounts_over_shm_show_no_stale_state() {
     no_violations(LONG_TTL, Transport::Auto, false, 3);
 }
 
 #[test]
-#[ignore = "caching mounts: a read answering EINVAL over tcp, an old size once (see above)"]
+#[ignore = "caching mounts: a link refused with ENOENT, an old mode or size, rarely (see above)"]
 fn caching_mounts_over_tcp_show_no_stale_state() {
     no_violations(LONG_TTL, Transport::Tcp, false, 4);
 }
