@@ -102,10 +102,11 @@ fn strict_mounts_over_tcp_show_no_stale_state() {
 //   `a/f2`, `Unlink("a/f2")` and a write of `c/f2`. The kernel refuses a
 //   link of an inode whose link count it believes is zero: some answer
 //   still hands it a count one too low. Not found yet;
-// - an old mode (once, over shm: mount 1's stat 0.8 ms after mount 0's
-//   chmod of another name of the file) and an old size (once, over shm,
-//   loaded: on the mount that had truncated the file, after the other
-//   mount wrote it). Not found yet;
+// - an old mode (over shm: mount 1's stat 0.8 ms after mount 0's chmod
+//   of another name of the file; again in 1 of 4 runs after the fifth fix,
+//   a file with two names) and an old size (once, over shm, loaded: on
+//   the mount that had truncated the file, after the other mount wrote
+//   it). Not found yet;
 // - a read answering EINVAL (3 of 35 caching runs over tcp, 1 of 24
 //   before the fixes, and in strict runs over tcp too: not a caching
 //   matter). One cause is fixed (a release that took a concurrent open's
