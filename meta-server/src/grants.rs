@@ -86,8 +86,10 @@
 //! unlink's dentry dropped). Otherwise the absence granted to the lookup
 //! the kernel sends before every create would make another mount's unlink
 //! of the file wait for the creator's acknowledgement until the grant
-//! expired. A rename keeps the changer's grants: its kernel moves the old
-//! dentry, with its time, to the new name.
+//! expired. A rename keeps the changer's grants, and its grant of the old
+//! name goes with it to the new name too ([`Grants::moved`]): its kernel
+//! moves the old dentry, with its time, to the new name, so another
+//! client's later change of the new name must call it back.
 //!
 //! # Creators
 //!
@@ -467,6 +469,35 @@ impl Grants {
         holders.remove(&client);
         if holders.is_empty() {
             s.grants.remove(key);
+        }
+    }
+
+    /// `client` renamed entry `from` to `to` (swapped them if
+    /// `exchange`): its kernel moved its dentry of `from`, with its time,
+    /// to `to` (and the other way for an exchange), so its grant of the
+    /// one now covers the other too — the later of the two, if it held
+    /// both. Called with the namespace mutex held, with the rename.
+    pub fn moved(&self, client: ClientId, from: &Key, to: &Key, exchange: bool) {
+        let mut s = self.state.lock();
+        let held = |s: &State, key: &Key| s.grants.get(key).and_then(|h| h.get(&client)).copied();
+        let (of_from, of_to) = (held(&s, from), held(&s, to));
+        let later = match (of_from, of_to) {
+            (Some(a), Some(b)) => Some(if a.expires >= b.expires { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        let Some(later) = later else { return };
+        // A live grant of the new name; its revocation, if one was queued
+        // for the old name, still ends the old one only.
+        let grant = Grant { revoking: None, ..later };
+        let mut keys = vec![to];
+        if exchange {
+            keys.push(from);
+        } else if of_from.is_none() {
+            // Nothing moved to `to`: what the kernel holds there is its own.
+            return;
+        }
+        for key in keys {
+            s.grants.entry(key.clone()).or_default().insert(client, grant);
         }
     }
 
@@ -995,6 +1026,29 @@ mod tests {
         assert_eq!(g.len(), 1, "ending B's grant took A's too");
         g.end(B, &Invalidation::Attr(Ino(7)));
         assert_eq!(g.len(), 1);
+    }
+
+    /// A's own rename moves its kernel's dentry, with its time, to the new
+    /// name: B's later change of the new name calls A back.
+    #[test]
+    fn a_renamers_grant_of_the_old_name_covers_the_new_one() {
+        let g = Arc::new(Grants::default());
+        let old = Invalidation::Entry { parent: Ino(1), name: b"f".to_vec() };
+        let new = Invalidation::Entry { parent: Ino(2), name: b"g".to_vec() };
+        g.grant(A, old.clone(), Duration::from_secs(60));
+        g.moved(A, &old, &new, false);
+        let changer = {
+            let (g, new) = (g.clone(), new.clone());
+            std::thread::spawn(move || g.revoke(Some(B), &[new]))
+        };
+        let Polled { through, items, .. } = g.poll(A, 0, Duration::from_secs(60));
+        assert_eq!(items, vec![new.clone()], "the renamer was not called back for the new name");
+        g.poll(A, through, Duration::ZERO);
+        assert_eq!(changer.join().unwrap(), 1);
+        // A rename of a name A held no grant of grants nothing.
+        let other = Invalidation::Entry { parent: Ino(3), name: b"h".to_vec() };
+        g.moved(A, &other, &old, false);
+        assert_eq!(g.revoke(Some(B), &[other]), 0);
     }
 
     #[test]

@@ -105,7 +105,21 @@
 //!   release of the file (it may no longer have the slot's address);
 //! * **an answer overtaken by an invalidation**: installed only if the
 //!   inode's generation did not move since the request was sent
-//!   ([`AttrCache::ticket`]).
+//!   ([`AttrCache::ticket`]);
+//! * **an answer overtaken by this mount's release**: the grant ends,
+//!   without a callback, when the meta-server processes this client's
+//!   last release of the file, which the client sends up to a linger
+//!   after the close (`releases` of the client): a getattr that reaches
+//!   the meta-server in between is still granted the base, and the grant
+//!   ends right after. So a release drops the base and moves the
+//!   generation both before and after the client queues it
+//!   ([`AttrCache::released`], twice), and a getattr keeps its answer only
+//!   if the file was open here *after* it took its ticket: then no last
+//!   release was queued between the ticket and the install (it would have
+//!   moved the generation), so the meta-server's count of this client's
+//!   opens stayed above zero from the answer to the install, and the
+//!   release that ends the grant is queued after the install, by a release
+//!   that drops the base first.
 //!
 //! Strict mounts (TTL zero) never install anything here: they ask the
 //! meta-server every time.
@@ -250,9 +264,12 @@ impl AttrCache {
     }
 
     /// This mount's release of `ino`: what is kept of it as a new file
-    /// and as a written one goes.
+    /// and as a written one goes, and no answer in flight installs a base
+    /// (see "Written files" above: called before and after the release is
+    /// queued).
     pub fn released(&self, ino: Ino) {
         let mut s = self.state.lock();
+        *s.generation(ino) += 1;
         s.files.remove(&ino);
         s.live.remove(&ino);
     }
@@ -613,6 +630,10 @@ pub(crate) mod tests {
         assert!(c.live(Ino(8)).is_some(), "an own write dropped the base");
         c.released(Ino(8));
         assert!(c.live(Ino(8)).is_none(), "kept past the release");
+        let t = c.ticket(Ino(8));
+        c.released(Ino(8));
+        c.install_live(t, file(), TTL);
+        assert!(c.live(Ino(8)).is_none(), "installed past a release (whose grant ends without a callback)");
 
         let t = c.ticket(Ino(8));
         c.invalidate(Ino(8));

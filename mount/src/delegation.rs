@@ -49,6 +49,23 @@
 //!   so a listing cannot come back under an old answer — except the new
 //!   one a mkdir's answer installs: it is installed only if no
 //!   revocation came since the request was sent ([`Ticket`]).
+//! * **a mkdir's answer overtaken by the sharing of its directory**:
+//!   another mount may look into the new directory between the
+//!   meta-server's answer and this mount's processing of it, and the
+//!   sharing then finds no listing to mark. So a listing a mkdir's answer
+//!   installs starts shared if any sharing was processed since the
+//!   request was sent ([`Ticket`]): no change is answered there before it
+//!   is sent, as the meta-server counts on from the acknowledgement.
+//! * **an answer that holds attributes overtaken by an own change** of
+//!   them: a lookup's (`Grant::held`) or a release's (`HeldAgain`) answer
+//!   read the attributes before an own link, chmod or rename on another
+//!   thread changed them, and reaches the delegation after that change
+//!   dropped what it held. Such answers are held only if no own change
+//!   dropped the inode's held attributes since their request was sent
+//!   ([`Delegations::held`], [`Delegations::held_again`]); else they are a
+//!   miss. The last [`MAX_DROPS`] inodes dropped are remembered one by
+//!   one; past them, and after an own change that may have changed any
+//!   held file, every answer in flight is a miss.
 //! * **own changes** the meta-server does not call this mount back for are
 //!   applied here before the kernel hears the answer: names added and
 //!   removed, the changed directory's new attributes, and every change of
@@ -130,9 +147,45 @@ struct State {
     names: usize,
     /// Revocations so far.
     revocations: u64,
+    /// Sharings processed so far (see "Why it stays true").
+    sharings: u64,
+    /// When each inode's held attributes were last dropped by an own
+    /// change (see "Why it stays true"), at most [`MAX_DROPS`] of them.
+    drops: HashMap<Ino, Instant>,
+    /// When the held attributes of any inode were last dropped at once (an
+    /// own change that may have changed any, or [`MAX_DROPS`] passed).
+    all_dropped: Option<Instant>,
 }
 
+/// Most drops remembered one by one; past them, answers in flight hold
+/// nothing (a miss).
+const MAX_DROPS: usize = 4096;
+
 impl State {
+    /// `ino`'s held attributes were dropped by an own change: answers
+    /// sent before now hold nothing of it.
+    fn dropped(&mut self, ino: Ino) {
+        let now = Instant::now();
+        if self.drops.len() >= MAX_DROPS && !self.drops.contains_key(&ino) {
+            self.dropped_all();
+        }
+        self.drops.insert(ino, now);
+    }
+
+    /// Any inode's held attributes may have been dropped by an own change:
+    /// answers sent before now hold nothing.
+    fn dropped_all(&mut self) {
+        self.drops.clear();
+        self.all_dropped = Some(Instant::now());
+    }
+
+    /// Whether `ino`'s held attributes were dropped since `sent` (a clock
+    /// reading equal to `sent` counts: which came first is not known).
+    fn dropped_since(&self, ino: Ino, sent: Instant) -> bool {
+        let since = |t: &Instant| *t >= sent;
+        self.all_dropped.as_ref().is_some_and(since) || self.drops.get(&ino).is_some_and(since)
+    }
+
     fn drop_listing(&mut self, dir: Ino) -> Dropped {
         let Some(listing) = self.listings.remove(&dir) else { return Dropped::default() };
         self.names -= listing.names.len();
@@ -246,10 +299,12 @@ pub struct Dropped {
 }
 
 /// Taken before an own change is sent: a new directory's delegation is
-/// installed only if no revocation came since.
+/// installed only if no revocation came since, and shared if a sharing
+/// did.
 #[derive(Clone, Copy, Debug)]
 pub struct Ticket {
     revocations: u64,
+    sharings: u64,
     sent: Instant,
 }
 
@@ -286,7 +341,8 @@ impl Delegations {
     }
 
     pub fn ticket(&self) -> Ticket {
-        Ticket { revocations: self.state.lock().revocations, sent: Instant::now() }
+        let s = self.state.lock();
+        Ticket { revocations: s.revocations, sharings: s.sharings, sent: Instant::now() }
     }
 
     /// An own change made `name` → `attr` in `dir`, and the meta-server
@@ -304,7 +360,10 @@ impl Delegations {
         let now = Instant::now();
         let mut s = self.state.lock();
         if delegated.dir && s.revocations == ticket.revocations && s.names < MAX_NAMES {
-            let listing = Listing { own: Some(attr.clone()), ..Listing::new(dir, ticket.sent + ttl) };
+            // A sharing processed since the request was sent may have been
+            // this directory's, which found no listing to mark.
+            let shared = s.sharings != ticket.sharings;
+            let listing = Listing { own: Some(attr.clone()), shared, ..Listing::new(dir, ticket.sent + ttl) };
             if s.listings.insert(attr.ino, listing).is_some() {
                 log::warn!("directory {} delegated twice", attr.ino.0);
             }
@@ -330,19 +389,25 @@ impl Delegations {
         ttls
     }
 
-    /// A release the meta-server answered with `attr`, held again with
-    /// this mount's delegation of `dir` (`MetaResponse::Held`).
-    pub fn held_again(&self, dir: Ino, attr: &Attr) {
+    /// A release sent at `sent` that the meta-server answered with
+    /// `attr`, held again with this mount's delegation of `dir`
+    /// (`MetaResponse::Held`): held unless an own change dropped its held
+    /// attributes since (see "Why it stays true").
+    pub fn held_again(&self, dir: Ino, attr: &Attr, sent: Instant) {
         let mut s = self.state.lock();
-        if s.listings.contains_key(&dir) {
+        if s.listings.contains_key(&dir) && !s.dropped_since(attr.ino, sent) {
             s.held.insert(attr.ino, (dir, attr.clone()));
         }
     }
 
-    /// A lookup the meta-server answered held `attr` with this mount's
-    /// delegation of `dir` (`Grant::held`).
-    pub fn held(&self, dir: Ino, name: &[u8], attr: &Attr) {
+    /// A lookup sent at `sent` that the meta-server answered held `attr`
+    /// with this mount's delegation of `dir` (`Grant::held`): held unless
+    /// an own change dropped its held attributes since.
+    pub fn held(&self, dir: Ino, name: &[u8], attr: &Attr, sent: Instant) {
         let mut s = self.state.lock();
+        if s.dropped_since(attr.ino, sent) {
+            return;
+        }
         let Some(listing) = s.listings.get(&dir) else { return };
         if listing.get(name) == Some(attr.ino) {
             s.held.insert(attr.ino, (dir, attr.clone()));
@@ -356,6 +421,7 @@ impl Delegations {
         if let Some(ino) = listing.remove(name) {
             s.names -= 1;
             s.held.remove(&ino);
+            s.dropped(ino);
             // A removed directory's own listing goes with it (the kernel
             // dropped what it cached of it with the rmdir).
             let _ = s.drop_listing(ino);
@@ -372,11 +438,13 @@ impl Delegations {
         // The moved and replaced inodes' change times moved.
         for ino in moved.iter().chain(replaced.iter()) {
             s.held.remove(ino);
+            s.dropped(*ino);
         }
         // Whatever it replaced lost a link; if that is not known here, it
         // may be any held file.
         if !exchange && !s.listings.contains_key(&to.0) {
             s.held.retain(|_, (_, attr)| attr.kind == FileKind::Dir);
+            s.dropped_all();
         }
         // A moved directory's `..` is now the other one.
         s.reparent(moved, from.0, to.0);
@@ -430,7 +498,9 @@ impl Delegations {
     /// An own change of `ino`'s attributes whose answer does not carry
     /// them.
     pub fn forget(&self, ino: Ino) {
-        self.state.lock().held.remove(&ino);
+        let mut s = self.state.lock();
+        s.held.remove(&ino);
+        s.dropped(ino);
     }
 
     /// An own change removed a name of some file not known here (a
@@ -438,7 +508,9 @@ impl Delegations {
     /// answer did not say): any held file may have lost a link, and
     /// their attributes go.
     pub fn forget_files(&self) {
-        self.state.lock().held.retain(|_, (_, attr)| attr.kind == FileKind::Dir);
+        let mut s = self.state.lock();
+        s.held.retain(|_, (_, attr)| attr.kind == FileKind::Dir);
+        s.dropped_all();
     }
 
     /// An own change of `dir`'s entries failed, perhaps in part: its
@@ -447,6 +519,7 @@ impl Delegations {
         let mut s = self.state.lock();
         let _ = s.drop_listing(dir);
         s.held.remove(&dir);
+        s.dropped(dir);
     }
 
     /// The meta-server revoked `dir`'s delegation (`Invalidation::Listing`):
@@ -592,11 +665,18 @@ impl CitronFuse {
         Some(page)
     }
 
-    /// A lookup the meta-server answered: `grant.held` attributes are
-    /// kept with this mount's delegation of `parent`.
-    pub(crate) fn lookup_answered(&self, parent: Ino, name: &[u8], attr: &Attr, grant: &Grant) {
+    /// A lookup sent at `sent` the meta-server answered: `grant.held`
+    /// attributes are kept with this mount's delegation of `parent`.
+    pub(crate) fn lookup_answered(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        attr: &Attr,
+        grant: &Grant,
+        sent: Instant,
+    ) {
         if let (Some(d), true) = (self.delegations(), grant.held) {
-            d.held(parent, name, attr);
+            d.held(parent, name, attr, sent);
         }
     }
 
@@ -718,6 +798,64 @@ pub(crate) mod tests {
         assert!(matches!(d.lookup(Ino(2), b"g"), Some(Found::Present(..))), "sharing dropped the listing");
     }
 
+    /// Another mount looked into a new directory before this mount
+    /// processed its mkdir's answer: the sharing found no listing, and the
+    /// listing the answer installs is shared — no create or unlink is
+    /// answered there before it is sent.
+    #[test]
+    fn a_sharing_that_overtakes_a_mkdirs_answer_leaves_its_listing_shared() {
+        let d = Delegations::default();
+        let ticket = d.ticket();
+        d.shared(Ino(2));
+        d.made(ticket, ROOT, b"d", &attr(2, FileKind::Dir), DIR, TTL);
+        assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent), "a shared listing still answers lookups");
+        let margin = Duration::from_millis(100);
+        assert!(!d.absent_here(Ino(2), b"f", margin), "a create would be answered first");
+        let made = attr(3, FileKind::File);
+        assert_eq!(d.make_late(Ino(2), b"f", &made, 30, margin, || ()), None);
+        // A mkdir sent after the sharing is exclusive.
+        d.made(d.ticket(), ROOT, b"e", &attr(4, FileKind::Dir), DIR, TTL);
+        assert!(d.absent_here(Ino(4), b"f", margin));
+    }
+
+    /// A lookup's or a release's answer that read a child's attributes
+    /// before an own change dropped them (a link or chmod on another
+    /// thread) holds nothing; one sent after it does.
+    #[test]
+    fn an_answer_sent_before_an_own_change_of_the_child_holds_nothing() {
+        let d = with_dir();
+        d.made(d.ticket(), Ino(2), b"f", &attr(3, FileKind::File), CHILD, TTL);
+        let before = Instant::now();
+        // A clock reading apart from the drop.
+        std::thread::sleep(Duration::from_millis(1));
+        d.forget(Ino(3));
+        d.held(Ino(2), b"f", &attr(3, FileKind::File), before);
+        assert_eq!(d.attr(Ino(3)), None, "a lookup's answer from before an own link held its link count");
+        d.held_again(Ino(2), &attr(3, FileKind::File), before);
+        assert_eq!(d.attr(Ino(3)), None, "a release's answer from before an own link held its link count");
+        std::thread::sleep(Duration::from_millis(1));
+        d.held_again(Ino(2), &attr(3, FileKind::File), Instant::now());
+        assert!(d.attr(Ino(3)).is_some());
+        // Another inode's drop refuses nothing; a drop of any does.
+        d.made(d.ticket(), Ino(2), b"g", &attr(4, FileKind::File), CHILD, TTL);
+        let before = Instant::now();
+        std::thread::sleep(Duration::from_millis(1));
+        d.forget(Ino(4));
+        d.forget(Ino(3));
+        d.held(Ino(2), b"g", &attr(4, FileKind::File), before);
+        assert!(d.attr(Ino(4)).is_none());
+        d.held_again(Ino(2), &attr(3, FileKind::File), before);
+        assert!(d.attr(Ino(3)).is_none());
+        let sent = Instant::now();
+        std::thread::sleep(Duration::from_millis(1));
+        d.forget(Ino(9));
+        d.held(Ino(2), b"g", &attr(4, FileKind::File), sent);
+        assert!(d.attr(Ino(4)).is_some(), "another inode's drop refused the answer");
+        d.forget_files();
+        d.held_again(Ino(2), &attr(3, FileKind::File), sent);
+        assert!(d.attr(Ino(3)).is_none(), "held past a drop of every file's attributes");
+    }
+
     #[test]
     fn a_made_directory_answers_every_name_until_revoked() {
         let d = with_dir();
@@ -732,7 +870,9 @@ pub(crate) mod tests {
         d.forget(Ino(3));
         assert_eq!(d.lookup(Ino(2), b"f"), None, "answered attributes an own write changed");
         assert_eq!(d.lookup(Ino(2), b"g"), Some(Found::Absent));
-        d.held(Ino(2), b"f", &attr(3, FileKind::File));
+        // Sent after the forget (a clock reading apart from it).
+        std::thread::sleep(Duration::from_millis(1));
+        d.held(Ino(2), b"f", &attr(3, FileKind::File), Instant::now());
         assert!(d.attr(Ino(3)).is_some());
         d.removed(Ino(2), b"f");
         assert_eq!(d.lookup(Ino(2), b"f"), Some(Found::Absent));

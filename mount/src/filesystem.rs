@@ -84,7 +84,7 @@ impl Filesystem for CitronFuse {
         match looked {
             Ok(Looked::Found(a, grant)) => {
                 self.before_answering(&a);
-                self.lookup_answered(Ino(parent.0), name(n), &a, &grant);
+                self.lookup_answered(Ino(parent.0), name(n), &a, &grant, sent);
                 let entry_ttl = if grant.entry { ttl } else { self.options.attr_ttl };
                 let attr_ttl = if grant.attr { ttl } else { self.options.attr_ttl };
                 reply.entry_with_ttls(&attr_ttl, &entry_ttl, &fuse_attr(&a), Generation(0))
@@ -112,13 +112,17 @@ impl Filesystem for CitronFuse {
         let epochs = self.invalidations.epochs();
         let (sent, before) = (Instant::now(), epochs.of(Ino(ino.0)));
         let ticket = self.invalidations.attrs().ticket(Ino(ino.0));
+        // After the ticket: a base is kept only if no last release of the
+        // file here can have ended its grant ("Written files" in
+        // `attr_cache`).
+        let open_here = self.client.is_open_here(Ino(ino.0));
         match self.client.getattr_granted(Ino(ino.0)) {
             Ok((a, grant)) => {
                 let ttl = match grant.attr {
                     true => self.granted_ttl(sent, before, epochs.of(Ino(ino.0))),
                     false => self.options.attr_ttl,
                 };
-                if grant.live {
+                if grant.live && open_here {
                     self.invalidations.attrs().install_live(ticket, a.clone(), self.options.cache_ttl);
                 }
                 reply.attr(&ttl, &fuse_attr(&a))
@@ -394,6 +398,10 @@ impl Filesystem for CitronFuse {
                 } else {
                     Ok(()) // the meta-server dropped this open with the old registration
                 };
+                // Again once queued: a getattr answered before the
+                // meta-server has it keeps no base (`attr_cache`, "Written
+                // files").
+                self.file_released(f.ino);
                 done(reply, unlocked.and(released))
             }
             None => reply.ok(),

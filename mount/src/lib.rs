@@ -256,7 +256,9 @@ impl CitronFuse {
             // Releases go after the close (`FsClient::release_later`); what
             // their answers hold again is kept with the delegations.
             let control = invalidations.clone();
-            client.on_held_again(Box::new(move |dir, attr| control.delegations().held_again(dir, attr)));
+            client.on_held_again(Box::new(move |dir, attr, sent| {
+                control.delegations().held_again(dir, attr, sent)
+            }));
             let control = invalidations.clone();
             // An unlink answered first and refused after all
             // (`late_changes`): what is known here of its directory goes,

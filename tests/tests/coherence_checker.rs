@@ -5,9 +5,9 @@
 //! threads on both mounts change a small tree and look at it, and no look
 //! that began after a change had returned may show the tree older than
 //! that change. What CI runs: strict mounts over both transports, without
-//! directory renames. The other runs find real violations and are ignored
-//! until those are fixed (each group says what fails): caching mounts, and
-//! directory renames in either mode.
+//! directory renames. The other runs still find real violations, rarely,
+//! and are ignored until those are fixed (each group says what fails):
+//! caching mounts, and directory renames in either mode.
 //!
 //! And the proof that the oracle can fail: a mount that caches with a long
 //! TTL but ignores its invalidations (a test-only hook) is caught.
@@ -82,40 +82,52 @@ fn strict_mounts_over_tcp_show_no_stale_state() {
     no_violations(Duration::ZERO, Transport::Tcp, false, 2);
 }
 
-// Caching mounts still break the promise now and then (about one run in
-// two of a mount that makes every change, fewer in these runs), each time
-// on a caching mount:
-// - a `link(2)` on the mount that makes the changes answers ENOENT where
-//   its source is a file with one more name, right after that mount
-//   unlinked the other name: `Link { from: "f0", to: "c/f3" }` after
-//   `Unlink("c/f3")`, `Link { from: "a/a/f3", to: "c/f3" }` after
-//   `Unlink("b/f1")`. The kernel refuses a link of an inode whose link count
-//   it believes is zero, and an unlink lowers its count itself: it seems
-//   to have been told a count one too low (not reproduced alone yet);
-// - once: a file another mount created, in a directory that other mount
-//   had just made, was missing for milliseconds after the create returned
-//   (`Create("c/f1")` on mount 1 after its `Mkdir("c")`: mount 0's readdir
-//   of `c` showed `[]` 1.7 ms later, its lstat of `c/f1` answered ENOENT
-//   up to 2.6 ms later);
-// - once, before held attributes followed renames over other names
-//   (`Delegations::forget_files`): an old size (22 where the mount's own
-//   write had made it 44) on the changing mount.
+// Caching mounts: five holes in the protocol's bookkeeping that these
+// runs point at are fixed at their cause — held attributes re-held from an
+// answer an own link, chmod or rename had overtaken (a link count one too
+// low: `link(2)` refused with ENOENT after an unlink of the file's other
+// name; `mount::delegation`, "Why it stays true"); the sharing of a
+// directory overtaking its mkdir's answer (a create seen late there: the
+// same); a written file's base answered before its release reached the
+// meta-server (an old mode: `mount::attr_cache`, "Written files"); a child
+// held with several delegations revoked with only one (meta-server
+// `grants::delegations`); a renamer's grant of the old name not following
+// its kernel's dentry to the new one (a name another mount had renamed
+// away still found: meta-server `grants`, "Absent names"). Before them, 5
+// of 32 caching runs (8 of each) showed a violation; after all but the
+// last, 6 of 74 still did, mostly with the machine loaded (one of them
+// the last one's), and these remain:
+// - `link(2)` refused with ENOENT, once (over tcp, loaded): mount 1's
+//   `Link { from: "c/f2", to: "a/f3" }` after its `Link` of `c/f2` to
+//   `a/f2`, `Unlink("a/f2")` and a write of `c/f2`. The kernel refuses a
+//   link of an inode whose link count it believes is zero: some answer
+//   still hands it a count one too low. Not found yet;
+// - an old mode (over shm: mount 1's stat 0.8 ms after mount 0's chmod
+//   of another name of the file; again in 1 of 4 runs after the fifth fix,
+//   a file with two names) and an old size (once, over shm, loaded: on
+//   the mount that had truncated the file, after the other mount wrote
+//   it). Not found yet;
+// - a read answering EINVAL (3 of 35 caching runs over tcp, 1 of 24
+//   before the fixes, and in strict runs over tcp too: not a caching
+//   matter). One cause is fixed (a release that took a concurrent open's
+//   entry with it, `citronfs_core` client `opens`); whether it was the
+//   only one is not shown yet.
 // Run with `--ignored`.
 
 #[test]
-#[ignore = "caching mounts: link(2) refused with ENOENT, a create seen late (see above)"]
+#[ignore = "caching mounts: a link refused with ENOENT, an old mode or size, rarely (see above)"]
 fn caching_mounts_over_shm_show_no_stale_state() {
     no_violations(LONG_TTL, Transport::Auto, false, 3);
 }
 
 #[test]
-#[ignore = "caching mounts: link(2) refused with ENOENT, a create seen late (see above)"]
+#[ignore = "caching mounts: a link refused with ENOENT, an old mode or size, rarely (see above)"]
 fn caching_mounts_over_tcp_show_no_stale_state() {
     no_violations(LONG_TTL, Transport::Tcp, false, 4);
 }
 
-// With directory renames. What still fails (rarely since the fix below;
-// none in the last 16 runs): a directory that one mount moved is still in
+// With directory renames. What still fails (rarely since the fix below:
+// in 4 of 36 caching runs and none of 8 strict ones, lately): a directory that one mount moved is still in
 // the other mount's kernel under its old name (an entry that a zero TTL
 // or an epoch bump makes revalidate only where a walk passes it). A
 // lookup that finds it under its new name while a rename holds the
@@ -128,7 +140,14 @@ fn caching_mounts_over_tcp_show_no_stale_state() {
 // model predicts success, and `readlink` of a moved directory answering
 // ESTALE instead of EINVAL. Seen once too, in a run beside eight others:
 // every call on one mount answering ENOTCONN from some moment on (its
-// FUSE connection gone; why is not known). Run with `--ignored`.
+// FUSE connection gone; why is not known); and once, in a caching run over
+// tcp, a read of a file with two names answering EINVAL where its bytes
+// were expected (as in the caching runs without directory renames). The
+// caching runs with directory renames showed besides, once each in 10 runs
+// over tcp: an old size on the mount that had not truncated the file
+// (`Truncate { path: "b/f1", len: 48 }` on mount 0, mount 1's stat 0.14 ms
+// later showed size 2), and both mounts reading bytes the model did not
+// predict (a moved file's). Run with `--ignored`.
 
 #[test]
 #[ignore = "ESTALE from a directory another mount moved, in use here (see above)"]

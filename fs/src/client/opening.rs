@@ -135,20 +135,19 @@ impl FsClient {
             return tell(1).map(Some);
         };
         let mut e = entry.lock();
-        if e.closed || e.registration != current {
-            // The meta-server dropped it with an older registration.
-            return Ok(None);
-        }
-        if e.count > 1 {
-            e.count -= 1;
-            e.deferred += 1;
-            return Ok(None);
-        }
         // Calls still using the addresses end first (a lock request of a
-        // process the kernel abandoned may be running on another worker),
-        // then the waits they may have handed to the waiter thread go.
-        if !entry.wait_unpinned(&mut e, RELEASE_WAIT) {
-            log::error!("inode {}: calls still use its lock memory after {RELEASE_WAIT:?}", ino.0);
+        // process the kernel abandoned may be running on another worker,
+        // an I/O that answered early releasing its range lock), then the
+        // waits they may have handed to the waiter thread go. An open
+        // counted while the last release waited makes it not the last.
+        match entry.end_one(&mut e, current, RELEASE_WAIT) {
+            // The meta-server dropped it with an older registration.
+            opens::Ending::Stale => return Ok(None),
+            opens::Ending::Kept => return Ok(None),
+            opens::Ending::Last if e.users > 0 => {
+                log::error!("inode {}: calls still use its lock memory after {RELEASE_WAIT:?}", ino.0);
+            }
+            opens::Ending::Last => {}
         }
         if let Some(w) = self.waiters.as_ref() {
             w.cancel_file(ino);

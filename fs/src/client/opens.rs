@@ -91,9 +91,47 @@ pub(super) struct Entry {
     unpinned: Condvar,
 }
 
+/// What ending one open of a file here found ([`Entry::end_one`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Ending {
+    /// The open was an older registration's (the meta-server dropped it),
+    /// or the entry had already gone: nothing to tell.
+    Stale,
+    /// Other opens of the file remain here: counted as deferred.
+    Kept,
+    /// The last open here, and no call uses the addresses any more (or
+    /// the wait for them ran out): the caller ends the entry.
+    Last,
+}
+
 impl Entry {
     pub fn lock(&self) -> MutexGuard<'_, OpenFile> {
         self.state.lock()
+    }
+
+    /// Ends one open of the file, holding its state `e`: counted as
+    /// deferred while others remain; at the last one, waits (up to
+    /// `limit`) for the calls still using its addresses. The wait lets the
+    /// entry's lock go, and an open of the file may be counted meanwhile
+    /// (it finds the entry open and joins it): so the state is looked at
+    /// again after it, and an open that came makes this one not the last.
+    pub fn end_one(&self, e: &mut MutexGuard<'_, OpenFile>, current: u64, limit: Duration) -> Ending {
+        loop {
+            if e.closed || e.registration != current {
+                return Ending::Stale;
+            }
+            if e.count > 1 {
+                e.count -= 1;
+                e.deferred += 1;
+                return Ending::Kept;
+            }
+            if e.users == 0 {
+                return Ending::Last;
+            }
+            if !self.wait_unpinned(e, limit) {
+                return Ending::Last;
+            }
+        }
     }
 
     /// Waits (up to `limit`) until no call has the entry pinned; `false` if
@@ -281,4 +319,49 @@ fn area_of(e: &OpenFile, ino: Ino, registration: u64) -> Result<Option<LockArea>
 
 pub(super) fn not_open(ino: Ino) -> FsError {
     FsError::Invalid(format!("inode {} is not open on this client", ino.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// An open counted while the last release waits for a call that still
+    /// uses the file's addresses (it joins the entry, which is not closed
+    /// yet) makes that release not the last: the entry stays, with the
+    /// new open, and a call through it finds the file open.
+    #[test]
+    fn an_open_counted_while_the_last_release_waits_keeps_the_file_open() {
+        let files = Arc::new(OpenFiles::default());
+        let (ino, registration) = (Ino(7), 1);
+        files.with_entry(ino, |e| {
+            e.registration = registration;
+            e.count = 1;
+        });
+        let in_flight = files.pin(ino, registration).expect("the file is open");
+        let waiting = Arc::new(AtomicBool::new(false));
+        let release = {
+            let (files, waiting) = (files.clone(), waiting.clone());
+            std::thread::spawn(move || {
+                let entry = files.get(ino).expect("the file is open");
+                let mut e = entry.lock();
+                waiting.store(true, Ordering::SeqCst);
+                entry.end_one(&mut e, registration, Duration::from_secs(60))
+            })
+        };
+        while !waiting.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // The release holds the entry until it waits, which lets it go:
+        // this open is counted while it waits.
+        files.with_entry(ino, |e| {
+            assert!(!e.closed);
+            e.count += 1;
+        });
+        drop(in_flight);
+        assert_eq!(release.join().unwrap(), Ending::Kept, "the release took the new open's entry with it");
+        let pinned = files.pin(ino, registration);
+        assert!(pinned.is_ok(), "a call through the new open found the file not open");
+    }
 }

@@ -65,10 +65,13 @@
 //! file has not been opened here again since: checked and handed under
 //! the open-files map's lock, which every open takes first, so an open
 //! either sees the attributes held (and drops them as any open for writing
-//! does) or is seen.
+//! does) or is seen. The hook is told when the release was sent: an own
+//! change of the file that answered after that (a link, a chmod on
+//! another thread) may have been made after the meta-server read the
+//! attributes, and the mount keeps them only if none did.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::batches::Batches;
 use super::{unexpected, FsClient, Shared};
@@ -83,8 +86,9 @@ pub const LINGER: Duration = Duration::from_millis(50);
 pub const BATCH: usize = 128;
 
 /// Where a released file's attributes held again go (the mount's
-/// delegations).
-pub type HeldHook = Box<dyn Fn(Ino, &Attr) + Send + Sync>;
+/// delegations): the delegated directory, the attributes, and when the
+/// release that brought them was sent.
+pub type HeldHook = Box<dyn Fn(Ino, &Attr, Instant) + Send + Sync>;
 
 /// One file's queued release.
 #[derive(Clone, Copy, Debug)]
@@ -137,6 +141,7 @@ fn send(shared: &Shared, batch: Vec<Queued>) {
     }
     let count = files.len();
     let request = MetaRequest::ReleaseMany { client: shared.client_id(), files };
+    let sent = Instant::now();
     let held = match shared.call_as_client(&request) {
         Ok(MetaResponse::HeldAgain(held)) => held,
         Ok(other) => {
@@ -150,16 +155,17 @@ fn send(shared: &Shared, batch: Vec<Queued>) {
             return;
         }
     };
-    hand_held_again(shared, held);
+    hand_held_again(shared, held, sent);
 }
 
 /// Hands what releases' answers held again to the mount's hook, for each
-/// file not opened here again since (see the module comment).
-fn hand_held_again(shared: &Shared, held: impl IntoIterator<Item = HeldAgain>) {
+/// file not opened here again since, with when the releases were `sent`
+/// (see the module comment).
+fn hand_held_again(shared: &Shared, held: impl IntoIterator<Item = HeldAgain>, sent: Instant) {
     let hook = shared.releases.hook.read();
     let Some(hook) = hook.as_ref() else { return };
     for HeldAgain { dir, attr } in held {
-        shared.opens.unless_open(attr.ino, || hook(dir, &attr));
+        shared.opens.unless_open(attr.ino, || hook(dir, &attr, sent));
     }
 }
 
@@ -173,8 +179,9 @@ impl FsClient {
             // release: told at once, so that a stat, du or df right after
             // the close counts them gone. Only files past their first
             // chunk, which a create loop does not make.
+            let sent = Instant::now();
             let held = self.release_held(ino)?;
-            hand_held_again(&self.shared, held.map(|(dir, attr)| HeldAgain { dir, attr }));
+            hand_held_again(&self.shared, held.map(|(dir, attr)| HeldAgain { dir, attr }), sent);
             return Ok(());
         }
         let registration = self.registration();

@@ -14,6 +14,15 @@
 //! the inode's (meta-server `dispatch`), so the attribute keys of a change
 //! are all that revocation needs: a key that is a delegated directory, or
 //! a child held with one, revokes that delegation.
+//!
+//! A child may be held with several delegations at once: a file with
+//! names in two delegated directories (a hard link), or one that two
+//! clients each hold with a delegation of their own. Each delegation that
+//! holds it is revoked by its change, not only the last one that took it:
+//! a holder's mount keeps a child's attributes with whichever of its
+//! delegations its answers brought last, and the order in which it
+//! processes two answers need not be the order in which they were made,
+//! so the meta-server cannot tell which one that is.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -79,8 +88,9 @@ pub enum Revocation {
 #[derive(Debug, Default)]
 pub struct Delegations {
     by_dir: HashMap<Ino, Delegation>,
-    /// The delegated directory of each child held with a delegation.
-    parent_of: HashMap<Ino, Ino>,
+    /// The delegated directories each child is held with (see the module
+    /// header: a child may be held with several).
+    held_with: HashMap<Ino, Vec<Ino>>,
     /// How many delegations each holder has (expired ones until pruned).
     holders: HashMap<ClientId, usize>,
 }
@@ -127,35 +137,38 @@ impl Delegations {
         if !d.usable_by(client, now) || d.children.len() >= MAX_CHILDREN {
             return false;
         }
-        d.children.insert(child);
-        if let Some(previous) = self.parent_of.insert(child, dir) {
-            // An inode number used again under another delegation.
-            if previous != dir {
-                if let Some(p) = self.by_dir.get_mut(&previous) {
-                    p.children.remove(&child);
-                }
-            }
+        // Held with every delegation that took it until each ends (an
+        // inode number used again is still held with the old one's, which
+        // costs a needless revocation at most).
+        if d.children.insert(child) {
+            self.held_with.entry(child).or_default().push(dir);
         }
         true
+    }
+
+    /// The delegated directories `ino` is one of, or is held with.
+    fn covering(&self, ino: Ino) -> Vec<Ino> {
+        let own = self.by_dir.contains_key(&ino).then_some(ino);
+        let holding = self.held_with.get(&ino).into_iter().flatten().copied();
+        own.into_iter().chain(holding).collect()
     }
 
     /// The directory whose delegation `client` holds `ino`'s attributes
     /// with, if that delegation is usable.
     pub fn held_dir(&self, client: ClientId, ino: Ino, now: Instant) -> Option<Ino> {
-        let dir = *self.parent_of.get(&ino)?;
-        self.by_dir.get(&dir).filter(|d| d.usable_by(client, now)).map(|_| dir)
+        let dirs = self.held_with.get(&ino)?;
+        dirs.iter().copied().find(|dir| self.by_dir.get(dir).is_some_and(|d| d.usable_by(client, now)))
     }
 
     /// What a change of `ino`'s attributes by `changer` (`None`: a client
     /// that does not cache, or the meta-server) does to the delegations
     /// covering `ino`: `ino`'s own if it is a delegated directory (its
-    /// entries may have changed), and its directory's if it is a held child
-    /// (its attributes did) — a directory made in a delegated directory is
-    /// both. Nothing for one that is expired or held by the changer.
+    /// entries may have changed), and each one it is held with if it is a
+    /// held child (its attributes did) — a directory made in a delegated
+    /// directory is both. Nothing for one that is expired or held by the
+    /// changer.
     pub fn revocations(&mut self, ino: Ino, changer: Option<ClientId>, now: Instant) -> Vec<Revocation> {
-        let own = self.by_dir.contains_key(&ino).then_some(ino);
-        let holding = self.parent_of.get(&ino).copied();
-        own.into_iter().chain(holding).filter_map(|dir| self.revocation(dir, changer, now)).collect()
+        self.covering(ino).into_iter().filter_map(|dir| self.revocation(dir, changer, now)).collect()
     }
 
     fn revocation(&mut self, dir: Ino, changer: Option<ClientId>, now: Instant) -> Option<Revocation> {
@@ -179,10 +192,8 @@ impl Delegations {
     /// ([`Revocation::Share`]); one being shared or revoked is awaited.
     /// Nothing for one shared and acknowledged, or expired.
     pub fn recalls(&mut self, ino: Ino, asker: Option<ClientId>, now: Instant) -> Vec<Revocation> {
-        let own = self.by_dir.contains_key(&ino).then_some(ino);
-        let holding = self.parent_of.get(&ino).copied();
         let mut recalls = Vec::new();
-        for dir in own.into_iter().chain(holding) {
+        for dir in self.covering(ino) {
             let Some(d) = self.by_dir.get(&dir) else { continue };
             if d.expires <= now {
                 self.remove(dir);
@@ -298,8 +309,9 @@ impl Delegations {
 
     fn forget_children(&mut self, dir: Ino, children: HashSet<Ino>) {
         for child in children {
-            if let Entry::Occupied(e) = self.parent_of.entry(child) {
-                if *e.get() == dir {
+            if let Entry::Occupied(mut e) = self.held_with.entry(child) {
+                e.get_mut().retain(|d| *d != dir);
+                if e.get().is_empty() {
                     e.remove();
                 }
             }
@@ -342,7 +354,7 @@ mod tests {
         assert!(d.held_by_another_than(None), "a client that does not cache is another");
         d.acknowledged(A, 7);
         assert_eq!(d.len(), 0);
-        assert!(d.parent_of.is_empty(), "a child outlived its delegation");
+        assert!(d.held_with.is_empty(), "a child outlived its delegation");
         assert!(!d.held_by_another_than(Some(B)), "a holder outlived its delegations");
     }
 
@@ -410,6 +422,43 @@ mod tests {
             })
             .collect();
         assert_eq!(dirs, vec![sub, DIR], "its listing and its attributes were not both revoked");
+    }
+
+    /// A file held with two delegations of one client (a name in each), or
+    /// with delegations of two clients: a change of it revokes every one
+    /// held by another client than the changer, whichever took it last.
+    #[test]
+    fn a_child_held_with_several_delegations_revokes_each() {
+        let now = Instant::now();
+        let mut d = Delegations::default();
+        let (d1, d2, d3, file) = (Ino(20), Ino(21), Ino(22), Ino(30));
+        d.delegate(A, d1, TTL, now);
+        d.delegate(A, d2, TTL, now);
+        d.delegate(B, d3, TTL, now);
+        assert!(d.hold_child(A, d1, file, now));
+        assert!(d.hold_child(A, d2, file, now));
+        assert!(d.hold_child(B, d3, file, now));
+        let revoked = |d: &mut Delegations, changer| {
+            let mut dirs: Vec<Ino> = d
+                .revocations(file, Some(changer), now)
+                .into_iter()
+                .map(|r| match r {
+                    Revocation::Queue { dir, .. } => dir,
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            dirs.sort();
+            dirs
+        };
+        assert_eq!(revoked(&mut d, B), vec![d1, d2], "a delegation that holds the file was not revoked");
+        assert_eq!(revoked(&mut d, A), vec![d3], "B's delegation was not revoked");
+        // Another client's look at it shares each of A's.
+        assert_eq!(d.recalls(file, Some(B), now).len(), 2);
+        // One ending leaves the others holding it.
+        d.revoking(d1, 1);
+        d.acknowledged(A, 1);
+        assert_eq!(d.held_dir(A, file, now), Some(d2));
+        assert_eq!(revoked(&mut d, B), vec![d2]);
     }
 
     #[test]

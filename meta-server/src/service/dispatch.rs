@@ -608,9 +608,19 @@ impl MetaService {
                 let moved = ns.lookup(parent, &name).ok().map(|a| a.ino);
                 let replaced = ns.lookup(new_parent, &new_name).ok().map(|a| a.ino);
                 ns.rename(parent, &name, new_parent, &new_name, flags)?;
+                let (from, to) = (
+                    Entry { parent, name: name.clone() },
+                    Entry { parent: new_parent, name: new_name.clone() },
+                );
+                if let Some((client, _)) = caching {
+                    // Its kernel moved the dentry, with its time
+                    // ([`crate::grants`], "Absent names").
+                    let exchange = flags == citronfs_core::proto::RenameMode::Exchange;
+                    self.grants.moved(client, &from, &to, exchange);
+                }
                 changed.keys.extend([AttrOf(parent), AttrOf(new_parent)]);
                 changed.keys.extend(moved.into_iter().chain(replaced).map(AttrOf));
-                changed.keys.extend([Entry { parent, name }, Entry { parent: new_parent, name: new_name }]);
+                changed.keys.extend([from, to]);
                 A::Done
             }
             R::ReadDir { ino, after, max, .. } => {

@@ -130,13 +130,18 @@ impl Delegations {
         }
         s.names -= 1;
         s.held.remove(&ino);
+        s.dropped(ino);
         true
     }
 
     /// Another mount looked into `dir` (`Invalidation::Shared`): its
-    /// delegation stays, without changes answered first.
+    /// delegation stays, without changes answered first. Counted, for a
+    /// listing a mkdir's answer installs after it (see "Why it stays
+    /// true" in the parent module).
     pub fn shared(&self, dir: Ino) {
-        if let Some(listing) = self.state.lock().listings.get_mut(&dir) {
+        let mut s = self.state.lock();
+        s.sharings += 1;
+        if let Some(listing) = s.listings.get_mut(&dir) {
             listing.shared = true;
         }
     }
