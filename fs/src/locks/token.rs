@@ -76,9 +76,10 @@ use crate::types::ClientId;
 /// a token's holder to give it up before it fails: by then the holder is
 /// fenced and the meta-server has cleared its word.
 pub const REVOCATION_PATIENCE: Duration = Duration::from_secs(10);
-/// How often a requester sends its revocation again while it waits (one
-/// may be lost: the holder's mailbox thread was starting, or restarting).
-const REVOKE_AGAIN: Duration = Duration::from_millis(50);
+/// How often a requester sets the asked word again while it waits (the
+/// holder may have published and taken the token again meanwhile, which
+/// clears it).
+const ASK_AGAIN: Duration = Duration::from_millis(50);
 /// How long a requester naps between reads of the token word.
 const POLL_NAP: Duration = Duration::from_micros(200);
 
@@ -331,22 +332,22 @@ impl FileLocks<'_> {
             Duration::from_millis(cluster.lease_ms + cluster.fence_delay_ms) * 2 + REVOCATION_PATIENCE;
         let start = Instant::now();
         let message = LockMessage::Revoke { ino: self.ino }.encode();
-        let mut sent: Option<Instant> = None;
+        let mut asked: Option<Instant> = None;
         loop {
-            if sent.is_none_or(|s| s.elapsed() >= REVOKE_AGAIN) {
+            if asked.is_none_or(|s| s.elapsed() >= ASK_AGAIN) {
                 // Asked in the word too: a holder on another fabric (shm
                 // and tcp mounts of one cluster) cannot be messaged, and
-                // polls it.
+                // polls it. The message goes once: a stopped holder reads
+                // none, and its queue is bounded.
                 self.ep.write_u64(self.table + TOKEN_ASKED_OFFSET, self.client.0.max(1))?;
-                if let Err(e) = self.ep.send(token.mailbox, &message) {
-                    // Sent again; the holder's fence ends the wait anyway.
-                    log::debug!(
-                        "revoking the lock token of inode {} from {}: {e}",
-                        self.ino.0,
-                        token.mailbox
-                    );
+                if asked.is_none() {
+                    if let Err(e) = self.ep.send(token.mailbox, &message) {
+                        // The asked word reaches it; its fence ends the
+                        // wait anyway.
+                        log::debug!("revoking the lock token of inode {}: {e}", self.ino.0);
+                    }
                 }
-                sent = Some(Instant::now());
+                asked = Some(Instant::now());
             }
             if self.ep.read_u64(self.table + TOKEN_HOLDER_OFFSET)? != token.holder.0 {
                 return Ok(());
