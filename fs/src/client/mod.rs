@@ -42,6 +42,7 @@ mod tuning;
 pub use io::WriteMode;
 pub use locks::LockCall;
 pub use metadata::{Looked, Polled};
+pub use tokens::TokenCounts;
 
 use endpoints::{join_server, Endpoints, ServerAddrs};
 use layouts::{CachedLayout, Written};

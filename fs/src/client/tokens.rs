@@ -39,7 +39,7 @@
 //! progress, whatever the client's other threads wait for.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -103,6 +103,16 @@ pub(super) struct Tokens {
     /// when it takes a new endpoint (after a restart of the meta-server).
     mailbox: Mutex<Option<(u64, ClientAddr)>>,
     started: Mutex<bool>,
+    /// Tokens taken and given up (published or dropped) so far.
+    taken: AtomicU64,
+    given_up: AtomicU64,
+}
+
+/// How many lock tokens a client took and gave up ([`FsClient::lock_token_counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenCounts {
+    pub taken: u64,
+    pub given_up: u64,
 }
 
 impl Tokens {
@@ -233,10 +243,15 @@ impl FsClient {
                         publish(&self.shared, &eps.meta, &self.timing, self.waits_for, ino, held)
                     })?;
                     *gate = None;
+                    self.shared.tokens.given_up.fetch_add(1, Ordering::Relaxed);
                     token.back_off();
                 }
                 None if take && token.may_try() => match self.take_token(ino, pin) {
-                    Ok(Some(held)) => *gate = Some(held),
+                    Ok(Some(held)) => {
+                        // Relaxed: statistics.
+                        self.shared.tokens.taken.fetch_add(1, Ordering::Relaxed);
+                        *gate = Some(held);
+                    }
                     Ok(None) => token.back_off(),
                     Err(e) => {
                         log::debug!("taking the lock token of inode {}: {e}", ino.0);
@@ -281,9 +296,25 @@ impl FsClient {
         }
         let given_up = self
             .with_endpoints(|eps| publish(&self.shared, &eps.meta, &self.timing, self.waits_for, ino, &held));
-        if let Err(e) = given_up {
-            log::warn!("inode {}: giving up its lock token at the last close: {e}", ino.0);
+        match given_up {
+            Ok(()) => {
+                self.shared.tokens.given_up.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => log::warn!("inode {}: giving up its lock token at the last close: {e}", ino.0),
         }
+    }
+
+    /// How many lock tokens this client took and gave up so far.
+    pub fn lock_token_counts(&self) -> TokenCounts {
+        let t = &self.shared.tokens;
+        TokenCounts { taken: t.taken.load(Ordering::Relaxed), given_up: t.given_up.load(Ordering::Relaxed) }
+    }
+
+    /// Whether lock calls take lock tokens from now on (a client's
+    /// [`super::ClientConfig::lock_tokens`]); tokens held stay until asked
+    /// for or closed.
+    pub fn set_lock_tokens(&self, on: bool) {
+        self.shared.tokens.set_enabled(on);
     }
 
     /// The records this client keeps for `ino` under its token, if it
@@ -337,9 +368,16 @@ struct TokenThread {
 impl TokenThread {
     fn run(mut self) {
         while !self.shared.stop.load(Ordering::Relaxed) {
+            if self.shared.renewal_paused.load(Ordering::Relaxed) {
+                // The test hook of a client cut off: it hears nothing.
+                std::thread::sleep(POLL_ASKED);
+                continue;
+            }
             let held = self.held();
             let nap = if held.is_empty() { SWEEP_EVERY } else { POLL_ASKED };
             match self.ep.inbox().recv_timeout(nap) {
+                // Cut off meanwhile: not heard (the asked word stays).
+                Ok(_) if self.shared.renewal_paused.load(Ordering::Relaxed) => continue,
                 Ok(m) => {
                     self.ep.count_received();
                     match LockMessage::decode(&m.payload) {
@@ -411,6 +449,7 @@ impl TokenThread {
                 match publish(&self.shared, &self.ep, &self.timing, self.waits_for, ino, held) {
                     Ok(()) => {
                         *gate = None;
+                        self.shared.tokens.given_up.fetch_add(1, Ordering::Relaxed);
                         token.back_off();
                     }
                     Err(e) => log::warn!("inode {}: giving up its lock token: {e}", ino.0),
