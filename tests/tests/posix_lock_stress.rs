@@ -110,7 +110,7 @@ fn tokens_revoked_while_owners_race(a_on: Transport, b_on: Transport) {
     let oracle_file = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
     oracle_file.as_file().set_len(ORACLE_BYTES).unwrap();
     let oracle = map_oracle(oracle_file.path());
-    let run = Duration::from_millis(4000);
+    let run = Duration::from_millis(5000);
     let mut total = Stats::default();
     let mut rounds = 0;
     std::thread::scope(|s| {
@@ -126,7 +126,8 @@ fn tokens_revoked_while_owners_race(a_on: Transport, b_on: Transport) {
                 run_owner(&b, ino, &oracle, flavor, 100 + rounds, Duration::from_millis(100), 20 + rounds);
             b.release(ino).unwrap();
             rounds += 1;
-            std::thread::sleep(Duration::from_millis(150));
+            // Longer than the holder's back-off after a revocation, mostly.
+            std::thread::sleep(Duration::from_millis(400));
         }
         for o in owners {
             total += o.join().unwrap();

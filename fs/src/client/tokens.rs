@@ -26,10 +26,10 @@
 //! # When to take it
 //!
 //! A lock call (not an unlock, not `F_GETLK`) on a file without a token
-//! here tries to take it, unless an attempt failed or the token was given
-//! up within [`BACK_OFF`]: a try costs a hold of the whole file's range
-//! lock, and two mounts locking one file would otherwise pass the token
-//! back and forth at every call.
+//! here tries to take it, unless an attempt failed within [`BACK_OFF`]
+//! (a try costs a hold of the whole file's range lock) or the token was
+//! given up within [`BACK_OFF_GIVEN_UP`] (two mounts locking one file
+//! would otherwise pass the token back and forth at every call).
 //!
 //! # The token thread
 //!
@@ -54,9 +54,14 @@ use crate::locks::token::LocalRecords;
 use crate::locks::{FileLocks, LockArea, LockMessage, LockTiming, WaitsFor};
 use crate::types::{ClientId, Ino};
 
-/// How long after a failed attempt, or a token given up, a file's lock
-/// calls go to the table before they try to take the token again.
-pub const BACK_OFF: Duration = Duration::from_millis(50);
+/// How long after a failed attempt a file's lock calls go to the table
+/// before they try to take the token again: an attempt holds the range
+/// lock over the whole file.
+pub const BACK_OFF: Duration = Duration::from_millis(200);
+/// How long after a token was given up (asked for by another client, or
+/// published to wait) they do: a file two clients lock by turns would
+/// otherwise pass its token back and forth at every call.
+pub const BACK_OFF_GIVEN_UP: Duration = Duration::from_secs(1);
 /// How often the token thread looks for tokens to publish after a restart
 /// of the meta-server, and at its stop flag.
 const SWEEP_EVERY: Duration = Duration::from_millis(100);
@@ -88,8 +93,8 @@ impl FileToken {
         self.not_before.lock().is_none_or(|t| Instant::now() >= t)
     }
 
-    fn back_off(&self) {
-        *self.not_before.lock() = Some(Instant::now() + BACK_OFF);
+    fn back_off(&self, pause: Duration) {
+        *self.not_before.lock() = Some(Instant::now() + pause);
     }
 }
 
@@ -244,7 +249,7 @@ impl FsClient {
                     })?;
                     *gate = None;
                     self.shared.tokens.given_up.fetch_add(1, Ordering::Relaxed);
-                    token.back_off();
+                    token.back_off(BACK_OFF_GIVEN_UP);
                 }
                 None if take && token.may_try() => match self.take_token(ino, pin) {
                     Ok(Some(held)) => {
@@ -252,10 +257,10 @@ impl FsClient {
                         self.shared.tokens.taken.fetch_add(1, Ordering::Relaxed);
                         *gate = Some(held);
                     }
-                    Ok(None) => token.back_off(),
+                    Ok(None) => token.back_off(BACK_OFF),
                     Err(e) => {
                         log::debug!("taking the lock token of inode {}: {e}", ino.0);
-                        token.back_off();
+                        token.back_off(BACK_OFF);
                     }
                 },
                 None => {}
@@ -450,7 +455,7 @@ impl TokenThread {
                     Ok(()) => {
                         *gate = None;
                         self.shared.tokens.given_up.fetch_add(1, Ordering::Relaxed);
-                        token.back_off();
+                        token.back_off(BACK_OFF_GIVEN_UP);
                     }
                     Err(e) => log::warn!("inode {}: giving up its lock token: {e}", ino.0),
                 }
