@@ -1,6 +1,7 @@
 //! Fencing a client whose lease expired (DESIGN.md §6): the cluster manager
 //! removes its POSIX lock records and its waits, which wakes the waiters it
-//! blocked, before its opens are dropped.
+//! blocked, and clears the lock tokens it held (the records it kept under
+//! them go with it), before its opens are dropped.
 //!
 //! The meta-server does this as a lock client of its own memory — under the
 //! same range locks and with the same verbs as any client — so the table
@@ -13,6 +14,7 @@
 
 use citron_lock::rdma::Endpoint;
 use citronfs_core::locks::table::{self, TableGrowth};
+use citronfs_core::locks::token;
 use citronfs_core::locks::{FileLocks, LockTiming, WaitsFor};
 use citronfs_core::types::{ClientId, Ino};
 use citronfs_core::FsError;
@@ -47,6 +49,11 @@ pub fn release_client<G: TableGrowth>(
         };
         released += locks.release_matching(|r| r.owner.client == dead)?;
         table::free_claimed_by(ep, t.first_block, dead)?;
+        // The records it kept under a lock token go with it; whoever waits
+        // for the token sees it free.
+        if token::clear_token_of(ep, t.first_block, dead)? {
+            log::info!("inode {}: the lock token of fenced client {} cleared", t.ino.0, dead.0);
+        }
     }
     waits_for.withdraw_client(ep, dead)?;
     Ok(released)

@@ -89,3 +89,69 @@ fn posix_locks_stay_exclusive_under_contention_on_shm() {
 fn posix_locks_stay_exclusive_under_contention_on_tcp() {
     stress(Transport::Tcp);
 }
+
+/// Lock tokens taken and revoked again and again while owners on two
+/// clients race: client `a`'s two owners lock all along, and take the
+/// file's token whenever `b` is away; `b` opens the file, runs an owner
+/// for a moment (which has `a`'s token revoked and its records
+/// published), releases everything and closes, over and over. The oracle
+/// holds throughout, on each transport.
+fn tokens_revoked_while_owners_race(a_on: Transport, b_on: Transport) {
+    let cluster = TestCluster::start(1, 64 << 20, 1 << 20);
+    let meta = cluster.meta.local_addr();
+    let config = |t| {
+        let mut c = ClientConfig::new(meta);
+        c.transport = t;
+        c
+    };
+    let a = FsClient::connect(config(a_on)).unwrap();
+    let b = FsClient::connect(config(b_on)).unwrap();
+    let ino = a.create_open(Caller::ROOT, citronfs_core::types::Ino::ROOT, b"locked", 0o644).unwrap().ino;
+    let oracle_file = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
+    oracle_file.as_file().set_len(ORACLE_BYTES).unwrap();
+    let oracle = map_oracle(oracle_file.path());
+    let run = Duration::from_millis(5000);
+    let mut total = Stats::default();
+    let mut rounds = 0;
+    std::thread::scope(|s| {
+        let owners = [
+            s.spawn(|| run_owner(&a, ino, &oracle, LockFlavor::Posix, 1, run, 11)),
+            s.spawn(|| run_owner(&a, ino, &oracle, LockFlavor::Ofd, 2, run, 12)),
+        ];
+        let end = std::time::Instant::now() + run;
+        while std::time::Instant::now() < end {
+            b.open(ino).unwrap();
+            let flavor = if rounds % 2 == 0 { LockFlavor::Posix } else { LockFlavor::Ofd };
+            total +=
+                run_owner(&b, ino, &oracle, flavor, 100 + rounds, Duration::from_millis(100), 20 + rounds);
+            b.release(ino).unwrap();
+            rounds += 1;
+            // Longer than the holder's back-off after a revocation, mostly.
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        for o in owners {
+            total += o.join().unwrap();
+        }
+    });
+    let tokens = a.lock_token_counts();
+    eprintln!("{a_on:?}/{b_on:?}: {rounds} rounds of b, {total:?}, a's tokens {tokens:?}");
+    assert!(total.granted > 20 && total.refused > 0, "the workload did not contend: {total:?}");
+    assert!(tokens.taken >= 2 && tokens.given_up >= 2, "a's token did not come and go: {tokens:?}");
+    assert_eq!(a.lock_records(ino).unwrap(), vec![]);
+    for byte in 0..ORACLE_BYTES / 8 {
+        let w = oracle
+            .word(citron_lock::rdma::RemoteAddr::new(citron_lock::rdma::RegionId(1), byte * 8))
+            .unwrap();
+        assert_eq!(w.load(std::sync::atomic::Ordering::SeqCst), 0, "oracle byte {byte} still marked");
+    }
+}
+
+#[test]
+fn lock_tokens_revoked_again_and_again_while_owners_race_on_tcp() {
+    tokens_revoked_while_owners_race(Transport::Tcp, Transport::Tcp);
+}
+
+#[test]
+fn lock_tokens_revoked_again_and_again_while_owners_race_on_shm_and_tcp() {
+    tokens_revoked_while_owners_race(Transport::Auto, Transport::Tcp);
+}

@@ -77,7 +77,8 @@ impl FsClient {
 
     /// A test hook: stops (`true`) or resumes renewing the lease, so a test
     /// gets this client fenced and registered again while its other
-    /// threads go on (as a mount cut off from the network and back).
+    /// threads go on (as a mount cut off from the network and back). Its
+    /// lock token thread hears no revocation meanwhile (`client::tokens`).
     #[doc(hidden)]
     pub fn pause_lease_renewal(&self, paused: bool) {
         // Relaxed: a flag the heartbeat thread polls; nothing is published

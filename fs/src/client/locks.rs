@@ -8,9 +8,11 @@ use citron_lock::rdma::{Endpoint, RemoteAddr};
 
 use super::holds::HoldKey;
 use super::opens::Pinned;
+use super::tokens::Local;
 use super::{unexpected, FsClient, Shared};
 use crate::error::FsError;
 use crate::locks::table::TableGrowth;
+use crate::locks::token::{LocalOutcome, TokenWord};
 use crate::locks::waiter::{Interrupted, LockDone, Pending, WaiterContext, Waiters};
 use crate::locks::waits_for::WaitsForGrowth;
 use crate::locks::{
@@ -37,9 +39,9 @@ pub struct LockCall {
 }
 
 /// Grows a table through the meta-server.
-struct RpcGrowth<'a> {
-    shared: &'a Shared,
-    ino: Ino,
+pub(super) struct RpcGrowth<'a> {
+    pub shared: &'a Shared,
+    pub ino: Ino,
 }
 
 impl TableGrowth for RpcGrowth<'_> {
@@ -138,7 +140,7 @@ impl FsClient {
     /// is no table (so nothing is locked). `pin` holds the addresses, lent
     /// by this client's open of the file ([`super::opens`]): the kernel sends
     /// lock calls only for open files.
-    fn lock_table(
+    pub(super) fn lock_table(
         &self,
         ep: &Endpoint,
         pin: &Pinned,
@@ -161,7 +163,7 @@ impl FsClient {
         Ok(Some((area, first)))
     }
 
-    fn file_locks<'a>(
+    pub(super) fn file_locks<'a>(
         &'a self,
         ep: &'a Endpoint,
         ino: Ino,
@@ -190,14 +192,23 @@ impl FsClient {
     fn getlk_once(&self, call: &LockCall) -> Result<Option<LockRecord>, FsError> {
         let mode = call.mode.ok_or_else(|| FsError::Invalid("F_GETLK of F_UNLCK".into()))?;
         let pin = self.pin(call.ino)?;
-        self.with_endpoints(|eps| {
-            let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, false)? else {
-                return Ok(None);
-            };
-            let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
-            let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
-            locks.get(self.owner_key(call.owner), call.flavor, mode, call.range)
-        })
+        let owner = self.owner_key(call.owner);
+        self.under_token(
+            call.ino,
+            &pin,
+            false,
+            |local| Local::Done(local.get(owner, call.flavor, mode, call.range)),
+            || {
+                self.with_endpoints(|eps| {
+                    let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, false)? else {
+                        return Ok(None);
+                    };
+                    let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
+                    let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
+                    locks.get(owner, call.flavor, mode, call.range)
+                })
+            },
+        )
     }
 
     /// `F_SETLK`, `LOCK_NB`, unlock: never waits; a conflict is
@@ -210,20 +221,35 @@ impl FsClient {
         let pin = self.pin(call.ino)?;
         // Until the lock is written (or refused), closes keep the owner.
         let _acquiring = call.mode.map(|_| self.may_hold.acquiring(Self::hold_key(call)));
-        self.with_endpoints(|eps| {
-            let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, call.mode.is_some())? else {
-                return Ok(()); // unlocking where nothing was ever locked
-            };
-            let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
-            let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
-            match locks.set(&self.request(call), None)? {
-                Outcome::Granted => Ok(()),
-                Outcome::Refused(_) => Err(FsError::WouldBlock),
-                Outcome::Waiting { .. } => {
-                    Err(FsError::Io("a non-blocking request registered a wait".into()))
-                }
-            }
-        })
+        let req = self.request(call);
+        self.under_token(
+            call.ino,
+            &pin,
+            call.mode.is_some(),
+            |local| match local.set(&req, false) {
+                LocalOutcome::Granted => Local::Done(Ok(())),
+                LocalOutcome::Refused => Local::Done(Err(FsError::WouldBlock)),
+                LocalOutcome::MustPublish => Local::Publish,
+            },
+            || {
+                self.with_endpoints(|eps| {
+                    let Some((area, table)) =
+                        self.lock_table(&eps.meta, &pin, call.ino, call.mode.is_some())?
+                    else {
+                        return Ok(Ok(())); // unlocking where nothing was ever locked
+                    };
+                    let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
+                    let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
+                    match locks.set(&req, None)? {
+                        Outcome::Granted => Ok(Ok(())),
+                        Outcome::Refused(_) => Ok(Err(FsError::WouldBlock)),
+                        Outcome::Waiting { .. } => {
+                            Err(FsError::Io("a non-blocking request registered a wait".into()))
+                        }
+                    }
+                })
+            },
+        )?
     }
 
     /// `F_SETLKW`, blocking `flock`: `done` is called once with the result,
@@ -247,20 +273,33 @@ impl FsClient {
             // file's last release (which cancels its waits first) waits
             // for it.
             let pin = self.pin(call.ino)?;
-            let made = self.with_endpoints(|eps| {
-                let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, true)? else {
-                    return Err(FsError::Io("no lock table after creating it".into()));
-                };
-                let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
-                let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
-                let spec = WaitSpec { mailbox: waiters.mailbox(call.ino)?, registered: None };
-                Ok((locks.set(&req, Some(spec))?, area, table))
-            })?;
+            // `None`: granted under this client's lock token.
+            let made = self.under_token(
+                call.ino,
+                &pin,
+                call.mode.is_some(),
+                |local| match local.set(&req, true) {
+                    LocalOutcome::Granted => Local::Done(None),
+                    LocalOutcome::Refused | LocalOutcome::MustPublish => Local::Publish,
+                },
+                || {
+                    self.with_endpoints(|eps| {
+                        let Some((area, table)) = self.lock_table(&eps.meta, &pin, call.ino, true)? else {
+                            return Err(FsError::Io("no lock table after creating it".into()));
+                        };
+                        let growth = RpcGrowth { shared: &self.shared, ino: call.ino };
+                        let locks = self.file_locks(&eps.meta, call.ino, area, table, &growth);
+                        let spec = WaitSpec { mailbox: waiters.mailbox(call.ino)?, registered: None };
+                        Ok(Some((locks.set(&req, Some(spec))?, area, table)))
+                    })
+                },
+            )?;
             Ok((made, pin))
         });
         match attempt {
-            Ok(((Outcome::Granted, _, _), _)) => done(Ok(())),
-            Ok(((Outcome::Waiting { registration, .. }, area, table), pin)) => {
+            Ok((None, _)) => done(Ok(())),
+            Ok((Some((Outcome::Granted, _, _)), _)) => done(Ok(())),
+            Ok((Some((Outcome::Waiting { registration, .. }, area, table)), pin)) => {
                 let ino = call.ino;
                 waiters.wait(Pending {
                     ino,
@@ -274,7 +313,7 @@ impl FsClient {
                 });
                 drop(pin);
             }
-            Ok(((Outcome::Refused(_), _, _), _)) => done(Err(FsError::WouldBlock)),
+            Ok((Some((Outcome::Refused(_), _, _)), _)) => done(Err(FsError::WouldBlock)),
             Err(e) => done(Err(e)),
         }
     }
@@ -307,13 +346,28 @@ impl FsClient {
 
     fn release_matching_once(&self, ino: Ino, matches: &impl Fn(&LockRecord) -> bool) -> Result<(), FsError> {
         let pin = self.pin(ino)?;
-        self.with_endpoints(|eps| {
-            let Some((area, table)) = self.lock_table(&eps.meta, &pin, ino, false)? else { return Ok(()) };
-            let growth = RpcGrowth { shared: &self.shared, ino };
-            let locks = self.file_locks(&eps.meta, ino, area, table, &growth);
-            locks.release_matching(|r| r.state == crate::locks::record::RecordState::Held && matches(r))?;
-            Ok(())
-        })
+        self.under_token(
+            ino,
+            &pin,
+            false,
+            |local| {
+                local.release_matching(matches);
+                Local::Done(())
+            },
+            || {
+                self.with_endpoints(|eps| {
+                    let Some((area, table)) = self.lock_table(&eps.meta, &pin, ino, false)? else {
+                        return Ok(());
+                    };
+                    let growth = RpcGrowth { shared: &self.shared, ino };
+                    let locks = self.file_locks(&eps.meta, ino, area, table, &growth);
+                    locks.release_matching(|r| {
+                        r.state == crate::locks::record::RecordState::Held && matches(r)
+                    })?;
+                    Ok(())
+                })
+            },
+        )
     }
 
     /// Every lock record of `ino` (held and waiting), read without a range
@@ -328,10 +382,18 @@ impl FsClient {
     }
 
     fn lock_records_pinned(&self, pin: &Pinned, ino: Ino) -> Result<Vec<LockRecord>, FsError> {
-        self.with_endpoints(|eps| {
-            let Some((_, table)) = self.lock_table(&eps.meta, pin, ino, false)? else {
+        // Held under this client's token: the table has none of them.
+        let mut records = self.token_records(ino).unwrap_or_default();
+        let table_records = self.with_endpoints(|eps| {
+            let Some((area, table)) = self.lock_table(&eps.meta, pin, ino, false)? else {
                 return Ok(Vec::new());
             };
+            // Another client's token: its records go to the table first.
+            let first = crate::locks::table::read_first_block(&eps.meta, table)?;
+            if let Some(token) = TokenWord::of_block(&first).filter(|t| t.holder != self.client_id()) {
+                let growth = RpcGrowth { shared: &self.shared, ino };
+                self.file_locks(&eps.meta, ino, area, table, &growth).await_revocation(token)?;
+            }
             // A torn slot is being changed right now; read again a few
             // times for a clean picture.
             let mut snapshot = crate::locks::table::read(&eps.meta, table)?;
@@ -341,8 +403,10 @@ impl FsClient {
                 }
                 snapshot = crate::locks::table::read(&eps.meta, table)?;
             }
-            Ok(snapshot.records().into_iter().map(|l| l.record).collect())
-        })
+            Ok(snapshot.records().into_iter().map(|l| l.record).collect::<Vec<_>>())
+        })?;
+        records.extend(table_records);
+        Ok(records)
     }
 
     /// The registered clients (hostname and pid of each mount).

@@ -37,11 +37,13 @@ mod opens;
 mod releases;
 mod renewal_priority;
 pub mod stop_hook;
+mod tokens;
 mod tuning;
 
 pub use io::WriteMode;
 pub use locks::LockCall;
 pub use metadata::{Looked, Polled};
+pub use tokens::TokenCounts;
 
 use endpoints::{join_server, Endpoints, ServerAddrs};
 use layouts::{CachedLayout, Written};
@@ -146,6 +148,10 @@ pub struct ClientConfig {
     /// crashed or restarts — before they answer EIO ([`DEFAULT_META_WAIT`]).
     /// A restart within it costs applications a pause, not an error.
     pub meta_wait: Duration,
+    /// Whether a client that is the only one locking a file takes and
+    /// releases its fcntl, OFD and flock locks locally, under a lock token
+    /// (`client::tokens`). On by default.
+    pub lock_tokens: bool,
 }
 
 /// [`ClientConfig::meta_wait`] by default: a restart replays the journal
@@ -165,6 +171,7 @@ impl ClientConfig {
             release_linger: releases::LINGER,
             late_linger: late_changes::LINGER,
             meta_wait: DEFAULT_META_WAIT,
+            lock_tokens: true,
         }
     }
 
@@ -192,6 +199,8 @@ struct Shared {
     hostname: String,
     /// The files open here and the lock memory lent with them.
     opens: opens::OpenFiles,
+    /// The lock tokens this client holds ([`tokens`]).
+    tokens: tokens::Tokens,
     /// Calls to the meta-server by kind.
     rpc_counts: RpcCounters,
     /// The TTL of the cache grants this client asks for, in ms (0: it does
@@ -520,6 +529,7 @@ impl FsClient {
             lease: Duration::from_millis(lease_ms),
             hostname,
             opens: opens::OpenFiles::default(),
+            tokens: tokens::Tokens::default(),
             rpc_counts: RpcCounters::default(),
             caching_ms: AtomicU64::new(0),
             releases: releases::Releases::new(config.release_linger),
@@ -535,6 +545,7 @@ impl FsClient {
             changes: Default::default(),
             detached: Mutex::new(None),
         });
+        shared.tokens.set_enabled(config.lock_tokens);
         let heartbeat = Heartbeat::start(&shared)?;
         // Timing of the lock algorithms comes from this fabric's RTT.
         let probe = meta_node.endpoint()?;

@@ -152,6 +152,7 @@ impl FsClient {
         if let Some(w) = self.waiters.as_ref() {
             w.cancel_file(ino);
         }
+        self.drop_token(ino);
         let opens = e.deferred + 1;
         e.reset(true);
         self.shared.opens.forget(ino, &entry);

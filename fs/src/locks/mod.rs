@@ -9,7 +9,8 @@
 //! is a pure function ([`plan`]); blocked POSIX owners publish what they
 //! wait for so a cycle is refused with `EDEADLK` ([`waits_for`]). A file's
 //! lock memory — table head, Citron tree, spillover and inode mutex — is
-//! its [`area::LockArea`].
+//! its [`area::LockArea`]. A mount that is the only one locking a file
+//! keeps its records locally under the file's lock token ([`token`]).
 
 pub mod area;
 pub mod guard;
@@ -17,6 +18,7 @@ pub mod plan;
 pub mod protocol;
 pub mod record;
 pub mod table;
+pub mod token;
 pub mod types;
 pub mod waiter;
 pub mod waits_for;

@@ -32,6 +32,7 @@ use super::guard::{LockTiming, RangeHold};
 use super::plan::{first_conflict, plan, unlock_reach, Changes, Located, Plan, Request, SlotIndex};
 use super::record::{Generation, ListSeq, LockRecord, RecordState};
 use super::table::{self, Snapshot, TableGrowth};
+use super::token::TokenWord;
 use super::types::{ByteRange, LockFlavor, LockMode, OwnerKey, OFFSET_MAX};
 use super::waits_for::{Checker, Published, Waiting, WaitsFor};
 use crate::error::FsError;
@@ -42,6 +43,9 @@ use crate::types::{ClientId, Ino};
 pub enum LockMessage {
     /// A lock on this file got weaker where you wait: try again.
     Wake { ino: Ino },
+    /// Another client asks for this file: give its lock token up
+    /// ([`super::token`]).
+    Revoke { ino: Ino },
 }
 
 impl LockMessage {
@@ -248,13 +252,38 @@ impl FileLocks<'_> {
     /// Range-locks `guard`, with the read of the table's first block
     /// riding on the acquisition where the range lock can carry it: its
     /// bytes, as read under the lock, or `None` (read it then).
+    ///
+    /// A lock token another client holds on the file ([`super::token`]) is
+    /// revoked first, holding no range lock, and the range lock taken
+    /// again: the table then holds every record of the file.
     fn acquire_reading_table(&self, guard: ByteRange) -> Result<(RangeHold, Option<Vec<u8>>), FsError> {
+        loop {
+            let (hold, first_block) = self.acquire_raw(guard)?;
+            match TokenWord::of_block(&first_block) {
+                Some(token) if token.holder != self.client => {
+                    hold.release(self.ep)?;
+                    self.await_revocation(token)?;
+                }
+                _ => return Ok((hold, Some(first_block))),
+            }
+        }
+    }
+
+    /// Range-locks `guard` and reads the table's first block under it
+    /// (riding on the acquisition where the range lock can carry it).
+    pub(super) fn acquire_raw(&self, guard: ByteRange) -> Result<(RangeHold, Vec<u8>), FsError> {
         let riders = [table::first_block_read(self.table)];
         let (hold, replies) =
             RangeHold::acquire_with_reads(self.ep, &self.area, self.timing, guard, &riders)?;
         let first_block = match replies.as_deref() {
-            Some([Ok(VerbReply::Data(bytes))]) => Some(bytes.clone()),
-            _ => None,
+            Some([Ok(VerbReply::Data(bytes))]) => bytes.clone(),
+            _ => match table::read_first_block(self.ep, self.table) {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    let _ = hold.release(self.ep);
+                    return Err(e);
+                }
+            },
         };
         Ok((hold, first_block))
     }
@@ -288,7 +317,7 @@ impl FileLocks<'_> {
     }
 
     /// The verbs that carry out `changes` (claiming slots for new records).
-    fn change_verbs(
+    pub(super) fn change_verbs(
         &self,
         snapshot: &mut Snapshot,
         changes: &Changes,

@@ -12,7 +12,10 @@
 //! |---|---|---|
 //! | 0 | magic + capacity | [`BLOCK_MAGIC`] in the high 32 bits, slots in the low 32 |
 //! | 8 | next block | a packed [`RemoteAddr`] ([`pack_addr`]); 0 = last block |
-//! | 16..64 | reserved | zero |
+//! | 16 | token holder | first block only: the client holding the file's lock token ([`super::token`]); 0 = none |
+//! | 24 | token mailbox | first block only: where the holder hears revocations (node / mailbox id) |
+//! | 32 | token asked | first block only: nonzero once another client asked for the token |
+//! | 40..64 | reserved | zero |
 //!
 //! # A slot
 //!
@@ -59,6 +62,15 @@ pub const SLOTS_PER_BLOCK: u32 = 31;
 pub const BLOCK_BYTES: u64 = BLOCK_HEADER_BYTES + SLOT_BYTES * SLOTS_PER_BLOCK as u64;
 /// "CLKT" in the header's high half: a block is recognisable in a dump.
 pub const BLOCK_MAGIC: u32 = 0x434c_4b54;
+
+/// Offset, in a table's first block, of the lock token's holder
+/// ([`super::token`]).
+pub const TOKEN_HOLDER_OFFSET: u64 = 16;
+/// Offset, in a table's first block, of the token holder's mailbox.
+pub const TOKEN_MAILBOX_OFFSET: u64 = 24;
+/// Offset, in a table's first block, of the word a client that asks for
+/// the token sets (for a holder its message cannot reach).
+pub const TOKEN_ASKED_OFFSET: u64 = 32;
 
 pub const STATE_MASK: u64 = 0b11;
 pub const FREE: u64 = 0;

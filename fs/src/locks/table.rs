@@ -106,6 +106,14 @@ pub fn first_block_read(first: RemoteAddr) -> Verb {
     Verb::Read { addr: first, len: record::BLOCK_BYTES as u32 }
 }
 
+/// The bytes of a table's first block at `first` (with its token word,
+/// [`super::token`]).
+pub fn read_first_block(ep: &Endpoint, first: RemoteAddr) -> Result<Vec<u8>, FsError> {
+    let mut buf = vec![0u8; record::BLOCK_BYTES as usize];
+    ep.read(first, &mut buf)?;
+    Ok(buf)
+}
+
 /// [`read`], where the first block may have been read already (by
 /// [`first_block_read`], under the same lock): `first_block` is its bytes.
 pub fn read_from(

@@ -377,6 +377,8 @@ impl WaiterThread {
                     self.ep.count_received();
                     match LockMessage::decode(&m.payload) {
                         Ok(LockMessage::Wake { ino }) => { dirty.insert(ino); }
+                        // Tokens are revoked at the client's token mailbox.
+                        Ok(LockMessage::Revoke { ino }) => log::debug!("a revocation of inode {} at a waiter", ino.0),
                         Err(e) => log::warn!("from {}: {e}", m.from),
                     }
                 },

@@ -264,7 +264,7 @@ impl ShmNode {
         }
         let bytes = codec::encode(&Envelope { to: to.mailbox, message });
         let path = self.dir.join(format!("node-{}.sock", to.node.0));
-        match self.socket.send_to(&bytes, &path) {
+        match send_without_waiting(&self.socket, &bytes, &path) {
             Ok(_) => Ok(()),
             Err(e)
                 if matches!(
@@ -286,6 +286,45 @@ impl Drop for ShmNode {
         let path = self.dir.join(format!("node-{}.sock", self.id.0));
         let _ = self.socket.send_to(&[], &path);
         let _ = fs::remove_file(&path);
+    }
+}
+
+/// `send_to` that never waits: a datagram to a node whose queue is full
+/// (a stopped process reads none) fails with `WouldBlock` instead of
+/// holding the sender until that process runs again. Messages may be lost
+/// anyway (their senders retry or poll), so a full queue is one more way.
+fn send_without_waiting(socket: &UnixDatagram, bytes: &[u8], path: &Path) -> std::io::Result<usize> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: `sockaddr_un` is plain old data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = path.as_os_str().as_bytes();
+    if name.len() >= addr.sun_path.len() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "socket path too long"));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + name.len() + 1) as libc::socklen_t;
+    // SAFETY: the descriptor is the open socket `socket` owns for the whole
+    // call; `bytes` is valid for `bytes.len()` bytes; `addr` is an
+    // initialised `sockaddr_un` of which `len` bytes (family, path, NUL) are
+    // passed, within its size (checked above).
+    let n = unsafe {
+        libc::sendto(
+            socket.as_raw_fd(),
+            bytes.as_ptr().cast(),
+            bytes.len(),
+            libc::MSG_DONTWAIT,
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 
