@@ -86,6 +86,11 @@ pub struct MountArgs {
     /// locks from the restarted meta-server.
     #[arg(long, default_value_t = citronfs_core::client::DEFAULT_META_WAIT.as_secs_f64())]
     meta_wait: f64,
+    /// Take every fcntl, OFD and flock lock at the cluster's lock table,
+    /// with no lock token: a mount that is the only one locking a file
+    /// otherwise takes and releases its locks locally, with no round trip.
+    #[arg(long)]
+    no_lock_tokens: bool,
     /// Test only: microseconds added to every round trip of this mount to
     /// the servers, as if it were that much farther away (implies tcp).
     #[arg(long, default_value_t = 0, hide = true)]
@@ -241,6 +246,7 @@ pub fn run(args: MountArgs, readiness: &mut Option<Readiness>) -> Result<()> {
     let mut config = ClientConfig::new(meta);
     config.timeout = timeout;
     config.meta_wait = seconds(args.meta_wait, "meta-wait")?;
+    config.lock_tokens = !args.no_lock_tokens;
     config.transport = transport;
     config.ib_device = ib_device;
     config.key = key;
