@@ -44,6 +44,14 @@ use super::mailbox::{Envelope, MailboxRouter, Message, MAX_MESSAGE};
 use super::memory::{RegionMemory, RegionTable};
 use super::shm_owner::{self, OwnerLock};
 
+/// How long a message waits for room in its receiver's queue. The queue
+/// is short (`net.unix.max_dgram_qlen`) and its receiver thread drains it
+/// as messages come, so a queue full for this long belongs to a process
+/// that is stopped (SIGSTOP, a debugger) or starved: the send then fails
+/// (`WouldBlock`) instead of holding the sender until that process runs
+/// again. Messages may be lost anyway, and their senders retry or poll.
+const SEND_PATIENCE: std::time::Duration = std::time::Duration::from_millis(200);
+
 const CONTROL_LEN: u64 = 4096;
 const NEXT_NODE_WORD: RemoteAddr = RemoteAddr::new(RegionId(u32::MAX), 0);
 
@@ -214,8 +222,9 @@ impl ShmNode {
         let id = NodeId(u32::try_from(id).map_err(|_| TransportError::Shm("node ids exhausted".into()))?);
         let sock_path = dir.join(format!("node-{}.sock", id.0));
         let _ = fs::remove_file(&sock_path);
-        let socket =
-            Arc::new(UnixDatagram::bind(&sock_path).map_err(|e| shm_err("cannot bind", &sock_path, e))?);
+        let socket = UnixDatagram::bind(&sock_path).map_err(|e| shm_err("cannot bind", &sock_path, e))?;
+        socket.set_write_timeout(Some(SEND_PATIENCE)).map_err(|e| shm_err("cannot set up", &sock_path, e))?;
+        let socket = Arc::new(socket);
         let stopping = Arc::new(AtomicBool::new(false));
         {
             let socket = socket.clone();
@@ -264,7 +273,7 @@ impl ShmNode {
         }
         let bytes = codec::encode(&Envelope { to: to.mailbox, message });
         let path = self.dir.join(format!("node-{}.sock", to.node.0));
-        match send_without_waiting(&self.socket, &bytes, &path) {
+        match self.socket.send_to(&bytes, &path) {
             Ok(_) => Ok(()),
             Err(e)
                 if matches!(
@@ -286,45 +295,6 @@ impl Drop for ShmNode {
         let path = self.dir.join(format!("node-{}.sock", self.id.0));
         let _ = self.socket.send_to(&[], &path);
         let _ = fs::remove_file(&path);
-    }
-}
-
-/// `send_to` that never waits: a datagram to a node whose queue is full
-/// (a stopped process reads none) fails with `WouldBlock` instead of
-/// holding the sender until that process runs again. Messages may be lost
-/// anyway (their senders retry or poll), so a full queue is one more way.
-fn send_without_waiting(socket: &UnixDatagram, bytes: &[u8], path: &Path) -> std::io::Result<usize> {
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::io::AsRawFd;
-    // SAFETY: `sockaddr_un` is plain old data; all zeroes is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let name = path.as_os_str().as_bytes();
-    if name.len() >= addr.sun_path.len() {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "socket path too long"));
-    }
-    for (d, s) in addr.sun_path.iter_mut().zip(name) {
-        *d = *s as libc::c_char;
-    }
-    let len = (std::mem::size_of::<libc::sa_family_t>() + name.len() + 1) as libc::socklen_t;
-    // SAFETY: the descriptor is the open socket `socket` owns for the whole
-    // call; `bytes` is valid for `bytes.len()` bytes; `addr` is an
-    // initialised `sockaddr_un` of which `len` bytes (family, path, NUL) are
-    // passed, within its size (checked above).
-    let n = unsafe {
-        libc::sendto(
-            socket.as_raw_fd(),
-            bytes.as_ptr().cast(),
-            bytes.len(),
-            libc::MSG_DONTWAIT,
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    };
-    if n < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
     }
 }
 
