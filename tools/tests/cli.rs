@@ -261,12 +261,17 @@ fn bench_fcntl_measures_every_configuration_and_writes_csv() {
             num(r, "pairs_per_s") > 0.0 && num(r, "proc_min_per_s") > 0.0,
             "a process did nothing: {r:?}"
         );
-        if r[col("backend")] != "-" {
+        if r[col("backend")] != "-" && r[col("scenario")] == "one" {
+            // A lone process locks under a lock token: no verb, no call.
+            assert_eq!((num(r, "verbs_per_pair"), num(r, "rpc_calls_per_pair")), (0.0, 0.0), "{r:?}");
+        } else if r[col("backend")] != "-" {
             assert!(num(r, "verbs_per_pair") > 0.0 && num(r, "rtts_per_pair") > 0.0, "{r:?}");
             let rpc_calls = num(r, "rpc_calls_per_pair");
             match r[col("system")].as_str() {
-                // At least acquire and release of the range, for the lock and the unlock.
-                "rpc" => assert!(rpc_calls >= 4.0, "{r:?}"),
+                // Acquire and release of the range, for the lock and the
+                // unlock (4 a pair), but for pairs a process took under a
+                // lock token in a moment the other mount held nothing.
+                "rpc" => assert!(rpc_calls > 0.0, "{r:?}"),
                 _ => assert_eq!(rpc_calls, 0.0, "{r:?}"),
             }
         }
