@@ -302,6 +302,20 @@ pub fn run_owner(
     duration: Duration,
     seed: u64,
 ) -> Stats {
+    let end = Instant::now() + duration;
+    run_owner_while(client, ino, oracle, flavor, fh, &|| Instant::now() < end, seed)
+}
+
+/// [`run_owner`] for as long as `going` says.
+pub fn run_owner_while(
+    client: &FsClient,
+    ino: Ino,
+    oracle: &RegionMemory,
+    flavor: LockFlavor,
+    fh: u64,
+    going: &dyn Fn() -> bool,
+    seed: u64,
+) -> Stats {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut o = Owner {
         client,
@@ -313,8 +327,7 @@ pub fn run_owner(
         held: vec![0; REGION as usize],
         stats: Stats::default(),
     };
-    let end = Instant::now() + duration;
-    while Instant::now() < end {
+    while going() {
         let mode = if rng.gen_bool(0.5) { LockMode::Read } else { LockMode::Write };
         let op = rng.gen_range(0..100);
         let last_op;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use citronfs_core::client::{ClientConfig, FsClient, Transport};
 use citronfs_core::locks::LockFlavor;
 use citronfs_core::types::Caller;
-use citronfs_tests::posix_stress::{map_oracle, run_owner, Stats, ORACLE_BYTES};
+use citronfs_tests::posix_stress::{map_oracle, run_owner, run_owner_while, Stats, ORACLE_BYTES};
 use citronfs_tests::TestCluster;
 
 const WORKER: &str = env!("CARGO_BIN_EXE_posix-lock-worker");
@@ -110,25 +110,33 @@ fn tokens_revoked_while_owners_race(a_on: Transport, b_on: Transport) {
     let oracle_file = tempfile::NamedTempFile::new_in("/dev/shm").unwrap();
     oracle_file.as_file().set_len(ORACLE_BYTES).unwrap();
     let oracle = map_oracle(oracle_file.path());
-    let run = Duration::from_millis(5000);
+    // At least this long, and until `a`'s token came and went twice: a
+    // loaded machine stretches every round.
+    let (least, hang) = (Duration::from_millis(5000), Duration::from_secs(120));
     let mut total = Stats::default();
     let mut rounds = 0;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let going = || !stop.load(std::sync::atomic::Ordering::SeqCst);
     std::thread::scope(|s| {
         let owners = [
-            s.spawn(|| run_owner(&a, ino, &oracle, LockFlavor::Posix, 1, run, 11)),
-            s.spawn(|| run_owner(&a, ino, &oracle, LockFlavor::Ofd, 2, run, 12)),
+            s.spawn(|| run_owner_while(&a, ino, &oracle, LockFlavor::Posix, 1, &going, 11)),
+            s.spawn(|| run_owner_while(&a, ino, &oracle, LockFlavor::Ofd, 2, &going, 12)),
         ];
-        let end = std::time::Instant::now() + run;
-        while std::time::Instant::now() < end {
+        let started = std::time::Instant::now();
+        let came_and_went = |t: citronfs_core::client::TokenCounts| t.taken >= 2 && t.given_up >= 2;
+        while started.elapsed() < hang && (started.elapsed() < least || !came_and_went(a.lock_token_counts()))
+        {
             b.open(ino).unwrap();
             let flavor = if rounds % 2 == 0 { LockFlavor::Posix } else { LockFlavor::Ofd };
             total +=
                 run_owner(&b, ino, &oracle, flavor, 100 + rounds, Duration::from_millis(100), 20 + rounds);
             b.release(ino).unwrap();
             rounds += 1;
-            // Longer than the holder's back-off after a revocation, mostly.
-            std::thread::sleep(Duration::from_millis(400));
+            // Longer than a given-up token is left alone (1 s), so that `a`
+            // takes it again before `b` comes back.
+            std::thread::sleep(Duration::from_millis(1300));
         }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
         for o in owners {
             total += o.join().unwrap();
         }
