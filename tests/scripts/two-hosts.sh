@@ -34,7 +34,9 @@ cleanup() {
         in_srv mfschunkserver -c "$D/mfs/etc/mfschunkserver.cfg" stop >/dev/null 2>&1
         in_srv mfsmaster -c "$D/mfs/etc/mfsmaster.cfg" stop >/dev/null 2>&1
     fi
-    kill $(jobs -p) 2>/dev/null
+    # The servers run under nsenter and taskset in subshells: found by
+    # the directory their command lines name.
+    pkill -f -- "$D/" 2>/dev/null
     sleep 0.5
     ip netns del $SRV 2>/dev/null; ip netns del $CLI 2>/dev/null
     rm -rf "$D"
