@@ -358,10 +358,10 @@ impl RpcService for MetaService {
         self.handle_from(request, &Peer { addr: peer, principal: Principal::Anonymous, connection: 0 })
     }
 
-    fn handle_from(&self, mut request: MetaRequest, peer: &Peer) -> MetaResponse {
+    fn handle_from(&self, request: MetaRequest, peer: &Peer) -> MetaResponse {
         let key_of = |name: &str| self.access.keyring().and_then(|r| r.get(name).cloned());
         let options = |c: ClientId| self.clients.lock().get(&c).map(|l| l.options);
-        let once = once::OnceChange::unwrap(&mut request);
+        let (mut request, once) = once::OnceChange::unwrap(request);
         let caching = match request {
             MetaRequest::Caching { client, ttl_ms, request: inner } => {
                 request = *inner;

@@ -41,14 +41,15 @@ pub(super) struct OnceChange {
 }
 
 impl OnceChange {
-    /// Takes `request` out of its [`MetaRequest::Once`] wrapper, if it has one.
-    pub fn unwrap(request: &mut MetaRequest) -> Option<Self> {
-        let MetaRequest::Once { client, seq, answered_below, resent, request: inner } = request else {
-            return None;
-        };
-        let change = Self { client: *client, seq: *seq, answered_below: *answered_below, resent: *resent };
-        *request = std::mem::replace(inner.as_mut(), MetaRequest::DataServers);
-        Some(change)
+    /// `request` out of its [`MetaRequest::Once`] wrapper, and the
+    /// wrapper's numbering, if it has one.
+    pub fn unwrap(request: MetaRequest) -> (MetaRequest, Option<Self>) {
+        match request {
+            MetaRequest::Once { client, seq, answered_below, resent, request } => {
+                (*request, Some(Self { client, seq, answered_below, resent }))
+            }
+            other => (other, None),
+        }
     }
 }
 
